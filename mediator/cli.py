@@ -1,0 +1,177 @@
+"""The ``evamed`` command line: check profiles, replay traces.
+
+Every user error exits with status 2 and a message that says where and what; never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Annotated, TextIO
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from mediator.eva import ast
+from mediator.eva.engine import DeadLetter, Engine, EngineConfig
+from mediator.eva.events import EventError, format_time, from_json_line, to_cloudevent
+from mediator.eva.notify import to_cloudevent as composite_event
+from mediator.eva.parser import ProfileError, parse
+from mediator.eva.printer import expr_text
+from mediator.eva.retention import retention
+from mediator.eva.units import format_span, parse_span
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="The EVA event mediator: check profiles, replay event traces.")
+err = Console(stderr=True)
+
+
+def _load(path: Path) -> ast.Document:
+    try:
+        source = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        err.print(f"[red]error:[/] cannot read {path}: {exc.strerror}")
+        raise typer.Exit(2) from None
+    try:
+        return parse(source, str(path))
+    except ProfileError as exc:
+        print(str(exc), file=sys.stderr)
+        raise typer.Exit(2) from None
+
+
+def _classes_of(doc: ast.Document, profile: ast.Profile) -> list[str]:
+    used = {n.name for n in ast.walk(profile.expr) if isinstance(n, ast.Prim)}
+    return [c.name for c in doc.classes if c.name in used]
+
+
+def _operators(expr: ast.Expr) -> list[str]:
+    names = {ast.Disjunction: "disjunction", ast.Conjunction: "conjunction",
+             ast.Sequence: "sequence", ast.Negation: "negation", ast.Selection: "selection"}
+    return [names[type(n)] for n in ast.walk(expr) if type(n) in names]
+
+
+@app.command()
+def check(file: Annotated[Path, typer.Argument(help="A profile file.")]) -> None:
+    """Parse and validate a profile file; summarise each profile."""
+    doc = _load(file)
+    table = Table(title=f"{file}: {len(doc.classes)} classes, {len(doc.profiles)} profiles")
+    for column in ("profile", "classes", "operators", "per", "evaluation", "retention"):
+        table.add_column(column)
+    for profile in doc.profiles:
+        r = retention(profile.expr)
+        kept = format_span(r.horizon) if r.horizon is not None else f"unbounded ({r.reason})"
+        table.add_row(profile.name, ", ".join(_classes_of(doc, profile)),
+                      ", ".join(_operators(profile.expr)) or "primitive",
+                      profile.per or "-", str(profile.evaluation), kept)
+    Console().print(table)
+
+
+def _span_option(text: str | None, name: str) -> int | None:
+    if text is None:
+        return None
+    try:
+        value = parse_span(text)
+    except (KeyError, ValueError):
+        value = None
+    if value is None:
+        err.print(f"[red]error:[/] --{name} {text!r}: expected a finite span such as 1s or 500ms")
+        raise typer.Exit(2)
+    return value
+
+
+def _time_option(text: str | None, name: str) -> int | None:
+    if text is None:
+        return None
+    from mediator.eva.events import parse_time
+
+    try:
+        return parse_time(text)
+    except EventError as exc:
+        err.print(f"[red]error:[/] --{name}: {exc}")
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def replay(
+    profiles: Annotated[Path, typer.Option(help="Profile file.")],
+    events: Annotated[Path, typer.Option(help="CloudEvents, one JSON object per line ('-': stdin).")],
+    profile: Annotated[list[str] | None, typer.Option(help="Only this profile (repeatable).")] = None,
+    dead_letter: Annotated[Path | None, typer.Option(help="Write dead letters here (JSON lines) "
+                                                          "instead of stderr.")] = None,
+    tick: Annotated[str, typer.Option(help="Default clock granularity for negations.")] = "1s",
+    lateness: Annotated[str, typer.Option(help="Allowed lateness per source.")] = "0s",
+    until: Annotated[str | None, typer.Option(help="End of the trace (RFC 3339); default: the "
+                                                   "last event's time.")] = None,
+    summary: Annotated[bool, typer.Option(help="Print a count per profile to stderr.")] = False,
+) -> None:
+    """Evaluate profiles over a trace; composites go to stdout as CloudEvents JSON lines."""
+    doc = _load(profiles)
+    names = [p.name for p in doc.profiles]
+    for name in profile or []:
+        if name not in names:
+            err.print(f"[red]error:[/] no profile {name!r} in {profiles}; "
+                      f"expected one of: {', '.join(names)}")
+            raise typer.Exit(2)
+    config = EngineConfig(tick=_span_option(tick, "tick") or 1, allowed_lateness=(
+        parse_span(lateness) if lateness != "inf" else None) or 0)
+    end = _time_option(until, "until")
+    letters = 0
+    sink: TextIO = open(dead_letter, "w", encoding="utf-8") if dead_letter else sys.stderr
+
+    def on_dead(letter: DeadLetter) -> None:
+        nonlocal letters
+        letters += 1
+        record = {"reason": letter.reason, "detail": letter.detail}
+        if letter.event is not None:
+            record["event"] = to_cloudevent(letter.event)
+        if letter.raw is not None:
+            record["raw"] = letter.raw
+        sink.write(json.dumps(record) + "\n")
+
+    engine = Engine(config, on_dead)
+    engine.add_document(doc, profile or None)
+    counts: Counter[str] = Counter()
+    out = sys.stdout
+
+    def emit(notifications: list) -> None:  # type: ignore[type-arg]
+        for n in notifications:
+            counts[n.profile] += 1
+            out.write(json.dumps(composite_event(n)) + "\n")
+
+    stream = sys.stdin if str(events) == "-" else None
+    try:
+        handle = stream or open(events, encoding="utf-8")
+    except OSError as exc:
+        err.print(f"[red]error:[/] cannot read {events}: {exc.strerror}")
+        raise typer.Exit(2) from None
+    with handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                event = from_json_line(line)
+            except EventError as exc:
+                engine.malformed(f"line {number}: {exc}", line.rstrip("\n"))
+                continue
+            emit(engine.push(event))
+    emit(engine.close(end))
+    if dead_letter:
+        sink.close()
+    if summary:
+        table = Table(title="composites per profile")
+        table.add_column("profile")
+        table.add_column("composites", justify="right")
+        for name in profile or names:
+            table.add_row(name, str(counts[name]))
+        table.add_row("dead letters", str(letters))
+        err.print(table)
+
+
+def main() -> None:
+    app()
+
+
+__all__ = ["app", "expr_text", "format_time"]

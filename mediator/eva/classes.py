@@ -1,0 +1,204 @@
+"""Event classes: predicates compiled to Python closures, and time-class tick grids.
+
+Every distinct predicate is compiled once; :class:`ClassIndex` tests an event only against the
+predicates that can match its ``type`` (an index on the ``type == …`` / ``type in […]``
+conjunct), so the cost of matching does not grow with profiles that watch other types.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterable
+
+from mediator.eva import ast
+from mediator.eva.events import Event, format_time, parse_time
+
+Matcher = Callable[[Event], bool]
+
+_ORDER: dict[str, Callable[[object, object], bool]] = {
+    "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+}
+
+
+def _same(a: object, b: object) -> bool:
+    # JSON has one number type: 1 == 1.0, but True is not 1.
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    return bool(a == b)
+
+
+def _compare(pred: ast.Compare) -> Matcher:
+    path, op, value = pred.path, pred.op, pred.value
+    if op == "==":
+        return lambda e: _same(e.field(path), value)
+    if op == "!=":
+        return lambda e: not _same(e.field(path), value)
+    if op == "in":
+        options = tuple(value) if isinstance(value, tuple) else (value,)
+        return lambda e: any(_same(e.field(path), v) for v in options)
+    compare = _ORDER[op]
+
+    def ordered(e: Event) -> bool:
+        got = e.field(path)
+        # Ordering applies between numbers, or between strings; anything else does not match.
+        if isinstance(got, bool) or isinstance(value, bool):
+            return False
+        if isinstance(got, (int, float)) and isinstance(value, (int, float)):
+            return compare(got, value)
+        if isinstance(got, str) and isinstance(value, str):
+            return compare(got, value)
+        return False
+
+    return ordered
+
+
+def compile_predicate(pred: ast.Predicate, classes: dict[str, ast.ClassDef]) -> Matcher:
+    if isinstance(pred, ast.Compare):
+        return _compare(pred)
+    if isinstance(pred, ast.ClassRef):
+        body = classes[pred.name].body
+        assert not isinstance(body, ast.Every)
+        return compile_predicate(body, classes)
+    if isinstance(pred, ast.Not):
+        inner = compile_predicate(pred.operand, classes)
+        return lambda e: not inner(e)
+    left = compile_predicate(pred.left, classes)
+    right = compile_predicate(pred.right, classes)
+    if isinstance(pred, ast.And):
+        return lambda e: left(e) and right(e)
+    return lambda e: left(e) or right(e)
+
+
+def required_types(pred: ast.Predicate, classes: dict[str, ast.ClassDef]) -> frozenset[str] | None:
+    """The ``type`` values an event must have to match, or None when any type may match."""
+    if isinstance(pred, ast.Compare) and pred.path == "type":
+        if pred.op == "==" and isinstance(pred.value, str):
+            return frozenset([pred.value])
+        if pred.op == "in" and isinstance(pred.value, tuple):
+            return frozenset(v for v in pred.value if isinstance(v, str))
+        return None
+    if isinstance(pred, ast.ClassRef):
+        body = classes[pred.name].body
+        return None if isinstance(body, ast.Every) else required_types(body, classes)
+    if isinstance(pred, ast.And):
+        a, b = required_types(pred.left, classes), required_types(pred.right, classes)
+        if a is None:
+            return b
+        return a if b is None else a & b
+    if isinstance(pred, ast.Or):
+        a, b = required_types(pred.left, classes), required_types(pred.right, classes)
+        return None if a is None or b is None else a | b
+    return None
+
+
+class ClassIndex:
+    """Shared primitive-class matching for any number of documents' classes.
+
+    Classes are keyed by their predicate (structurally), so identical classes in many profiles
+    are one entry; :meth:`match` returns the set of keys an event belongs to.
+    """
+
+    def __init__(self) -> None:
+        self._matchers: dict[ast.Predicate, Matcher] = {}
+        self._by_type: dict[str, list[ast.Predicate]] = {}
+        self._any_type: list[ast.Predicate] = []
+        self._cache: dict[str, tuple[ast.Predicate, ...]] = {}
+        self.tests = 0  # how many predicate evaluations were made (for tests and benchmarks)
+
+    def add(self, pred: ast.Predicate, classes: dict[str, ast.ClassDef]) -> ast.Predicate:
+        """Register a predicate; returns the key under which :meth:`match` reports it."""
+        key = _resolve(pred, classes)
+        if key in self._matchers:
+            return key
+        self._matchers[key] = compile_predicate(key, {})
+        types = required_types(key, {})
+        if types is None:
+            self._any_type.append(key)
+        else:
+            for t in types:
+                self._by_type.setdefault(t, []).append(key)
+        self._cache.clear()
+        return key
+
+    def candidates(self, type_: str) -> tuple[ast.Predicate, ...]:
+        found = self._cache.get(type_)
+        if found is None:
+            found = tuple(self._by_type.get(type_, ())) + tuple(self._any_type)
+            self._cache[type_] = found
+        return found
+
+    def match(self, event: Event) -> set[ast.Predicate]:
+        hits = set()
+        for key in self.candidates(event.type):
+            self.tests += 1
+            if self._matchers[key](event):
+                hits.add(key)
+        return hits
+
+
+def _resolve(pred: ast.Predicate, classes: dict[str, ast.ClassDef]) -> ast.Predicate:
+    """Inline class references so structurally equal classes share one key across documents."""
+    if isinstance(pred, ast.ClassRef):
+        body = classes[pred.name].body
+        assert not isinstance(body, ast.Every)
+        return _resolve(body, classes)
+    if isinstance(pred, ast.Not):
+        return ast.Not(_resolve(pred.operand, classes))
+    if isinstance(pred, ast.And):
+        return ast.And(_resolve(pred.left, classes), _resolve(pred.right, classes))
+    if isinstance(pred, ast.Or):
+        return ast.Or(_resolve(pred.left, classes), _resolve(pred.right, classes))
+    return pred
+
+
+# ------------------------------------------------------------------ time classes
+
+
+def grid_origin(every: ast.Every) -> tuple[int, int | None]:
+    """(a time on the tick grid, the first allowed tick or None) for a time class."""
+    anchor = every.anchor
+    if anchor is None:
+        return 0, None
+    if ":" in anchor and "T" not in anchor and "-" not in anchor:
+        parts = [int(p) for p in anchor.split(":")]
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+        return ((hours * 60 + minutes) * 60 + seconds) * 1_000_000, None
+    start = parse_time(anchor)
+    return start, start
+
+
+def ticks_between(every: ast.Every, after: int, until: int) -> Iterable[int]:
+    """Tick times t of a time class with after < t ≤ until, in order."""
+    origin, first = grid_origin(every)
+    period = every.period
+    t = origin + ((after - origin) // period + 1) * period
+    if first is not None and t < first:
+        t = first
+    while t <= until:
+        yield t
+        t += period
+
+
+def next_tick(every: ast.Every, after: int) -> int:
+    """The first tick strictly after ``after``."""
+    return next(iter(ticks_between(every, after, after + every.period + _first_gap(every, after))))
+
+
+def _first_gap(every: ast.Every, after: int) -> int:
+    _, first = grid_origin(every)
+    return max(0, (first or 0) - after)
+
+
+def validate_anchor(every: ast.Every) -> str | None:
+    try:
+        grid_origin(every)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def label(micros: int) -> str:
+    return format_time(micros)
+
+
+__all__ = ["ClassIndex", "compile_predicate", "ticks_between", "next_tick", "label"]

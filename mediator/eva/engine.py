@@ -1,0 +1,427 @@
+"""The incremental engine: many profiles at once, one event (or clock step) at a time.
+
+* Events arrive in any order within each source's allowed lateness; the engine orders them by
+  (time, arrival) and processes an instant once every source's watermark has passed it. Late
+  and malformed events go to the dead-letter record with the reason; nothing stops.
+* Within an instant: primitive events in arrival order, then ticks of time classes, then the
+  clock steps of negations (passive events) and of end-of-interval results — the total order of
+  DESIGN §3, the same as the reference evaluator's.
+* Each event is matched once against each distinct class predicate that can match its ``type``
+  (:class:`~mediator.eva.classes.ClassIndex`), then handed to the profiles that use those
+  classes only.
+* Stored state is bounded by the retention horizons of :mod:`mediator.eva.retention`; a
+  profile whose state cannot be bounded is held under ``state_cap`` and an overflow is reported
+  as a dead letter with reason ``state_cap``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mediator.eva import ast
+from mediator.eva import nodes as nd
+from mediator.eva import semantics as sem
+from mediator.eva.classes import ClassIndex, label, next_tick
+from mediator.eva.events import PASSIVE, TIME_EVENT, Event
+from mediator.eva.printer import expr_text
+from mediator.eva.reference import Notification, partition_key, primitive
+from mediator.eva.semantics import Key, Occ
+
+NEVER = 2**62
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """An input the engine could not use, and why: ``malformed``, ``late`` or ``state_cap``."""
+
+    reason: str
+    detail: str
+    event: Event | None = None
+    raw: str | None = None
+
+
+@dataclass
+class EngineConfig:
+    tick: int = 1_000_000
+    """Granularity (µs) of the default clock at which free-standing negations are evaluated."""
+    allowed_lateness: int = 0
+    """How far (µs) behind its source's newest event an event may arrive and still count."""
+    gc: bool = True
+    """Drop stored occurrences past their retention horizon (off only to test it changes nothing)."""
+    state_cap: int = 1_000_000
+    """Stored occurrences per profile beyond which state is reported as overflowing."""
+
+
+@dataclass
+class _Partition:
+    value: Any
+    root: nd.Node
+    created: Key | None
+    budget: nd.Budget
+
+
+@dataclass
+class _Profile:
+    index: int
+    profile: ast.Profile
+    doc_id: int
+    start: int | None
+    preds: frozenset[Any]
+    tick_ids: frozenset[Hashable]
+    timed: bool
+    budget: nd.Budget
+    partitions: dict[Hashable, _Partition] = field(default_factory=dict)
+    overflow_reported: bool = False
+
+
+class Engine:
+    """Evaluate registered profiles incrementally over an event stream."""
+
+    def __init__(self, config: EngineConfig | None = None,
+                 dead_letter: Callable[[DeadLetter], None] | None = None) -> None:
+        self.config = config or EngineConfig()
+        self.dead_letter = dead_letter or (lambda _: None)
+        self.index = ClassIndex()
+        self._docs: list[ast.Document] = []
+        self._profiles: dict[int, _Profile] = {}
+        self._next_index = 0
+        self._by_pred: dict[Any, list[_Profile]] = {}
+        self._time_classes: dict[Hashable, tuple[ast.Every, int, list[_Profile]]] = {}
+        self._buffer: list[tuple[int, int, Event]] = []
+        self._arrivals = 0
+        self._source_max: dict[str, int] = {}
+        self._done_until: int | None = None  # every instant ≤ this has been processed
+        self._max_time: int | None = None
+        self._timers: list[tuple[Key, int, Hashable]] = []
+        self._out: list[Notification] = []
+        self.events_in = 0
+
+    # ---------------------------------------------------------------- registration
+
+    def add_document(self, doc: ast.Document, profiles: Iterable[str] | None = None, *,
+                     start: int | None = None) -> list[str]:
+        """Register a document's profiles (all, or those named), seeing events after ``start``
+        (default: the engine's current progress, or just before the first event)."""
+        doc_id = len(self._docs)
+        self._docs.append(doc)
+        classes = doc.class_map()
+        wanted = set(profiles) if profiles is not None else None
+        names = []
+        if start is None and self._done_until is not None:
+            start = self._done_until
+        for profile in doc.profiles:
+            if wanted is not None and profile.name not in wanted:
+                continue
+            preds: set[Any] = set()
+            ticks: set[Hashable] = set()
+            for node in ast.walk(profile.expr):
+                if isinstance(node, ast.Prim):
+                    body = classes[node.name].body
+                    if isinstance(body, ast.Every):
+                        ticks.add(self._add_time_class(doc_id, doc, node.name, body))
+                    else:
+                        preds.add(self.index.add(body, classes))
+            timed = any(isinstance(n, ast.Negation) for n in ast.walk(profile.expr)) or (
+                profile.evaluation is ast.Evaluation.END_OF_INTERVAL)
+            entry = _Profile(self._next_index, profile, doc_id, start, frozenset(preds),
+                             frozenset(ticks), timed, nd.Budget(self.config.state_cap))
+            self._next_index += 1
+            self._profiles[entry.index] = entry
+            if start is not None:
+                self._started(entry)
+            for pred in preds:
+                self._by_pred.setdefault(pred, []).append(entry)
+            for tick_id in ticks:
+                self._time_classes[tick_id][2].append(entry)
+            names.append(profile.name)
+        return names
+
+    def _add_time_class(self, doc_id: int, doc: ast.Document, name: str,
+                        every: ast.Every) -> Hashable:
+        tick_id = (doc_id, name)
+        if tick_id not in self._time_classes:
+            index = [c.name for c in doc.classes].index(name)
+            self._time_classes[tick_id] = (every, index, [])
+        return tick_id
+
+    def remove_profile(self, name: str) -> bool:
+        """Unregister every profile of that name; its state is released."""
+        found = [p for p in self._profiles.values() if p.profile.name == name]
+        for p in found:
+            del self._profiles[p.index]
+            for pred in p.preds:
+                self._by_pred[pred].remove(p)
+            for tick_id in p.tick_ids:
+                self._time_classes[tick_id][2].remove(p)
+        return bool(found)
+
+    # ---------------------------------------------------------------- input
+
+    def push(self, event: Event) -> list[Notification]:
+        """Accept one event (its ``seq`` is replaced by the arrival order); returns whatever the
+        watermark now lets the engine report."""
+        self.events_in += 1
+        wm = self._source_max.get(event.source)
+        late = self.config.allowed_lateness
+        if (wm is not None and event.time < wm - late) or (
+                self._done_until is not None and event.time <= self._done_until):
+            self.dead_letter(DeadLetter("late", f"event time {label(event.time)} is behind the "
+                                        "watermark", event))
+            return []
+        if self._done_until is None:
+            # The clock starts just before the first event: profiles registered before any
+            # input see the whole trace (replay), and time classes tick from there.
+            self._done_until = event.time - 1
+            for p in self._profiles.values():
+                if p.start is None:
+                    p.start = event.time - 1
+                    self._started(p)
+        seq = self._arrivals
+        self._arrivals += 1
+        event = Event(event.id, event.source, event.type, event.time, seq, event.data,
+                      event.attributes)
+        heapq.heappush(self._buffer, (event.time, seq, event))
+        if wm is None or event.time > wm:
+            self._source_max[event.source] = event.time
+        if self._max_time is None or event.time > self._max_time:
+            self._max_time = event.time
+        frontier = min(self._source_max.values()) - late
+        # Instants strictly before the frontier are complete: no source can still add to them.
+        return self._run_until(frontier - 1)
+
+    def _started(self, p: _Profile) -> None:
+        if p.profile.per is None and None not in p.partitions:
+            p.partitions[None] = self._new_partition(p, None, None)
+
+    def malformed(self, detail: str, raw: str | None = None) -> None:
+        self.dead_letter(DeadLetter("malformed", detail, None, raw))
+
+    def advance(self, time: int) -> list[Notification]:
+        """Declare that no event at or before ``time`` will come (e.g. from a wall clock)."""
+        return self._run_until(time)
+
+    def close(self, until: int | None = None) -> list[Notification]:
+        """End of input: process everything up to ``until`` (default: the newest event time)."""
+        end = until if until is not None else self._max_time
+        if end is None:
+            return []
+        return self._run_until(end)
+
+    # ---------------------------------------------------------------- the instant loop
+
+    def _run_until(self, bound: int) -> list[Notification]:
+        out = self._out = []
+        while True:
+            t = self._next_instant()
+            if t is None or t > bound:
+                break
+            self._instant(t)
+            self._done_until = t
+        if self._done_until is not None and bound > self._done_until:
+            self._done_until = bound
+        return out
+
+    def _next_instant(self) -> int | None:
+        candidates = []
+        if self._buffer:
+            candidates.append(self._buffer[0][0])
+        while self._timers and not self._timer_valid(self._timers[0]):
+            heapq.heappop(self._timers)
+        if self._timers:
+            candidates.append(self._timers[0][0][0])
+        after = self._done_until
+        for every, _, subscribers in self._time_classes.values():
+            if subscribers and after is not None:
+                candidates.append(next_tick(every, after))
+        return min(candidates) if candidates else None
+
+    def _instant(self, t: int) -> None:
+        while self._buffer and self._buffer[0][0] == t:
+            _, _, event = heapq.heappop(self._buffer)
+            self._primitive(event)
+        self._ticks(t)
+        while self._timers:
+            head = self._timers[0]
+            if not self._timer_valid(head):
+                heapq.heappop(self._timers)
+                continue
+            if head[0][0] != t:
+                break
+            due = [heapq.heappop(self._timers)]
+            while self._timers and self._timers[0][0] == head[0]:
+                due.append(heapq.heappop(self._timers))
+            due = [d for d in due if self._timer_valid(d)]
+            due.sort(key=lambda d: (d[1], self._partition_order(d)))
+            seen: set[tuple[int, Hashable]] = set()
+            for key, pidx, part in due:
+                if (pidx, part) in seen:
+                    continue
+                seen.add((pidx, part))
+                profile = self._profile_by_index(pidx)
+                if profile is None:
+                    continue
+                partition = profile.partitions.get(part)
+                if partition is None:
+                    continue
+                self._emit(profile, partition, key, partition.root.clock(key))
+                self._schedule(profile, part, partition)
+
+    def _partition_order(self, timer: tuple[Key, int, Hashable]) -> int:
+        profile = self._profile_by_index(timer[1])
+        if profile is None:
+            return 0
+        return list(profile.partitions).index(timer[2]) if timer[2] in profile.partitions else 0
+
+    def _profile_by_index(self, index: int) -> _Profile | None:
+        return self._profiles.get(index)
+
+    def _timer_valid(self, timer: tuple[Key, int, Hashable]) -> bool:
+        profile = self._profile_by_index(timer[1])
+        if profile is None or timer[2] not in profile.partitions:
+            return False
+        return profile.partitions[timer[2]].root.due() == timer[0]
+
+    def _primitive(self, event: Event) -> None:
+        hits = self.index.match(event)
+        if not hits:
+            return
+        if len(hits) == 1:
+            (pred,) = hits
+            stepped = self._by_pred.get(pred, [])
+        else:
+            by_index = {p.index: p for pred in hits for p in self._by_pred.get(pred, ())}
+            stepped = [by_index[i] for i in sorted(by_index)]
+        occ = primitive(event)
+        for p in stepped:
+            if p.start is not None and event.time <= p.start:
+                continue
+            part_key: Hashable = None
+            value = None
+            if p.profile.per is not None:
+                value = event.field(p.profile.per)
+                if value is None:
+                    continue
+                part_key = partition_key(value)
+            partition = p.partitions.get(part_key)
+            if partition is None:
+                partition = self._new_partition(p, value, event.key if p.profile.per else None)
+                p.partitions[part_key] = partition
+            self._emit(p, partition, event.key, partition.root.step(event.key, occ, hits, None))
+            if p.timed:
+                self._schedule(p, part_key, partition)
+            self._check_cap(p)
+
+    def _ticks(self, t: int) -> None:
+        after = self._done_until
+        fired = []
+        for tick_id, (every, index, subscribers) in self._time_classes.items():
+            if subscribers and after is not None and next_tick(every, after) == t:
+                fired.append((index, tick_id, subscribers))
+        fired.sort(key=lambda f: (f[0], f[1]))
+        for index, tick_id, subscribers in fired:
+            name = tick_id[1]  # type: ignore[index]
+            occ = sem.time_event(name, index, t, label(t))
+            for p in sorted(subscribers, key=lambda p: p.index):
+                if p.start is None or t <= p.start:
+                    continue
+                if p.profile.per is None and None not in p.partitions:
+                    p.partitions[None] = self._new_partition(p, None, None)
+                for part_key, partition in list(p.partitions.items()):
+                    if partition.created is not None and occ.key < partition.created:
+                        continue
+                    self._emit(p, partition, occ.key,
+                               partition.root.step(occ.key, occ, frozenset(), tick_id))
+                    if p.timed:
+                        self._schedule(p, part_key, partition)
+
+    def _new_partition(self, p: _Profile, value: Any, created: Key | None) -> _Partition:
+        assert p.start is not None
+        first = created[0] if created is not None else p.start + 1
+        root = build(p.profile, self._docs[p.doc_id], self.config, p.budget, first, p.doc_id)
+        partition = _Partition(value, root, created, p.budget)
+        if p.timed:
+            part_key = partition_key(value) if p.profile.per is not None else None
+            self._schedule(p, part_key, partition)
+        return partition
+
+    def _schedule(self, p: _Profile, part_key: Hashable, partition: _Partition) -> None:
+        due = partition.root.due()
+        if due[0] < NEVER:
+            heapq.heappush(self._timers, (due, p.index, part_key))
+
+    def _emit(self, p: _Profile, partition: _Partition, key: Key, occs: list[Occ]) -> None:
+        for occ in occs:
+            self._out.append(Notification(p.profile.name, partition.value, occ, key))
+
+    def _check_cap(self, p: _Profile) -> None:
+        if p.budget.stored > p.budget.cap and not p.overflow_reported:
+            p.overflow_reported = True
+            p.budget.overflowed += 1
+            self.dead_letter(DeadLetter(
+                "state_cap", f"profile {p.profile.name!r} holds {p.budget.stored} occurrences, "
+                f"more than its cap of {p.budget.cap}; its state is unbounded (see evamed check)"))
+
+    # ---------------------------------------------------------------- introspection
+
+    def stored(self) -> int:
+        """Occurrences held in operator state, over all profiles and partitions."""
+        return sum(p.budget.stored for p in self._profiles.values())
+
+    def peak_stored(self) -> int:
+        return sum(p.budget.peak for p in self._profiles.values())
+
+
+def build(profile: ast.Profile, doc: ast.Document, config: EngineConfig, budget: nd.Budget,
+          first_time: int, doc_id: int) -> nd.Node:
+    """Compile a profile into a fresh tree of node states for one partition."""
+    classes = doc.class_map()
+    index = ClassIndex()  # only for structural predicate keys shared with the engine's index
+
+    def first_tick(after: int) -> int:
+        g = config.tick
+        return (after + g - 1) // g * g
+
+    def make(expr: ast.Expr, eoi: bool) -> nd.Node:
+        if isinstance(expr, ast.Prim):
+            body = classes[expr.name].body
+            if isinstance(body, ast.Every):
+                return nd.TimeLeaf((doc_id, expr.name))
+            return nd.AttributeLeaf(index.add(body, classes))
+        tag = expr_text(expr)
+        if isinstance(expr, ast.Selection):
+            return nd.SelectionNode(make(expr.expr, False), expr)
+        if isinstance(expr, ast.Negation):
+            return nd.NegationNode(make(expr.expr, False), expr, tag, config.tick,
+                                   first_tick(first_time))
+        left = make(expr.left.expr, False)
+        if isinstance(expr, ast.Sequence) and isinstance(expr.right.expr, ast.Negation):
+            neg = expr.right.expr
+            right: nd.Node = nd.AnchoredNegationNode(make(neg.expr, False), neg,
+                                                     expr_text(neg), config.gc)
+        else:
+            right = make(expr.right.expr, False)
+        if expr.pairs is ast.Pairs.REPEATED and not isinstance(expr, ast.Disjunction):
+            return nd.RepeatedNode(left, right, expr, tag, config.gc, budget)
+        return nd.BinaryNode(left, right, expr, tag, config.gc, budget, eoi)
+
+    return make(profile.expr, profile.evaluation is ast.Evaluation.END_OF_INTERVAL)
+
+
+def replay(doc: ast.Document, events: Iterable[Event], *, profiles: Iterable[str] | None = None,
+           config: EngineConfig | None = None, until: int | None = None,
+           dead_letter: Callable[[DeadLetter], None] | None = None) -> list[Notification]:
+    """Run a finite trace through a fresh engine: the incremental counterpart of
+    :func:`mediator.eva.reference.evaluate`."""
+    engine = Engine(config, dead_letter)
+    engine.add_document(doc, profiles)
+    out: list[Notification] = []
+    for event in events:
+        out.extend(engine.push(event))
+    out.extend(engine.close(until))
+    return out
+
+
+__all__ = ["DeadLetter", "Engine", "EngineConfig", "replay", "PASSIVE", "TIME_EVENT"]

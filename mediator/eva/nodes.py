@@ -1,0 +1,686 @@
+"""Incremental operator states: one object per profile node (and per ``per`` partition).
+
+Each step feeds one view element; a node reports the occurrences that element adds to its
+stream, in the same order as the reference evaluator. Binary nodes keep their trace view as
+duplicate-list *metadata* (role, element count) plus only the elements that can still be
+selected, so garbage collection never changes which element counts as first, last or i-th
+(research/bry_eckert.md R10). ``gc=False`` keeps everything; tests check it changes nothing.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_right, insort
+from collections import deque
+from collections.abc import Hashable
+from typing import Any
+
+from mediator.eva import ast
+from mediator.eva import semantics as sem
+from mediator.eva.classes import label
+from mediator.eva.semantics import LR, Occ, L, R
+
+Key = tuple[int, int, Any]
+NO_DUE: Key = (2**62, 9, 0)
+
+
+class Budget:
+    """Counts stored occurrences of one profile against its cap (DESIGN §3: bounded state)."""
+
+    __slots__ = ("cap", "stored", "peak", "overflowed")
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.stored = 0
+        self.peak = 0
+        self.overflowed = 0
+
+    def add(self, n: int = 1) -> None:
+        self.stored += n
+        if self.stored > self.peak:
+            self.peak = self.stored
+
+
+class Node:
+    """Interface of an incremental node."""
+
+    __slots__ = ()
+
+    def step(self, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
+        raise NotImplementedError
+
+    def clock(self, key: Key) -> list[Occ]:
+        return []
+
+    def due(self) -> Key:
+        return NO_DUE
+
+    def floor(self, now: int) -> int:
+        """A lower bound on the time of any occurrence this node may still report at or after
+        ``now`` (the lower bounds of Bry & Eckert's suppressing joins). Garbage collection
+        measures horizons from it, not from ``now``: a repeated_pairs node can report a
+        composite of stored, older occurrences."""
+        return now
+
+
+class AttributeLeaf(Node):
+    __slots__ = ("pred",)
+
+    def __init__(self, pred: Any) -> None:
+        self.pred = pred
+
+    def step(self, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
+        return [current] if tick is None and self.pred in hits else []
+
+
+class TimeLeaf(Node):
+    __slots__ = ("tick_id",)
+
+    def __init__(self, tick_id: Hashable) -> None:
+        self.tick_id = tick_id
+
+    def step(self, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
+        return [current] if tick == self.tick_id else []
+
+
+class SelectionNode(Node):
+    __slots__ = ("child", "index", "pairs", "count")
+
+    def __init__(self, child: Node, expr: ast.Selection) -> None:
+        self.child = child
+        self.index = expr.index
+        self.pairs = expr.pairs
+        self.count = 0
+
+    def _pick(self, occs: list[Occ]) -> list[Occ]:
+        out = []
+        for occ in occs:
+            self.count += 1
+            if sem.selection_picks(self.index, self.count, self.pairs):
+                out.append(occ)
+        return out
+
+    def step(self, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
+        return self._pick(self.child.step(key, current, hits, tick))
+
+    def clock(self, key: Key) -> list[Occ]:
+        return self._pick(self.child.clock(key))
+
+    def due(self) -> Key:
+        return self.child.due()
+
+    def floor(self, now: int) -> int:
+        return self.child.floor(now)
+
+
+class NegationNode(Node):
+    """(not E)_T at the default clock's ticks: passive iff no E in [t − T, t] (Def. 4.8).
+
+    Every E the node has seen was reported at or before the tick, so "some E in [t − T, t]"
+    is "the latest E time ≥ t − T": one number of state.
+    """
+
+    __slots__ = ("child", "span", "pairs", "tag", "tick", "next_tick", "latest", "count")
+
+    def __init__(self, child: Node, expr: ast.Negation, tag: str, tick: int, first: int) -> None:
+        self.child = child
+        self.span = expr.span
+        self.pairs = expr.pairs
+        self.tag = tag
+        self.tick = tick
+        self.next_tick = first
+        self.latest: int | None = None
+        self.count = 0
+
+    def _see(self, occs: list[Occ]) -> None:
+        for occ in occs:
+            if self.latest is None or occ.time > self.latest:
+                self.latest = occ.time
+
+    def step(self, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
+        self._see(self.child.step(key, current, hits, tick))
+        return []
+
+    def clock(self, key: Key) -> list[Occ]:
+        self._see(self.child.clock(key))
+        t = self.next_tick
+        if key != (t, sem.PASSIVE, ()):
+            return []
+        self.next_tick = t + self.tick
+        if self.latest is not None and self.latest >= t - self.span:
+            return []
+        self.count += 1
+        if not sem.negation_picks(self.count, self.pairs):
+            return []
+        return [sem.passive(self.tag, t, label(t), None)]
+
+    def due(self) -> Key:
+        return min(self.child.due(), (self.next_tick, sem.PASSIVE, ()))
+
+
+class AnchoredNegationNode(Node):
+    """(A ; (not E)_T): a passive event at t(a) + T when no E lies in (t(a), t(a) + T]."""
+
+    __slots__ = ("child", "span", "pairs", "tag", "pending", "times", "count", "gc", "order")
+
+    def __init__(self, child: Node, expr: ast.Negation, tag: str, gc: bool) -> None:
+        self.child = child
+        self.span = expr.span
+        self.pairs = expr.pairs
+        self.tag = tag
+        self.pending: list[tuple[Key, int, Occ]] = []
+        self.times: list[int] = []
+        self.count = 0
+        self.gc = gc
+        self.order = 0
+
+    def anchor(self, emitted: Key, occs: list[Occ]) -> None:
+        for a in occs:
+            deadline = (a.time + self.span, sem.PASSIVE, a.key)
+            if deadline > emitted:
+                self.order += 1
+                heapq.heappush(self.pending, (deadline, self.order, a))
+
+    def _see(self, occs: list[Occ]) -> None:
+        for occ in occs:
+            insort(self.times, occ.time)
+
+    def step(self, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
+        self._see(self.child.step(key, current, hits, tick))
+        return []
+
+    def clock(self, key: Key) -> list[Occ]:
+        self._see(self.child.clock(key))
+        out = []
+        while self.pending and self.pending[0][0] == key:
+            _, _, a = heapq.heappop(self.pending)
+            deadline = a.time + self.span
+            i = bisect_right(self.times, a.time)
+            if i < len(self.times) and self.times[i] <= deadline:
+                continue
+            self.count += 1
+            if sem.negation_picks(self.count, self.pairs):
+                out.append(sem.passive(self.tag, deadline, label(deadline), a))
+        if self.gc and self.times:
+            # A window (t(a), t(a) + T] of a pending or future anchor lies after this floor:
+            # a future anchor is reported now or later, so its deadline is after now.
+            floor = min((a.time for _, _, a in self.pending), default=key[0] - self.span)
+            floor = min(floor, key[0] - self.span)
+            cut = bisect_right(self.times, floor)
+            if cut:
+                del self.times[:cut]
+        return out
+
+    def due(self) -> Key:
+        head = self.pending[0][0] if self.pending else NO_DUE
+        return min(head, self.child.due())
+
+
+class DList:
+    """A duplicate list's metadata and the elements of it that are still kept.
+
+    ``kept`` maps the element's index within the list to (view position, occurrence).
+    """
+
+    __slots__ = ("number", "role", "count", "kept", "first_pos")
+
+    def __init__(self, number: int, role: int, first_pos: int) -> None:
+        self.number = number
+        self.role = role
+        self.count = 0
+        self.kept: dict[int, tuple[int, Occ]] = {}
+        self.first_pos = first_pos
+
+
+class BinaryNode(Node):
+    """Disjunction, conjunction or sequence with all_pairs / unique_pairs, continuous.
+
+    The results a new view element adds all involve that element (it is the newest), so each
+    step pairs it only with the kept elements of earlier lists.
+    """
+
+    __slots__ = ("left", "right", "op", "ldup", "rdup", "span", "pairs", "tag", "lists",
+                 "position", "anchored", "gc", "budget", "now", "keep_l", "keep_r", "eoi",
+                 "pending", "closing")
+
+    def __init__(self, left: Node, right: Node, expr: ast.Binary, tag: str, gc: bool,
+                 budget: Budget, eoi: bool) -> None:
+        self.left = left
+        self.right = right
+        self.op = type(expr)
+        self.ldup = expr.left.dup
+        self.rdup = expr.right.dup
+        self.span = None if isinstance(expr, ast.Disjunction) else expr.span
+        self.pairs = expr.pairs
+        self.tag = tag
+        self.lists: deque[DList] = deque()
+        self.position = 0
+        self.anchored = isinstance(right, AnchoredNegationNode)
+        self.gc = gc
+        self.budget = budget
+        self.now = -(2**62)
+        # Which list indices may ever be selected again, per role (None: any).
+        self.keep_l = self.ldup
+        self.keep_r = self.rdup
+        self.eoi = eoi
+        self.pending: list[_Candidate] = []
+        self.closing: list[tuple[Key, int, int, Occ]] = []
+
+    # ---- feeding
+
+    def step(self, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
+        lo = self.left.step(key, current, hits, tick)
+        if self.anchored:
+            self.right.anchor(key, lo)  # type: ignore[attr-defined]
+        ro = self.right.step(key, current, hits, tick)
+        return self._feed(key, lo, ro)
+
+    def clock(self, key: Key) -> list[Occ]:
+        lo = self.left.clock(key)
+        if self.anchored:
+            self.right.anchor(key, lo)  # type: ignore[attr-defined]
+        ro = self.right.clock(key)
+        out = self._feed(key, lo, ro) if lo or ro else []
+        if self.eoi and key[1] == sem.CLOSE:
+            out.extend(self._close_frames(key))
+        return out
+
+    def due(self) -> Key:
+        own = NO_DUE
+        if self.eoi:
+            for cand in self.pending:
+                if cand.frame is not None and cand.wait_y:
+                    own = min(own, (cand.frame, sem.CLOSE, 0))
+        return min(own, self.left.due(), self.right.due())
+
+    def floor(self, now: int) -> int:
+        return min(self.left.floor(now), self.right.floor(now))
+
+    def _feed(self, key: Key, lo: list[Occ], ro: list[Occ]) -> list[Occ]:
+        if not lo and not ro:
+            return []
+        self.now = key[0]
+        out: list[Occ] = []
+        if ro and lo:
+            # An occurrence both operands report in one step is one element with both roles.
+            rids = {o.ident for o in ro}
+            both = [o for o in lo if o.ident in rids]
+            bids = {o.ident for o in both}
+            for occ in lo:
+                out.extend(self._element(key, occ, LR if occ.ident in bids else L))
+            for occ in ro:
+                if occ.ident not in bids:
+                    out.extend(self._element(key, occ, R))
+        else:
+            for occ in lo:
+                out.extend(self._element(key, occ, L))
+            for occ in ro:
+                out.extend(self._element(key, occ, R))
+        if self.eoi:
+            return self._finish_eoi(key, out)
+        return out
+
+    def _element(self, key: Key, occ: Occ, role: int) -> list[Occ]:
+        pos = self.position
+        self.position += 1
+        lists = self.lists
+        last = lists[-1] if lists else None
+        if last is not None and role != LR and last.role == role:
+            dl = last
+            if self.eoi:
+                self._list_grew(dl)
+        else:
+            if last is not None and self.eoi:
+                self._list_closed(last, key)
+            dl = DList(last.number + 1 if last is not None else 0, role, pos)
+            lists.append(dl)
+        index = dl.count
+        dl.count += 1
+        if self.op is ast.Disjunction:
+            found = self._disjunction(dl, index, occ, pos)
+        elif self.op is ast.Sequence:
+            found = self._sequence(dl, index, occ, pos) if role & R else []
+        else:
+            found = self._conjunction(dl, index, occ, pos, role)
+        self._keep(dl, index, pos, occ)
+        if self.gc:
+            self._collect()
+        if self.eoi:
+            return self._stage(found, key)
+        return [r[0] for r in found]
+
+    # ---- the operators (same rules as reference.binary_results)
+
+    def _disjunction(self, dl: DList, index: int, occ: Occ, pos: int) -> list[_Found]:
+        dups = ([self.ldup] if dl.role & L else []) + ([self.rdup] if dl.role & R else [])
+        if any(sem.selected_single(d, index, dl.count) for d in dups):
+            return [(occ, pos, pos, dl, dl)]
+        return []
+
+    def _anterior_lists(self, dl: DList) -> list[DList]:
+        if self.pairs is ast.Pairs.ALL:
+            return [x for x in self.lists if x is not dl and x.role & L]
+        if len(self.lists) >= 2 and self.lists[-2].number == dl.number - 1:
+            prev = self.lists[-2]
+            return [prev] if prev.role & L else []
+        return []
+
+    def _sequence(self, dl: DList, index: int, e2: Occ, pos: int) -> list[_Found]:
+        out: list[_Found] = []
+        span = self.span
+        for x in self._anterior_lists(dl):
+            for v in sem.select_anterior(self.ldup, x.count):
+                kept = x.kept.get(v)
+                if kept is None:
+                    continue
+                p1, e1 = kept
+                if not sem.sequence_holds(e1.time, e2.time, span):
+                    continue
+                if not self._posterior_is_newest(index, dl.count, e1.time, e2.time):
+                    continue
+                if self.anchored and e2.anchor != e1.ident:
+                    continue
+                out.append((sem.composite(self.tag, e1, e2, e2.key), p1, pos, x, dl))
+        return out
+
+    def _posterior_is_newest(self, index: int, count: int, t1: int, t2: int) -> bool:
+        """Whether the newest element (index ``index`` of ``count``) of the posterior list is
+        selected relative to an anterior event at t1 (Fig. 6 with m counted on the prefix)."""
+        kind = self.rdup.kind
+        in_frame = self.span is None or t2 - t1 <= self.span
+        if kind == "first":
+            return index == 0
+        if kind == "nth":
+            return index == self.rdup.n - 1
+        return in_frame  # all: any index ≤ m; last: the newest is m when inside the frame
+
+    def _conjunction(self, dl: DList, index: int, occ: Occ, pos: int, role: int) -> list[_Found]:
+        span = self.span
+        found: list[_Found] = []
+        if self.pairs is ast.Pairs.ALL:
+            partners = [x for x in self.lists if x is not dl]
+        else:
+            partners = []
+            if dl.number % 2 == 1 and len(self.lists) >= 2 and self.lists[-2].number == dl.number - 1:
+                partners = [self.lists[-2]]
+        for other in partners:
+            # The new element as posterior, the other list's selected elements as anterior.
+            as_post = role & R and other.role & L
+            as_ante = role & L and other.role & R and not (role == LR and other.role == LR)
+            if self.pairs is ast.Pairs.UNIQUE:
+                # In a block the earlier list is anterior when it can be (conjunction_pairs).
+                if other.role & L and role & R:
+                    as_ante = False
+            if as_post:
+                for v in sem.select_anterior(self.ldup, other.count):
+                    kept = other.kept.get(v)
+                    if kept is None:
+                        continue
+                    p1, e1 = kept
+                    if not sem.conjunction_holds(e1.time, occ.time, span):
+                        continue
+                    if not self._posterior_is_newest(index, dl.count, e1.time, occ.time):
+                        continue
+                    found.append((sem.composite(self.tag, e1, occ, max(e1.key, occ.key)),
+                                  p1, pos, other, dl))
+            if as_ante and index in sem.select_anterior(self.ldup, dl.count):
+                # The other (earlier, closed) list is posterior: all of it is within the
+                # frame's upper bound, so m is its whole length.
+                for w in sem.select_anterior(self.rdup, other.count):
+                    kept = other.kept.get(w)
+                    if kept is None:
+                        continue
+                    p2, e2 = kept
+                    if not sem.conjunction_holds(occ.time, e2.time, span):
+                        continue
+                    found.append((sem.composite(self.tag, occ, e2, max(occ.key, e2.key)),
+                                  pos, p2, dl, other))
+        found.sort(key=lambda f: (f[1], f[2]))
+        return found
+
+    # ---- what to keep
+
+    def _keep(self, dl: DList, index: int, pos: int, occ: Occ) -> None:
+        if not self.gc:
+            dl.kept[index] = (pos, occ)
+            self.budget.add()
+            return
+        if self.op is ast.Disjunction:
+            return  # a disjunction pairs nothing with earlier elements
+        if self.op is ast.Sequence and not dl.role & L:
+            return  # posterior elements of a sequence are never looked up later
+        wanted = False
+        if dl.role & L:
+            wanted = wanted or _may_select(self.ldup, index)
+        if dl.role & R and self.op is ast.Conjunction:
+            wanted = wanted or _may_select(self.rdup, index)
+        if not wanted:
+            return
+        if self.ldup.kind == "last" or self.rdup.kind == "last":
+            # Only the newest element of a list can be its last one from now on.
+            prev = dl.kept.pop(index - 1, None)
+            if prev is not None and not self._still_wanted(dl, index - 1):
+                self.budget.stored -= 1
+            elif prev is not None:
+                dl.kept[index - 1] = prev
+        dl.kept[index] = (pos, occ)
+        self.budget.add()
+
+    def _still_wanted(self, dl: DList, index: int) -> bool:
+        for dup, role in ((self.ldup, L), (self.rdup, R)):
+            if dl.role & role and (role == L or self.op is ast.Conjunction):
+                if dup.kind in ("all", "first") and (dup.kind == "all" or index == 0):
+                    return True
+                if dup.kind == "nth" and index == dup.n - 1:
+                    return True
+        return False
+
+    def _collect(self) -> None:
+        lists = self.lists
+        if self.pairs is ast.Pairs.UNIQUE:
+            while len(lists) > 2:
+                dropped = lists.popleft()
+                self.budget.stored -= len(dropped.kept)
+        span = self.span
+        if span is None:
+            return
+        # Every result from now on involves a new element, whose time is at least the floor.
+        horizon = self.floor(self.now) - span
+        for dl in lists:
+            stale = [i for i, (_, o) in dl.kept.items() if o.time < horizon]
+            for i in stale:
+                del dl.kept[i]
+            self.budget.stored -= len(stale)
+        while len(lists) > 1 and not lists[0].kept and (
+                self.pairs is ast.Pairs.ALL or len(lists) > 2):
+            lists.popleft()
+
+    # ---- end-of-interval evaluation (root only)
+
+    def _stage(self, found: list[_Found], key: Key) -> list[Occ]:
+        for occ, p1, p2, x, y in found:
+            cand = _Candidate(occ, p1, p2, x, y)
+            if self.op is ast.Disjunction:
+                dups = ([self.ldup] if x.role & L else []) + ([self.rdup] if x.role & R else [])
+                index = x.count - 1
+                cand.wait_x = all(d.kind == "last" for d in dups
+                                  if sem.selected_single(d, index, x.count))
+            else:
+                cand.wait_x = self.ldup.kind == "last" and x is self.lists[-1]
+                if self.rdup.kind == "last" and y is self.lists[-1]:
+                    cand.wait_y = True
+                    if self.span is not None:
+                        cand.frame = occ_time(x, p1) + self.span
+                        if (cand.frame, sem.CLOSE, 0) <= key:
+                            cand.wait_y = False  # reported after its frame already ended
+            if cand.ready():
+                self.closing.append((key, p1, p2, occ))
+            else:
+                self.pending.append(cand)
+        return []
+
+    def _list_grew(self, dl: DList) -> None:
+        # A newer element overwrites a provisional result that selected the previous last.
+        keep = []
+        for cand in self.pending:
+            if cand.wait_x and cand.x is dl and (self.op is ast.Disjunction or
+                                                 self.ldup.kind == "last"):
+                continue
+            if cand.wait_y and cand.y is dl:
+                continue
+            keep.append(cand)
+        self.pending = keep
+
+    def _list_closed(self, dl: DList, key: Key) -> None:
+        keep = []
+        for cand in self.pending:
+            if cand.x is dl:
+                cand.wait_x = False
+            if cand.y is dl:
+                cand.wait_y = False
+            if cand.ready():
+                self.closing.append((key, cand.p1, cand.p2, cand.occ))
+            else:
+                keep.append(cand)
+        self.pending = keep
+
+    def _close_frames(self, key: Key) -> list[Occ]:
+        keep = []
+        for cand in self.pending:
+            if cand.frame is not None and (cand.frame, sem.CLOSE, 0) <= key:
+                cand.wait_y = False
+            if cand.ready():
+                self.closing.append((key, cand.p1, cand.p2, cand.occ))
+            else:
+                keep.append(cand)
+        self.pending = keep
+        return self._finish_eoi(key, [])
+
+    def _finish_eoi(self, key: Key, _: list[Occ]) -> list[Occ]:
+        ready = sorted(c for c in self.closing if c[0] == key)
+        self.closing = [c for c in self.closing if c[0] != key]
+        return [c[3] for c in ready]
+
+
+_Found = tuple[Occ, int, int, DList, DList]
+
+
+class _Candidate:
+    """A provisional end-of-interval result waiting for its lists or frame to close."""
+
+    __slots__ = ("occ", "p1", "p2", "x", "y", "wait_x", "wait_y", "frame")
+
+    def __init__(self, occ: Occ, p1: int, p2: int, x: DList, y: DList) -> None:
+        self.occ = occ
+        self.p1 = p1
+        self.p2 = p2
+        self.x = x
+        self.y = y
+        self.wait_x = False
+        self.wait_y = False
+        self.frame: int | None = None
+
+    def ready(self) -> bool:
+        return not self.wait_x and not self.wait_y
+
+
+def occ_time(dl: DList, pos: int) -> int:
+    for p, occ in dl.kept.values():
+        if p == pos:
+            return occ.time
+    raise AssertionError("an anterior element of a pending result is always kept")
+
+
+def _may_select(dup: ast.Dup, index: int) -> bool:
+    """Whether element ``index`` of a growing list can ever be selected by ``dup``."""
+    if dup.kind == "first":
+        return index == 0
+    if dup.kind == "nth":
+        return index == dup.n - 1
+    return True  # all, and last (the newest is the last until a newer one comes)
+
+
+class RepeatedNode(Node):
+    """Conjunction or sequence with repeated_pairs: after each element, match unique pairs on
+    the unconsumed view, remove what matched, match again (DESIGN §3) — the definition itself,
+    run on a view that garbage collection keeps small.
+
+    Collection drops whole lists from the front of the unconsumed view only when every element
+    in them is past its time frame, an even number of lists at a time, and keeps two such
+    lists as a boundary: expired elements are never consumed, so lists never merge across the
+    boundary, and the pairing of conjunction blocks keeps its parity.
+    """
+
+    __slots__ = ("left", "right", "expr", "tag", "remaining", "anchored", "gc", "budget")
+
+    def __init__(self, left: Node, right: Node, expr: ast.Conjunction | ast.Sequence, tag: str,
+                 gc: bool, budget: Budget) -> None:
+        self.left = left
+        self.right = right
+        self.expr = expr
+        self.tag = tag
+        self.remaining: list[sem.Element] = []
+        self.anchored = isinstance(right, AnchoredNegationNode)
+        self.gc = gc
+        self.budget = budget
+
+    def step(self, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
+        lo = self.left.step(key, current, hits, tick)
+        if self.anchored:
+            self.right.anchor(key, lo)  # type: ignore[attr-defined]
+        return self._feed(key, lo, self.right.step(key, current, hits, tick))
+
+    def clock(self, key: Key) -> list[Occ]:
+        lo = self.left.clock(key)
+        if self.anchored:
+            self.right.anchor(key, lo)  # type: ignore[attr-defined]
+        return self._feed(key, lo, self.right.clock(key))
+
+    def due(self) -> Key:
+        return min(self.left.due(), self.right.due())
+
+    def floor(self, now: int) -> int:
+        own = min((e.occ.time for e in self.remaining), default=now)
+        return min(own, self.left.floor(now), self.right.floor(now))
+
+    def _feed(self, key: Key, lo: list[Occ], ro: list[Occ]) -> list[Occ]:
+        if not lo and not ro:
+            return []
+        out: list[Occ] = []
+        for element in sem.merge([(key, o) for o in lo], [(key, o) for o in ro]):
+            self.remaining.append(element)
+            self.budget.add()
+            while True:
+                found = sorted(sem.binary_results(self.expr, self.remaining, self.tag),
+                               key=sem.result_order)
+                if not found:
+                    break
+                used = {i for r in found for i in (r[1], r[2])}
+                out.extend(r[0] for r in found)
+                self.remaining = [e for i, e in enumerate(self.remaining) if i not in used]
+                self.budget.stored -= len(used)
+        if self.gc and self.expr.span is not None:
+            self._collect(key[0], self.expr.span)
+        return out
+
+    def _collect(self, now: int, span: int) -> None:
+        """Drop a dead prefix: lists whose every element is more than the span older than any
+        element after them and any element still to come, so nothing can ever pair with it."""
+        remaining = self.remaining
+        lists = sem.cut(remaining)
+        future = min(self.left.floor(now), self.right.floor(now))
+        suffix_min = [future] * (len(lists) + 1)
+        for i in range(len(lists) - 1, -1, -1):
+            a, b = lists[i]
+            suffix_min[i] = min(suffix_min[i + 1], min(remaining[j].occ.time for j in range(a, b)))
+        dead = 0
+        prefix_max = -(2**62)
+        for k, (a, b) in enumerate(lists):
+            prefix_max = max(prefix_max, max(remaining[j].occ.time for j in range(a, b)))
+            if prefix_max < suffix_min[k + 1] - span:
+                dead = k + 1
+        drop = max(0, dead - 2) // 2 * 2
+        if drop:
+            cut_at = lists[drop][0]
+            del self.remaining[:cut_at]
+            self.budget.stored -= cut_at

@@ -1,0 +1,255 @@
+"""The reference evaluator: EVA Defs. 4.1–4.8 transcribed directly, over a finite trace.
+
+It is slow on purpose. Every node's result is defined on *prefixes* of its trace view: in
+continuous evaluation a node reports, at each view element, every result of the definition on
+the view up to and including that element that it has not reported before (so a provisional
+``last`` result stays reported when a later duplicate overwrites it, EVA §4.4).
+``repeated_pairs`` is defined operationally, as DESIGN §3 pins it: after each element, match
+unique pairs on the unconsumed view, remove the matched occurrences, and match again.
+
+A stream is the list of ``(emit key, occurrence)`` a node reports, in the order it reports
+them; a parent's trace view merges its operands' streams in that order.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from mediator.eva import ast
+from mediator.eva import semantics as sem
+from mediator.eva.classes import compile_predicate, label, ticks_between
+from mediator.eva.events import PASSIVE, Event
+from mediator.eva.printer import expr_text
+from mediator.eva.semantics import Element, Key, Occ, Stream, binary_results, cut, merge, L, R
+
+INF: Key = (2**62, 0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    """A composite reported for a profile: the occurrence, its partition, when it was reported."""
+
+    profile: str
+    partition: Any
+    occ: Occ
+    emitted: Key
+
+
+def primitive(event: Event) -> Occ:
+    return Occ(event.time, event.key, (event.source, event.id), (event.id,))
+
+
+def partition_key(value: Any) -> Hashable:
+    """A hashable key for a ``per`` attribute value (JSON objects and arrays included)."""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return (type(value).__name__, value)
+
+
+@dataclass
+class _Context:
+    events: list[Event]
+    doc: ast.Document
+    admit: Callable[[Key], bool]
+    start: int
+    end: int
+    tick: int
+    matchers: dict[str, Callable[[Event], bool]]
+
+
+# ------------------------------------------------------------------ nodes
+
+
+def eval_expr(expr: ast.Expr, ctx: _Context, anchors: Stream | None = None) -> Stream:
+    if isinstance(expr, ast.Prim):
+        return eval_prim(expr, ctx)
+    if isinstance(expr, ast.Negation):
+        return eval_negation(expr, ctx, anchors)
+    if isinstance(expr, ast.Selection):
+        return eval_selection(expr, ctx)
+    return eval_binary(expr, ctx)[0]
+
+
+def eval_prim(expr: ast.Prim, ctx: _Context) -> Stream:
+    cls = ctx.doc.class_map()[expr.name]
+    if isinstance(cls.body, ast.Every):
+        index = [c.name for c in ctx.doc.classes].index(expr.name)
+        out: Stream = []
+        for t in ticks_between(cls.body, ctx.start, ctx.end):
+            occ = sem.time_event(expr.name, index, t, label(t))
+            if ctx.admit(occ.key):
+                out.append((occ.key, occ))
+        return out
+    match = ctx.matchers[expr.name]
+    return [(e.key, primitive(e)) for e in ctx.events if match(e)]
+
+
+def eval_selection(expr: ast.Selection, ctx: _Context) -> Stream:
+    out: Stream = []
+    for count, (emit, occ) in enumerate(eval_expr(expr.expr, ctx), start=1):
+        if sem.selection_picks(expr.index, count, expr.pairs):
+            out.append((emit, occ))
+    return out
+
+
+def eval_negation(expr: ast.Negation, ctx: _Context, anchors: Stream | None) -> Stream:
+    """Passive events (Def. 4.8) at the clock's ticks, or anchored after each anchor occurrence
+    when the negation is the posterior operand of a sequence (DESIGN §3)."""
+    negated = eval_expr(expr.expr, ctx)
+    tag = expr_text(expr)
+    candidates: list[tuple[Key, Occ]] = []
+    if anchors is None:
+        for t in range(ctx.start - ctx.start % ctx.tick + ctx.tick, ctx.end + 1, ctx.tick):
+            occ = sem.passive(tag, t, label(t), None)
+            if not ctx.admit(occ.key):
+                continue
+            lo, hi = sem.negation_window(t, expr.span)
+            if not any(emit <= occ.key and lo <= o.time <= hi for emit, o in negated):
+                candidates.append((occ.key, occ))
+    else:
+        for emit_a, a in anchors:
+            deadline = a.time + expr.span
+            occ = sem.passive(tag, deadline, label(deadline), a)
+            if occ.key <= emit_a or deadline > ctx.end:
+                continue
+            if not any(emit <= occ.key and a.time < o.time <= deadline for emit, o in negated):
+                candidates.append((occ.key, occ))
+        candidates.sort(key=lambda c: c[0])
+    return [c for count, c in enumerate(candidates, start=1) if sem.negation_picks(count, expr.pairs)]
+
+
+def eval_binary(node: ast.Binary, ctx: _Context) -> tuple[Stream, list[Element]]:
+    tag = expr_text(node)
+    left = eval_expr(node.left.expr, ctx)
+    anchored = isinstance(node, ast.Sequence) and isinstance(node.right.expr, ast.Negation)
+    right = eval_expr(node.right.expr, ctx, anchors=left if anchored else None)
+    view = merge(left, right)
+    out: Stream = []
+    if node.pairs is ast.Pairs.REPEATED and not isinstance(node, ast.Disjunction):
+        remaining: list[Element] = []
+        for element in view:
+            remaining.append(element)
+            while True:
+                found = sorted(binary_results(node, remaining, tag), key=sem.result_order)
+                if not found:
+                    break
+                used = {i for r in found for i in (r[1], r[2])}
+                out.extend((element.emitted, r[0]) for r in found)
+                remaining = [e for i, e in enumerate(remaining) if i not in used]
+        return out, view
+    seen: set[Hashable] = set()
+    for k in range(len(view)):
+        fresh = [r for r in binary_results(node, view[: k + 1], tag) if r[0].ident not in seen]
+        for r in sorted(fresh, key=sem.result_order):
+            seen.add(r[0].ident)
+            out.append((view[k].emitted, r[0]))
+    return out, view
+
+
+def eval_end_of_interval(node: ast.Binary, ctx: _Context) -> Stream:
+    """Root results evaluated at the closing of their interval (EVA §4.4): the definition on
+    the whole view, each result reported once nothing later can overwrite it — its ``last``
+    lists closed and, for a posterior ``last``, its frame over. Unclosed ones are withheld."""
+    if node.pairs is ast.Pairs.REPEATED and not isinstance(node, ast.Disjunction):
+        return eval_binary(node, ctx)[0]
+    _, view = eval_binary(node, ctx)
+    lists = cut(view)
+    tag = expr_text(node)
+
+    def after(li: int) -> Key:
+        end = lists[li][1]
+        return view[end].emitted if end < len(view) else INF
+
+    out: list[tuple[Key, int, int, Occ]] = []
+    for occ, i, j, x, y in binary_results(node, view, tag):
+        close = max(view[i].emitted, view[j].emitted)
+        if isinstance(node, ast.Disjunction):
+            a, b = lists[x]
+            dups = ([node.left.dup] if view[i].role & L else []) + (
+                [node.right.dup] if view[i].role & R else [])
+            if all(d.kind == "last" for d in dups if sem.selected_single(d, i - a, b - a)):
+                close = max(close, after(x))
+        else:
+            if node.left.dup.kind == "last":
+                close = max(close, after(x))
+            if node.right.dup.kind == "last":
+                frame = INF if node.span is None else (view[i].occ.time + node.span, sem.CLOSE, 0)
+                close = max(close, min(after(y), frame))
+        if close[0] <= ctx.end:
+            out.append((close, i, j, occ))
+    out.sort(key=lambda r: (r[0], r[1], r[2]))
+    return [(close, occ) for close, _, _, occ in out]
+
+
+# ------------------------------------------------------------------ profiles
+
+
+def evaluate_profile(profile: ast.Profile, doc: ast.Document, events: list[Event], *,
+                     start: int, end: int, tick: int) -> list[Notification]:
+    classes = doc.class_map()
+    matchers = {c.name: compile_predicate(c.body, classes) for c in doc.classes
+                if not isinstance(c.body, ast.Every)}
+    used = {n.name for n in ast.walk(profile.expr) if isinstance(n, ast.Prim)}
+    relevant = [matchers[n] for n in sorted(used) if n in matchers]
+    # Only events of the profile's own classes can open a partition (and be seen at all).
+    visible = sorted((e for e in events if start < e.time <= end and any(m(e) for m in relevant)),
+                     key=lambda e: e.key)
+    groups: list[tuple[Any, list[Event], Key | None]] = []
+    if profile.per is None:
+        groups.append((None, visible, None))
+    else:
+        index: dict[Hashable, int] = {}
+        for e in visible:
+            value = e.field(profile.per)
+            if value is None:
+                continue
+            k = partition_key(value)
+            if k not in index:
+                index[k] = len(groups)
+                groups.append((value, [], e.key))
+            groups[index[k]][1].append(e)
+    out: list[Notification] = []
+    for value, group, created in groups:
+        def admit(key: Key, created: Key | None = created) -> bool:
+            return key[0] > start and (created is None or key >= created)
+
+        ctx = _Context(group, doc, admit, start, end, tick, matchers)
+        root = profile.expr
+        if (profile.evaluation is ast.Evaluation.END_OF_INTERVAL
+                and isinstance(root, (ast.Disjunction, ast.Conjunction, ast.Sequence))):
+            stream = eval_end_of_interval(root, ctx)
+        else:
+            stream = eval_expr(root, ctx)
+        out.extend(Notification(profile.name, value, occ, emit) for emit, occ in stream)
+    return out
+
+
+def evaluate(doc: ast.Document, events: Iterable[Event], *, profiles: Iterable[str] | None = None,
+             start: int | None = None, end: int | None = None,
+             tick: int = 1_000_000) -> list[Notification]:
+    """Every profile's composites over a finite trace, in detection order.
+
+    ``events`` carry their arrival order in ``seq``. Profiles are registered at ``start``
+    (default: just before the first event) and see events with time > start (Def. 3.5); the
+    trace ends at ``end`` (default: the last event's time). ``tick`` is the granularity (µs) of
+    the default clock at which free-standing negations are evaluated.
+    """
+    trace = list(events)
+    if start is None:
+        start = min((e.time for e in trace), default=0) - 1
+    if end is None:
+        end = max((e.time for e in trace), default=start)
+    wanted = set(profiles) if profiles is not None else None
+    out: list[Notification] = []
+    for profile in doc.profiles:
+        if wanted is None or profile.name in wanted:
+            out.extend(evaluate_profile(profile, doc, trace, start=start, end=end, tick=tick))
+    # Stable: profiles in document order, partitions in order of creation, at equal report keys.
+    out.sort(key=lambda n: n.emitted)
+    return out
+
+
+__all__ = ["Notification", "evaluate", "PASSIVE"]

@@ -1,0 +1,64 @@
+"""Retention analysis (temporal relevance, research/bry_eckert.md §2.6), done at compile time.
+
+For each operator node: how long a stored occurrence can still contribute to a result, and
+whether the node's state is bounded at all. The engine's garbage collection implements these
+horizons; ``evamed check`` reports them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mediator.eva import ast
+
+
+@dataclass(frozen=True)
+class Retention:
+    horizon: int | None
+    """Longest time (µs) any occurrence is kept after it happened; None = unbounded."""
+    reason: str
+    """Why, for the unbounded case (what to change to bound it)."""
+
+
+def _single(dup: ast.Dup) -> bool:
+    return dup.kind in ("first", "last", "nth")
+
+
+def node_retention(expr: ast.Expr) -> Retention:
+    """Retention of the state the node itself keeps (its children are analysed separately)."""
+    if isinstance(expr, ast.Prim):
+        return Retention(0, "")
+    if isinstance(expr, ast.Selection):
+        return Retention(0, "")  # a counter
+    if isinstance(expr, ast.Negation):
+        return Retention(0, "")  # the latest negated time
+    if isinstance(expr, ast.Disjunction):
+        return Retention(0, "")
+    if expr.span is not None:
+        return Retention(expr.span, "")
+    if expr.pairs is ast.Pairs.UNIQUE and _single(expr.left.dup) and (
+            isinstance(expr, ast.Sequence) or _single(expr.right.dup)):
+        # Two lists at most, one element each.
+        return Retention(0, "")
+    return Retention(None, f"{_name(expr)} with an inf span and "
+                           f"{expr.pairs}/{expr.left.dup}: set a finite span")
+
+
+def _name(expr: ast.Expr) -> str:
+    return type(expr).__name__.lower()
+
+
+def retention(expr: ast.Expr) -> Retention:
+    """The profile's retention: the largest node horizon, or unbounded if any node is.
+
+    An anchored negation keeps negated times for its span as well.
+    """
+    worst = 0
+    for node in ast.walk(expr):
+        r = node_retention(node)
+        if r.horizon is None:
+            return r
+        worst = max(worst, r.horizon)
+        if isinstance(node, ast.Sequence) and isinstance(node.right.expr, ast.Negation):
+            worst = max(worst, node.right.expr.span)
+    return Retention(worst, "")

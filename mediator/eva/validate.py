@@ -1,0 +1,56 @@
+"""Static checks after parsing: names resolve, no cycles, time classes used as events only."""
+
+from __future__ import annotations
+
+from mediator.eva import ast
+
+
+def _refs(pred: ast.Predicate) -> list[str]:
+    if isinstance(pred, ast.ClassRef):
+        return [pred.name]
+    if isinstance(pred, (ast.And, ast.Or)):
+        return _refs(pred.left) + _refs(pred.right)
+    if isinstance(pred, ast.Not):
+        return _refs(pred.operand)
+    return []
+
+
+def validate(doc: ast.Document) -> tuple[str, int, int] | None:
+    """The first problem as (message, line, column), or None."""
+    seen: dict[str, tuple[int, int]] = {}
+    for item in (*doc.classes, *doc.profiles):
+        if item.name in seen:
+            line, col = seen[item.name]
+            return (f"{item.name!r} is defined twice (first at line {line}:{col}), "
+                    "expected a unique name", item.line, item.column)
+        seen[item.name] = (item.line, item.column)
+    classes = doc.class_map()
+    for cls in doc.classes:
+        if isinstance(cls.body, ast.Every):
+            continue
+        for ref in _refs(cls.body):
+            if ref not in classes:
+                return (f"found unknown class {ref!r}, expected a defined event class",
+                        cls.line, cls.column)
+            if isinstance(classes[ref].body, ast.Every):
+                return (f"time class {ref!r} cannot be combined logically, expected an "
+                        "attribute class", cls.line, cls.column)
+    for cls in doc.classes:
+        if _cyclic(cls.name, classes, ()):
+            return (f"class {cls.name!r} refers to itself, expected an acyclic definition",
+                    cls.line, cls.column)
+    for profile in doc.profiles:
+        for node in ast.walk(profile.expr):
+            if isinstance(node, ast.Prim) and node.name not in classes:
+                return (f"found unknown class {node.name!r}, expected a defined event class",
+                        node.line or profile.line, node.column or profile.column)
+    return None
+
+
+def _cyclic(name: str, classes: dict[str, ast.ClassDef], path: tuple[str, ...]) -> bool:
+    if name in path:
+        return True
+    body = classes[name].body
+    if isinstance(body, ast.Every):
+        return False
+    return any(_cyclic(r, classes, (*path, name)) for r in _refs(body) if r in classes)
