@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated, TextIO
 
@@ -21,6 +22,7 @@ from mediator.eva.events import EventError, format_time, from_json_line, to_clou
 from mediator.eva.notify import to_cloudevent as composite_event
 from mediator.eva.parser import ProfileError, parse
 from mediator.eva.printer import expr_text
+from mediator.eva.reference import Notification
 from mediator.eva.retention import retention
 from mediator.eva.units import format_span, parse_span
 
@@ -115,16 +117,19 @@ def replay(
             err.print(f"[red]error:[/] no profile {name!r} in {profiles}; "
                       f"expected one of: {', '.join(names)}")
             raise typer.Exit(2)
-    config = EngineConfig(tick=_span_option(tick, "tick") or 1, allowed_lateness=(
-        parse_span(lateness) if lateness != "inf" else None) or 0)
+    tick_us = _span_option(tick, "tick") or 0
+    if tick_us <= 0:
+        err.print(f"[red]error:[/] --tick {tick!r}: expected a positive span such as 1s")
+        raise typer.Exit(2)
+    config = EngineConfig(tick=tick_us, allowed_lateness=_span_option(lateness, "lateness") or 0)
     end = _time_option(until, "until")
     letters = 0
-    sink: TextIO = open(dead_letter, "w", encoding="utf-8") if dead_letter else sys.stderr
+    sink: TextIO = sys.stderr
 
     def on_dead(letter: DeadLetter) -> None:
         nonlocal letters
         letters += 1
-        record = {"reason": letter.reason, "detail": letter.detail}
+        record: dict[str, object] = {"reason": letter.reason, "detail": letter.detail}
         if letter.event is not None:
             record["event"] = to_cloudevent(letter.event)
         if letter.raw is not None:
@@ -134,20 +139,21 @@ def replay(
     engine = Engine(config, on_dead)
     engine.add_document(doc, profile or None)
     counts: Counter[str] = Counter()
-    out = sys.stdout
 
-    def emit(notifications: list) -> None:  # type: ignore[type-arg]
+    def emit(notifications: list[Notification]) -> None:
         for n in notifications:
             counts[n.profile] += 1
-            out.write(json.dumps(composite_event(n)) + "\n")
+            sys.stdout.write(json.dumps(composite_event(n)) + "\n")
 
-    stream = sys.stdin if str(events) == "-" else None
-    try:
-        handle = stream or open(events, encoding="utf-8")
-    except OSError as exc:
-        err.print(f"[red]error:[/] cannot read {events}: {exc.strerror}")
-        raise typer.Exit(2) from None
-    with handle:
+    with ExitStack() as stack:
+        if dead_letter:
+            sink = stack.enter_context(open(dead_letter, "w", encoding="utf-8"))
+        try:
+            handle = sys.stdin if str(events) == "-" else stack.enter_context(
+                open(events, encoding="utf-8"))
+        except OSError as exc:
+            err.print(f"[red]error:[/] cannot read {events}: {exc.strerror}")
+            raise typer.Exit(2) from None
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -157,9 +163,7 @@ def replay(
                 engine.malformed(f"line {number}: {exc}", line.rstrip("\n"))
                 continue
             emit(engine.push(event))
-    emit(engine.close(end))
-    if dead_letter:
-        sink.close()
+        emit(engine.close(end))
     if summary:
         table = Table(title="composites per profile")
         table.add_column("profile")

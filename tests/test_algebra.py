@@ -22,7 +22,7 @@ from tests.helpers import ref
 from tests.strategies import CLASSES, expressions, trace_of, traces
 
 
-def occurrences(expr: ast.Expr, trace: list) -> set[tuple[int, frozenset[str]]]:  # type: ignore[type-arg]
+def occurrences(expr: ast.Expr, trace: list) -> set[tuple[int, frozenset[str]]]:
     doc = parse(CLASSES + f"profile P = {expr_text(expr)}\n")
     return {(n.occ.time, frozenset(n.occ.events)) for n in evaluate(doc, trace, tick=1)}
 
@@ -43,7 +43,7 @@ pairs = st.sampled_from(list(ast.Pairs))
 @settings(max_examples=200)
 @given(p=expressions(2), dup=simple_dups, eic=pairs, trace=traces())
 def test_property_1_disjunction_is_idempotent(p: ast.Expr, dup: ast.Dup, eic: ast.Pairs,
-                                              trace: list) -> None:  # type: ignore[type-arg]
+                                              trace: list) -> None:
     assert occurrences(ast.Disjunction(op(dup, p), op(dup, p), eic), trace) == occurrences(p, trace)
 
 
@@ -52,7 +52,7 @@ def test_property_1_disjunction_is_idempotent(p: ast.Expr, dup: ast.Dup, eic: as
     [ast.FIRST, ast.LAST, ast.ALL, ast.nth(2)]), d2=st.sampled_from(
     [ast.FIRST, ast.LAST, ast.ALL, ast.nth(2)]), eic=pairs, trace=traces())
 def test_property_2_disjunction_commutes(p1: ast.Expr, p2: ast.Expr, d1: ast.Dup, d2: ast.Dup,
-                                         eic: ast.Pairs, trace: list) -> None:  # type: ignore[type-arg]
+                                         eic: ast.Pairs, trace: list) -> None:
     left = ast.Disjunction(op(d1, p1), op(d2, p2), eic)
     right = ast.Disjunction(op(d2, p2), op(d1, p1), eic)
     assert occurrences(left, trace) == occurrences(right, trace)
@@ -63,7 +63,7 @@ def test_property_2_disjunction_commutes(p1: ast.Expr, p2: ast.Expr, d1: ast.Dup
        eic=pairs, span=st.sampled_from([1, 3, None]), trace=traces())
 def test_property_3_conjunction_commutes(p1: ast.Expr, p2: ast.Expr, d1: ast.Dup, d2: ast.Dup,
                                          eic: ast.Pairs, span: int | None,
-                                         trace: list) -> None:  # type: ignore[type-arg]
+                                         trace: list) -> None:
     left = ast.Conjunction(op(d1, p1), op(d2, p2), span, eic)
     right = ast.Conjunction(op(d2, p2), op(d1, p1), span, eic)
     assert occurrences(left, trace) == occurrences(right, trace)
@@ -72,7 +72,7 @@ def test_property_3_conjunction_commutes(p1: ast.Expr, p2: ast.Expr, d1: ast.Dup
 @settings(max_examples=200)
 @given(p1=over("A"), p2=over("B"), p3=over("C"), trace=traces(max_size=14))
 def test_property_4_conjunction_is_associative_without_time_frame(
-        p1: ast.Expr, p2: ast.Expr, p3: ast.Expr, trace: list) -> None:  # type: ignore[type-arg]
+        p1: ast.Expr, p2: ast.Expr, p3: ast.Expr, trace: list) -> None:
     def conj(a: ast.Expr, b: ast.Expr) -> ast.Expr:
         return ast.Conjunction(op(ast.ALL, a), op(ast.ALL, b), None, ast.Pairs.ALL)
 
@@ -102,7 +102,7 @@ def test_property_5_has_a_counterexample_under_point_semantics() -> None:
        trace=traces())
 def test_property_6_sequence_distributes_over_disjunction(
         p1: ast.Expr, p2: ast.Expr, p3: ast.Expr, span: int | None,
-        trace: list) -> None:  # type: ignore[type-arg]
+        trace: list) -> None:
     def seq(a: ast.Expr, b: ast.Expr) -> ast.Expr:
         return ast.Sequence(op(ast.ALL, a), op(ast.ALL, b), span, ast.Pairs.ALL)
 

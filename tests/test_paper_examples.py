@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from mediator.eva.semantics import L, R, Element, Occ, cut
+from mediator.eva.semantics import Element, L, Occ, R, cut
 from tests.helpers import both
 
 # ------------------------------------------------------------------ Example 4.1 (Fig. 5)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Union
 
 
 class Pairs(StrEnum):
@@ -85,7 +84,7 @@ class ClassRef:
     name: str
 
 
-Predicate = Union[Compare, And, Or, Not, ClassRef]
+Predicate = Compare | And | Or | Not | ClassRef
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,8 +174,8 @@ class Selection:
     pairs: Pairs
 
 
-Binary = Union[Disjunction, Conjunction, Sequence]
-Expr = Union[Prim, Disjunction, Conjunction, Sequence, Negation, Selection]
+Binary = Disjunction | Conjunction | Sequence
+Expr = Prim | Disjunction | Conjunction | Sequence | Negation | Selection
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from mediator.eva import ast
 from mediator.eva.events import Event, format_time, parse_time
 
 Matcher = Callable[[Event], bool]
 
-_ORDER: dict[str, Callable[[object, object], bool]] = {
+_ORDER: dict[str, Callable[[Any, Any], bool]] = {
     "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
 }
 
@@ -161,7 +162,7 @@ def grid_origin(every: ast.Every) -> tuple[int, int | None]:
         return 0, None
     if ":" in anchor and "T" not in anchor and "-" not in anchor:
         parts = [int(p) for p in anchor.split(":")]
-        hours, minutes, seconds = (parts + [0, 0])[:3]
+        hours, minutes, seconds = [*parts, 0, 0][:3]
         return ((hours * 60 + minutes) * 60 + seconds) * 1_000_000, None
     start = parse_time(anchor)
     return start, start
@@ -189,16 +190,8 @@ def _first_gap(every: ast.Every, after: int) -> int:
     return max(0, (first or 0) - after)
 
 
-def validate_anchor(every: ast.Every) -> str | None:
-    try:
-        grid_origin(every)
-    except ValueError as exc:
-        return str(exc)
-    return None
-
-
 def label(micros: int) -> str:
     return format_time(micros)
 
 
-__all__ = ["ClassIndex", "compile_predicate", "ticks_between", "next_tick", "label"]
+__all__ = ["ClassIndex", "compile_predicate", "label", "next_tick", "ticks_between"]

@@ -172,12 +172,14 @@ class Engine:
                                         "watermark", event))
             return []
         if self._done_until is None:
-            # The clock starts just before the first event: profiles registered before any
-            # input see the whole trace (replay), and time classes tick from there.
-            self._done_until = event.time - 1
+            # The clock starts just before the earliest time still acceptable after the first
+            # event: profiles registered before any input see the whole trace (replay), and
+            # time classes tick from there.
+            origin = event.time - late - 1
+            self._done_until = origin
             for p in self._profiles.values():
                 if p.start is None:
-                    p.start = event.time - 1
+                    p.start = origin
                     self._started(p)
         seq = self._arrivals
         self._arrivals += 1
@@ -424,4 +426,4 @@ def replay(doc: ast.Document, events: Iterable[Event], *, profiles: Iterable[str
     return out
 
 
-__all__ = ["DeadLetter", "Engine", "EngineConfig", "replay", "PASSIVE", "TIME_EVENT"]
+__all__ = ["PASSIVE", "TIME_EVENT", "DeadLetter", "Engine", "EngineConfig", "replay"]

@@ -18,7 +18,7 @@ from typing import Any
 from mediator.eva import ast
 from mediator.eva import semantics as sem
 from mediator.eva.classes import label
-from mediator.eva.semantics import LR, Occ, L, R
+from mediator.eva.semantics import LR, L, Occ, R
 
 Key = tuple[int, int, Any]
 NO_DUE: Key = (2**62, 9, 0)
@@ -27,7 +27,7 @@ NO_DUE: Key = (2**62, 9, 0)
 class Budget:
     """Counts stored occurrences of one profile against its cap (DESIGN §3: bounded state)."""
 
-    __slots__ = ("cap", "stored", "peak", "overflowed")
+    __slots__ = ("cap", "overflowed", "peak", "stored")
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
@@ -84,7 +84,7 @@ class TimeLeaf(Node):
 
 
 class SelectionNode(Node):
-    __slots__ = ("child", "index", "pairs", "count")
+    __slots__ = ("child", "count", "index", "pairs")
 
     def __init__(self, child: Node, expr: ast.Selection) -> None:
         self.child = child
@@ -120,7 +120,7 @@ class NegationNode(Node):
     is "the latest E time ≥ t − T": one number of state.
     """
 
-    __slots__ = ("child", "span", "pairs", "tag", "tick", "next_tick", "latest", "count")
+    __slots__ = ("child", "count", "latest", "next_tick", "pairs", "span", "tag", "tick")
 
     def __init__(self, child: Node, expr: ast.Negation, tag: str, tick: int, first: int) -> None:
         self.child = child
@@ -161,7 +161,7 @@ class NegationNode(Node):
 class AnchoredNegationNode(Node):
     """(A ; (not E)_T): a passive event at t(a) + T when no E lies in (t(a), t(a) + T]."""
 
-    __slots__ = ("child", "span", "pairs", "tag", "pending", "times", "count", "gc", "order")
+    __slots__ = ("child", "count", "gc", "order", "pairs", "pending", "span", "tag", "times")
 
     def __init__(self, child: Node, expr: ast.Negation, tag: str, gc: bool) -> None:
         self.child = child
@@ -222,7 +222,7 @@ class DList:
     ``kept`` maps the element's index within the list to (view position, occurrence).
     """
 
-    __slots__ = ("number", "role", "count", "kept", "first_pos")
+    __slots__ = ("count", "first_pos", "kept", "number", "role")
 
     def __init__(self, number: int, role: int, first_pos: int) -> None:
         self.number = number
@@ -239,9 +239,27 @@ class BinaryNode(Node):
     step pairs it only with the kept elements of earlier lists.
     """
 
-    __slots__ = ("left", "right", "op", "ldup", "rdup", "span", "pairs", "tag", "lists",
-                 "position", "anchored", "gc", "budget", "now", "keep_l", "keep_r", "eoi",
-                 "pending", "closing")
+    __slots__ = (
+        "anchored",
+        "budget",
+        "closing",
+        "eoi",
+        "gc",
+        "keep_l",
+        "keep_r",
+        "ldup",
+        "left",
+        "lists",
+        "now",
+        "op",
+        "pairs",
+        "pending",
+        "position",
+        "rdup",
+        "right",
+        "span",
+        "tag",
+    )
 
     def __init__(self, left: Node, right: Node, expr: ast.Binary, tag: str, gc: bool,
                  budget: Budget, eoi: bool) -> None:
@@ -407,10 +425,8 @@ class BinaryNode(Node):
             # The new element as posterior, the other list's selected elements as anterior.
             as_post = role & R and other.role & L
             as_ante = role & L and other.role & R and not (role == LR and other.role == LR)
-            if self.pairs is ast.Pairs.UNIQUE:
-                # In a block the earlier list is anterior when it can be (conjunction_pairs).
-                if other.role & L and role & R:
-                    as_ante = False
+            if self.pairs is ast.Pairs.UNIQUE and other.role & L and role & R:
+                as_ante = False  # in a block the earlier list is anterior when it can be
             if as_post:
                 for v in sem.select_anterior(self.ldup, other.count):
                     kept = other.kept.get(v)
@@ -468,11 +484,12 @@ class BinaryNode(Node):
 
     def _still_wanted(self, dl: DList, index: int) -> bool:
         for dup, role in ((self.ldup, L), (self.rdup, R)):
-            if dl.role & role and (role == L or self.op is ast.Conjunction):
-                if dup.kind in ("all", "first") and (dup.kind == "all" or index == 0):
-                    return True
-                if dup.kind == "nth" and index == dup.n - 1:
-                    return True
+            if not (dl.role & role and (role == L or self.op is ast.Conjunction)):
+                continue
+            if dup.kind == "all" or (dup.kind == "first" and index == 0):
+                return True
+            if dup.kind == "nth" and index == dup.n - 1:
+                return True
         return False
 
     def _collect(self) -> None:
@@ -568,7 +585,7 @@ _Found = tuple[Occ, int, int, DList, DList]
 class _Candidate:
     """A provisional end-of-interval result waiting for its lists or frame to close."""
 
-    __slots__ = ("occ", "p1", "p2", "x", "y", "wait_x", "wait_y", "frame")
+    __slots__ = ("frame", "occ", "p1", "p2", "wait_x", "wait_y", "x", "y")
 
     def __init__(self, occ: Occ, p1: int, p2: int, x: DList, y: DList) -> None:
         self.occ = occ
@@ -611,7 +628,7 @@ class RepeatedNode(Node):
     boundary, and the pairing of conjunction blocks keeps its parity.
     """
 
-    __slots__ = ("left", "right", "expr", "tag", "remaining", "anchored", "gc", "budget")
+    __slots__ = ("anchored", "budget", "expr", "gc", "left", "remaining", "right", "tag")
 
     def __init__(self, left: Node, right: Node, expr: ast.Conjunction | ast.Sequence, tag: str,
                  gc: bool, budget: Budget) -> None:

@@ -67,7 +67,7 @@ _TERMINALS = {t.name for t in _PARSER.terminals}
 def _expected(names: set[str]) -> str:
     words = sorted({_describe(n) for n in names})
     if len(words) > 6:
-        words = words[:6] + ["…"]
+        words = [*words[:6], "…"]
     return " or ".join(words) if len(words) <= 2 else ", ".join(words[:-1]) + " or " + words[-1]
 
 
@@ -79,7 +79,8 @@ def _found(token: Token | None) -> str:
 
 def _syntax_error(exc: UnexpectedInput, source: str, filename: str) -> ProfileError:
     if isinstance(exc, UnexpectedCharacters):
-        char = source[exc.pos_in_stream] if exc.pos_in_stream < len(source) else ""
+        pos = exc.pos_in_stream or 0
+        char = source[pos] if pos < len(source) else ""
         allowed = set(exc.allowed or ())
         message = f"unexpected character {char!r}"
         if allowed:

@@ -23,7 +23,7 @@ from mediator.eva import semantics as sem
 from mediator.eva.classes import compile_predicate, label, ticks_between
 from mediator.eva.events import PASSIVE, Event
 from mediator.eva.printer import expr_text
-from mediator.eva.semantics import Element, Key, Occ, Stream, binary_results, cut, merge, L, R
+from mediator.eva.semantics import Element, Key, L, Occ, R, Stream, binary_results, cut, merge
 
 INF: Key = (2**62, 0, 0)
 
@@ -252,4 +252,4 @@ def evaluate(doc: ast.Document, events: Iterable[Event], *, profiles: Iterable[s
     return out
 
 
-__all__ = ["Notification", "evaluate", "PASSIVE"]
+__all__ = ["PASSIVE", "Notification", "evaluate"]

@@ -17,6 +17,12 @@ from typing import Any, NamedTuple
 from mediator.eva import ast
 from mediator.eva.events import PASSIVE, TIME_EVENT
 
+__all__ = ["CLOSE", "LR", "PASSIVE", "TIME_EVENT", "Element", "Key", "L", "Occ", "R", "Result",
+           "Stream", "binary_results", "composite", "conjunction_holds", "conjunction_pairs", "cut",
+           "frame_end", "merge", "negation_picks", "negation_window", "passive", "result_order",
+           "select_anterior", "select_posterior", "selected_single", "selection_picks",
+           "sequence_holds", "sequence_pairs", "time_event"]
+
 L = 1
 R = 2
 LR = L | R

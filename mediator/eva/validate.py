@@ -18,7 +18,8 @@ def _refs(pred: ast.Predicate) -> list[str]:
 def validate(doc: ast.Document) -> tuple[str, int, int] | None:
     """The first problem as (message, line, column), or None."""
     seen: dict[str, tuple[int, int]] = {}
-    for item in (*doc.classes, *doc.profiles):
+    items: list[ast.ClassDef | ast.Profile] = [*doc.classes, *doc.profiles]
+    for item in items:
         if item.name in seen:
             line, col = seen[item.name]
             return (f"{item.name!r} is defined twice (first at line {line}:{col}), "
@@ -27,6 +28,9 @@ def validate(doc: ast.Document) -> tuple[str, int, int] | None:
     classes = doc.class_map()
     for cls in doc.classes:
         if isinstance(cls.body, ast.Every):
+            problem = anchor_problem(cls.body.anchor)
+            if problem:
+                return (problem, cls.line, cls.column)
             continue
         for ref in _refs(cls.body):
             if ref not in classes:
@@ -54,3 +58,23 @@ def _cyclic(name: str, classes: dict[str, ast.ClassDef], path: tuple[str, ...]) 
     if isinstance(body, ast.Every):
         return False
     return any(_cyclic(r, classes, (*path, name)) for r in _refs(body) if r in classes)
+
+
+def anchor_problem(anchor: str | None) -> str | None:
+    """``from "HH:MM[:SS]"`` (a time of day, UTC) or ``from "<RFC 3339 instant>"``."""
+    if anchor is None:
+        return None
+    parts = anchor.split(":")
+    if "T" not in anchor and "-" not in anchor and 2 <= len(parts) <= 3:
+        if all(p.isdigit() for p in parts):
+            h, m, s = ([int(p) for p in parts] + [0])[:3]
+            if h < 24 and m < 60 and s < 60:
+                return None
+        return f"found time of day {anchor!r}, expected HH:MM or HH:MM:SS (UTC)"
+    from mediator.eva.events import EventError, parse_time
+
+    try:
+        parse_time(anchor)
+    except EventError:
+        return f"found {anchor!r} after 'from', expected a time of day or an RFC 3339 instant"
+    return None

@@ -1,0 +1,117 @@
+"""The evamed CLI: check and replay, exit codes, dead letters, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from mediator.cli import app
+from mediator.eva.events import from_cloudevent
+from mediator.eva.notify import to_cloudevent
+from mediator.eva.parser import parse
+from mediator.eva.reference import evaluate
+
+runner = CliRunner()
+PROFILES = ('class A = type == "a"\nclass B = type == "b"\n'
+            "profile S = ((all_dup(A); all_dup(B))_5s)_all_pairs\n"
+            "profile N = ((all_dup(A); all_dup(((not B)_2s)_all_pairs))_2s)_all_pairs\n")
+
+
+def cloud(ident: str, kind: str, second: int, **data: object) -> dict[str, object]:
+    return {"specversion": "1.0", "id": ident, "source": "urn:test", "type": kind,
+            "time": f"2026-03-02T10:00:{second:02d}Z", "data": data}
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> tuple[Path, Path]:
+    profiles = tmp_path / "p.eva"
+    profiles.write_text(PROFILES)
+    events = tmp_path / "e.jsonl"
+    lines = [cloud("a1", "a", 1), cloud("b1", "b", 3), cloud("a2", "a", 10), cloud("c1", "c", 20)]
+    events.write_text("\n".join(json.dumps(e) for e in lines) + "\n")
+    return profiles, events
+
+
+def test_check_summarises_profiles(files: tuple[Path, Path]) -> None:
+    result = runner.invoke(app, ["check", str(files[0])])
+    assert result.exit_code == 0, result.output
+    assert "S" in result.output and "sequence" in result.output and "5s" in result.output
+
+
+def test_check_reports_unbounded_state(tmp_path: Path) -> None:
+    path = tmp_path / "u.eva"
+    path.write_text('class A = type == "a"\nprofile U = ((all_dup(A); all_dup(A))_inf)_all_pairs\n')
+    result = runner.invoke(app, ["check", str(path)])
+    assert result.exit_code == 0 and "unbounded" in result.output
+
+
+def test_bad_profile_exits_2_with_position_and_no_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "bad.eva"
+    path.write_text('class A = type == "a"\nprofile X = ((all_dup(A); all_dup(A))_5)_all_pairs\n')
+    for args in (["check", str(path)], ["replay", "--profiles", str(path), "--events", "x"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2
+        assert f"{path}:2:" in result.output and "expected a time span" in result.output
+        assert "Traceback" not in result.output
+
+
+def test_replay_prints_the_reference_answer_as_cloudevents(files: tuple[Path, Path]) -> None:
+    profiles, events = files
+    result = runner.invoke(app, ["replay", "--profiles", str(profiles), "--events", str(events)])
+    assert result.exit_code == 0, result.output
+    got = [json.loads(line) for line in result.stdout.splitlines()]
+    doc = parse(PROFILES)
+    trace = [from_cloudevent(json.loads(line), i)
+             for i, line in enumerate(events.read_text().splitlines())]
+    assert got == [to_cloudevent(n) for n in evaluate(doc, trace)]
+    assert [g["data"]["constituents"] for g in got] == [["a1", "b1"], ["a2", "absence@2026-03-02T10:00:12Z"]]
+    assert all(g["type"] == "eva.composite" and g["subject"] in ("S", "N") for g in got)
+
+
+def test_replay_one_profile(files: tuple[Path, Path]) -> None:
+    profiles, events = files
+    result = runner.invoke(app, ["replay", "--profiles", str(profiles), "--events", str(events),
+                                 "--profile", "N"])
+    assert [json.loads(x)["subject"] for x in result.stdout.splitlines()] == ["N"]
+    unknown = runner.invoke(app, ["replay", "--profiles", str(profiles), "--events", str(events),
+                                  "--profile", "Z"])
+    assert unknown.exit_code == 2 and "no profile 'Z'" in unknown.output
+
+
+def test_malformed_and_late_events_go_to_the_dead_letter_file(files: tuple[Path, Path],
+                                                            tmp_path: Path) -> None:
+    profiles, events = files
+    text = events.read_text() + "{not json\n" + json.dumps({"id": "x"}) + "\n" + json.dumps(
+        cloud("old", "a", 0)) + "\n"
+    events.write_text(text)
+    letters = tmp_path / "dead.jsonl"
+    result = runner.invoke(app, ["replay", "--profiles", str(profiles), "--events", str(events),
+                                 "--dead-letter", str(letters)])
+    assert result.exit_code == 0
+    records = [json.loads(x) for x in letters.read_text().splitlines()]
+    assert [r["reason"] for r in records] == ["malformed", "malformed", "late"]
+    assert records[0]["detail"].startswith("line 5: not JSON")
+    assert "missing required attribute" in records[1]["detail"]
+    assert records[2]["event"]["id"] == "old"
+    assert len(result.stdout.splitlines()) == 2  # the good events still produce their answer
+
+
+def test_until_extends_the_trace_for_clock_driven_results(files: tuple[Path, Path]) -> None:
+    profiles, events = files
+    events.write_text(json.dumps(cloud("a1", "a", 1)) + "\n")
+    short = runner.invoke(app, ["replay", "--profiles", str(profiles), "--events", str(events)])
+    longer = runner.invoke(app, ["replay", "--profiles", str(profiles), "--events", str(events),
+                                 "--until", "2026-03-02T10:00:05Z"])
+    assert short.stdout == "" and len(longer.stdout.splitlines()) == 1
+
+
+def test_bad_options_exit_2(files: tuple[Path, Path]) -> None:
+    profiles, events = files
+    result = runner.invoke(app, ["replay", "--profiles", str(profiles), "--events", str(events),
+                                 "--tick", "soon"])
+    assert result.exit_code == 2 and "expected a finite span" in result.output
+    missing = runner.invoke(app, ["replay", "--profiles", str(profiles), "--events", "/nope"])
+    assert missing.exit_code == 2 and "cannot read" in missing.output
