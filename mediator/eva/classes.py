@@ -95,46 +95,69 @@ def required_types(pred: ast.Predicate, classes: dict[str, ast.ClassDef]) -> fro
 class ClassIndex:
     """Shared primitive-class matching for any number of documents' classes.
 
-    Classes are keyed by their predicate (structurally), so identical classes in many profiles
-    are one entry; :meth:`match` returns the set of keys an event belongs to.
+    Each structurally distinct predicate gets one integer id, so identical classes in many
+    profiles are one entry; :meth:`match` returns the ids an event belongs to. Per ``type``,
+    the index keeps the candidate predicates; a predicate that *is* a type test is decided by
+    the index itself and never evaluated.
     """
 
     def __init__(self) -> None:
-        self._matchers: dict[ast.Predicate, Matcher] = {}
-        self._by_type: dict[str, list[ast.Predicate]] = {}
-        self._any_type: list[ast.Predicate] = []
-        self._cache: dict[str, tuple[ast.Predicate, ...]] = {}
-        self.tests = 0  # how many predicate evaluations were made (for tests and benchmarks)
+        self._ids: dict[ast.Predicate, int] = {}
+        self._matchers: list[Matcher] = []
+        self._exact: list[bool] = []
+        self._by_type: dict[str, list[int]] = {}
+        self._any_type: list[int] = []
+        self._plans: dict[str, tuple[frozenset[int], tuple[tuple[int, Matcher], ...]]] = {}
+        self.tests = 0  # predicate decisions made (for tests and benchmarks)
 
-    def add(self, pred: ast.Predicate, classes: dict[str, ast.ClassDef]) -> ast.Predicate:
-        """Register a predicate; returns the key under which :meth:`match` reports it."""
+    def add(self, pred: ast.Predicate, classes: dict[str, ast.ClassDef]) -> int:
+        """Register a predicate; returns the id under which :meth:`match` reports it."""
         key = _resolve(pred, classes)
-        if key in self._matchers:
-            return key
-        self._matchers[key] = compile_predicate(key, {})
+        found = self._ids.get(key)
+        if found is not None:
+            return found
+        ident = len(self._matchers)
+        self._ids[key] = ident
+        self._matchers.append(compile_predicate(key, {}))
         types = required_types(key, {})
+        self._exact.append(types is not None and _is_type_test(key))
         if types is None:
-            self._any_type.append(key)
+            self._any_type.append(ident)
         else:
             for t in types:
-                self._by_type.setdefault(t, []).append(key)
-        self._cache.clear()
-        return key
+                self._by_type.setdefault(t, []).append(ident)
+        self._plans.clear()
+        return ident
 
-    def candidates(self, type_: str) -> tuple[ast.Predicate, ...]:
-        found = self._cache.get(type_)
+    def plan(self, type_: str) -> tuple[frozenset[int], tuple[tuple[int, Matcher], ...]]:
+        """(ids implied by the type alone, (id, matcher) pairs still to evaluate)."""
+        found = self._plans.get(type_)
         if found is None:
-            found = tuple(self._by_type.get(type_, ())) + tuple(self._any_type)
-            self._cache[type_] = found
+            typed = self._by_type.get(type_, [])
+            implied = frozenset(i for i in typed if self._exact[i])
+            residual = tuple((i, self._matchers[i]) for i in [*typed, *self._any_type]
+                             if not self._exact[i])
+            found = (implied, residual)
+            self._plans[type_] = found
         return found
 
-    def match(self, event: Event) -> set[ast.Predicate]:
-        hits = set()
-        for key in self.candidates(event.type):
-            self.tests += 1
-            if self._matchers[key](event):
-                hits.add(key)
-        return hits
+    def match(self, event: Event) -> frozenset[int]:
+        implied, residual = self.plan(event.type)
+        self.tests += len(implied) + len(residual)
+        if not residual:
+            return implied
+        hits = set(implied)
+        for ident, matcher in residual:
+            if matcher(event):
+                hits.add(ident)
+        return frozenset(hits)
+
+
+def _is_type_test(pred: ast.Predicate) -> bool:
+    return isinstance(pred, ast.Compare) and pred.path == "type" and (
+        (pred.op == "==" and isinstance(pred.value, str)) or (
+            pred.op == "in" and isinstance(pred.value, tuple)
+            and all(isinstance(v, str) for v in pred.value)))
 
 
 def _resolve(pred: ast.Predicate, classes: dict[str, ast.ClassDef]) -> ast.Predicate:

@@ -27,7 +27,7 @@ from mediator.eva import semantics as sem
 from mediator.eva.classes import ClassIndex, label, next_tick
 from mediator.eva.events import PASSIVE, TIME_EVENT, Event
 from mediator.eva.printer import expr_text
-from mediator.eva.reference import Notification, partition_key, primitive
+from mediator.eva.reference import Notification, partition_key
 from mediator.eva.semantics import Key, Occ
 
 NEVER = 2**62
@@ -55,7 +55,7 @@ class EngineConfig:
     """Stored occurrences per profile beyond which state is reported as overflowing."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Partition:
     value: Any
     root: nd.Node
@@ -63,7 +63,7 @@ class _Partition:
     budget: nd.Budget
 
 
-@dataclass
+@dataclass(slots=True)
 class _Profile:
     index: int
     profile: ast.Profile
@@ -74,6 +74,7 @@ class _Profile:
     timed: bool
     budget: nd.Budget
     partitions: dict[Hashable, _Partition] = field(default_factory=dict)
+    single: _Partition | None = None  # the partition of a profile without ``per``
     overflow_reported: bool = False
 
 
@@ -88,7 +89,11 @@ class Engine:
         self._docs: list[ast.Document] = []
         self._profiles: dict[int, _Profile] = {}
         self._next_index = 0
-        self._by_pred: dict[Any, list[_Profile]] = {}
+        self._by_pred: dict[int, list[_Profile]] = {}
+        # type → (predicate ids the type alone implies, profiles to step), or None when some
+        # candidate predicate must be evaluated per event.
+        self._dispatch: dict[str, tuple[frozenset[int], list[_Profile], int] | None] = {}
+        self._clocked = False  # any profile with negation, end-of-interval or time classes
         self._time_classes: dict[Hashable, tuple[ast.Every, int, list[_Profile]]] = {}
         self._buffer: list[tuple[int, int, Event]] = []
         self._arrivals = 0
@@ -137,7 +142,12 @@ class Engine:
             for tick_id in ticks:
                 self._time_classes[tick_id][2].append(entry)
             names.append(profile.name)
+        self._changed()
         return names
+
+    def _changed(self) -> None:
+        self._dispatch.clear()
+        self._clocked = any(p.timed or p.tick_ids for p in self._profiles.values())
 
     def _add_time_class(self, doc_id: int, doc: ast.Document, name: str,
                         every: ast.Every) -> Hashable:
@@ -156,47 +166,49 @@ class Engine:
                 self._by_pred[pred].remove(p)
             for tick_id in p.tick_ids:
                 self._time_classes[tick_id][2].remove(p)
+        self._changed()
         return bool(found)
 
     # ---------------------------------------------------------------- input
 
     def push(self, event: Event) -> list[Notification]:
-        """Accept one event (its ``seq`` is replaced by the arrival order); returns whatever the
+        """Accept one event (its arrival order becomes its ``seq``); returns whatever the
         watermark now lets the engine report."""
         self.events_in += 1
-        wm = self._source_max.get(event.source)
+        t = event.time
         late = self.config.allowed_lateness
-        if (wm is not None and event.time < wm - late) or (
-                self._done_until is not None and event.time <= self._done_until):
-            self.dead_letter(DeadLetter("late", f"event time {label(event.time)} is behind the "
+        source_max = self._source_max
+        wm = source_max.get(event.source)
+        done = self._done_until
+        if (wm is not None and t < wm - late) or (done is not None and t <= done):
+            self.dead_letter(DeadLetter("late", f"event time {label(t)} is behind the "
                                         "watermark", event))
             return []
-        if self._done_until is None:
+        if done is None:
             # The clock starts just before the earliest time still acceptable after the first
             # event: profiles registered before any input see the whole trace (replay), and
             # time classes tick from there.
-            origin = event.time - late - 1
+            origin = t - late - 1
             self._done_until = origin
             for p in self._profiles.values():
                 if p.start is None:
                     p.start = origin
                     self._started(p)
         seq = self._arrivals
-        self._arrivals += 1
-        event = Event(event.id, event.source, event.type, event.time, seq, event.data,
-                      event.attributes)
-        heapq.heappush(self._buffer, (event.time, seq, event))
-        if wm is None or event.time > wm:
-            self._source_max[event.source] = event.time
-        if self._max_time is None or event.time > self._max_time:
-            self._max_time = event.time
-        frontier = min(self._source_max.values()) - late
+        self._arrivals = seq + 1
+        heapq.heappush(self._buffer, (t, seq, event))
+        if wm is not None and t <= wm:
+            return []  # its source's watermark did not move, so no instant completed
+        source_max[event.source] = t
+        if self._max_time is None or t > self._max_time:
+            self._max_time = t
+        frontier = (t if len(source_max) == 1 else min(source_max.values())) - late
         # Instants strictly before the frontier are complete: no source can still add to them.
         return self._run_until(frontier - 1)
 
     def _started(self, p: _Profile) -> None:
         if p.profile.per is None and None not in p.partitions:
-            p.partitions[None] = self._new_partition(p, None, None)
+            p.single = p.partitions[None] = self._new_partition(p, None, None)
 
     def malformed(self, detail: str, raw: str | None = None) -> None:
         self.dead_letter(DeadLetter("malformed", detail, None, raw))
@@ -216,6 +228,15 @@ class Engine:
 
     def _run_until(self, bound: int) -> list[Notification]:
         out = self._out = []
+        if not self._clocked:
+            # No clock-driven work: the instants are exactly the events' times.
+            buffer = self._buffer
+            while buffer and buffer[0][0] <= bound:
+                t, seq, event = heapq.heappop(buffer)
+                self._primitive(event, (t, 0, seq))
+            if self._done_until is not None and bound > self._done_until:
+                self._done_until = bound
+            return out
         while True:
             t = self._next_instant()
             if t is None or t > bound:
@@ -242,8 +263,8 @@ class Engine:
 
     def _instant(self, t: int) -> None:
         while self._buffer and self._buffer[0][0] == t:
-            _, _, event = heapq.heappop(self._buffer)
-            self._primitive(event)
+            _, seq, event = heapq.heappop(self._buffer)
+            self._primitive(event, (t, 0, seq))
         self._ticks(t)
         while self._timers:
             head = self._timers[0]
@@ -286,35 +307,56 @@ class Engine:
             return False
         return profile.partitions[timer[2]].root.due() == timer[0]
 
-    def _primitive(self, event: Event) -> None:
-        hits = self.index.match(event)
-        if not hits:
-            return
-        if len(hits) == 1:
-            (pred,) = hits
-            stepped = self._by_pred.get(pred, [])
+    def _plan(self, type_: str) -> tuple[frozenset[int], list[_Profile], int] | None:
+        implied, residual = self.index.plan(type_)
+        if residual:
+            return None
+        stepped = {p.index: p for pred in implied for p in self._by_pred.get(pred, ())}
+        return (implied, [stepped[i] for i in sorted(stepped)], len(implied))
+
+    def _primitive(self, event: Event, key: Key) -> None:
+        type_ = event.type
+        if type_ in self._dispatch:
+            plan = self._dispatch[type_]
         else:
+            plan = self._dispatch[type_] = self._plan(type_)
+        if plan is not None:
+            hits, stepped, decided = plan
+            self.index.tests += decided
+        else:
+            hits = self.index.match(event)
             by_index = {p.index: p for pred in hits for p in self._by_pred.get(pred, ())}
             stepped = [by_index[i] for i in sorted(by_index)]
-        occ = primitive(event)
+        if not stepped:
+            return
+        t = event.time
+        occ = Occ(t, key, (event.source, event.id), (event.id,))
+        out = self._out
         for p in stepped:
-            if p.start is not None and event.time <= p.start:
+            if p.start is None or t <= p.start:
                 continue
-            part_key: Hashable = None
-            value = None
-            if p.profile.per is not None:
+            if p.profile.per is None:
+                partition = p.single
+                part_key: Hashable = None
+                assert partition is not None
+            else:
                 value = event.field(p.profile.per)
                 if value is None:
                     continue
                 part_key = partition_key(value)
-            partition = p.partitions.get(part_key)
-            if partition is None:
-                partition = self._new_partition(p, value, event.key if p.profile.per else None)
-                p.partitions[part_key] = partition
-            self._emit(p, partition, event.key, partition.root.step(event.key, occ, hits, None))
+                found = p.partitions.get(part_key)
+                if found is None:
+                    found = p.partitions[part_key] = self._new_partition(p, value, key)
+                partition = found
+            occs = partition.root.step(key, occ, hits, None)
+            if occs:
+                name, value = p.profile.name, partition.value
+                for o in occs:
+                    out.append(Notification(name, value, o, key))
             if p.timed:
                 self._schedule(p, part_key, partition)
-            self._check_cap(p)
+            if p.budget.stored > p.budget.cap:
+                self._check_cap(p)
 
     def _ticks(self, t: int) -> None:
         after = self._done_until
@@ -330,7 +372,7 @@ class Engine:
                 if p.start is None or t <= p.start:
                     continue
                 if p.profile.per is None and None not in p.partitions:
-                    p.partitions[None] = self._new_partition(p, None, None)
+                    p.single = p.partitions[None] = self._new_partition(p, None, None)
                 for part_key, partition in list(p.partitions.items()):
                     if partition.created is not None and occ.key < partition.created:
                         continue
@@ -342,7 +384,8 @@ class Engine:
     def _new_partition(self, p: _Profile, value: Any, created: Key | None) -> _Partition:
         assert p.start is not None
         first = created[0] if created is not None else p.start + 1
-        root = build(p.profile, self._docs[p.doc_id], self.config, p.budget, first, p.doc_id)
+        root = build(p.profile, self._docs[p.doc_id], self.config, p.budget, first, p.doc_id,
+                     self.index)
         partition = _Partition(value, root, created, p.budget)
         if p.timed:
             part_key = partition_key(value) if p.profile.per is not None else None
@@ -377,10 +420,10 @@ class Engine:
 
 
 def build(profile: ast.Profile, doc: ast.Document, config: EngineConfig, budget: nd.Budget,
-          first_time: int, doc_id: int) -> nd.Node:
-    """Compile a profile into a fresh tree of node states for one partition."""
+          first_time: int, doc_id: int, index: ClassIndex) -> nd.Node:
+    """Compile a profile into a fresh tree of node states for one partition; leaves refer to
+    class predicates by their id in the engine's shared index."""
     classes = doc.class_map()
-    index = ClassIndex()  # only for structural predicate keys shared with the engine's index
 
     def first_tick(after: int) -> int:
         g = config.tick

@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_right, insort
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from typing import Any
 
 from mediator.eva import ast
@@ -233,32 +233,18 @@ class DList:
 
 
 class BinaryNode(Node):
-    """Disjunction, conjunction or sequence with all_pairs / unique_pairs, continuous.
+    """Disjunction, conjunction or sequence with all_pairs / unique_pairs.
 
     The results a new view element adds all involve that element (it is the newest), so each
-    step pairs it only with the kept elements of earlier lists.
+    step pairs it only with the kept elements of earlier lists. When both operands are
+    primitive classes the step is fused (no child calls), and since their times never
+    decrease, expiry is a queue in arrival order.
     """
 
     __slots__ = (
-        "anchored",
-        "budget",
-        "closing",
-        "eoi",
-        "gc",
-        "keep_l",
-        "keep_r",
-        "ldup",
-        "left",
-        "lists",
-        "now",
-        "op",
-        "pairs",
-        "pending",
-        "position",
-        "rdup",
-        "right",
-        "span",
-        "tag",
+        "anchored", "budget", "closing", "eoi", "expiry", "gc", "is_disj", "is_seq", "ldup",
+        "leafy", "left", "lists", "lpred", "now", "op", "pairs", "pending", "position", "rdup",
+        "right", "rpred", "span", "tag", "unique",
     )
 
     def __init__(self, left: Node, right: Node, expr: ast.Binary, tag: str, gc: bool,
@@ -266,20 +252,24 @@ class BinaryNode(Node):
         self.left = left
         self.right = right
         self.op = type(expr)
+        self.is_disj = isinstance(expr, ast.Disjunction)
+        self.is_seq = isinstance(expr, ast.Sequence)
         self.ldup = expr.left.dup
         self.rdup = expr.right.dup
         self.span = None if isinstance(expr, ast.Disjunction) else expr.span
         self.pairs = expr.pairs
+        self.unique = expr.pairs is ast.Pairs.UNIQUE
         self.tag = tag
         self.lists: deque[DList] = deque()
         self.position = 0
         self.anchored = isinstance(right, AnchoredNegationNode)
+        self.lpred = left.pred if type(left) is AttributeLeaf else None
+        self.rpred = right.pred if type(right) is AttributeLeaf else None
+        self.leafy = self.lpred is not None and self.rpred is not None
+        self.expiry: deque[tuple[int, DList, int]] = deque()
         self.gc = gc
         self.budget = budget
         self.now = -(2**62)
-        # Which list indices may ever be selected again, per role (None: any).
-        self.keep_l = self.ldup
-        self.keep_r = self.rdup
         self.eoi = eoi
         self.pending: list[_Candidate] = []
         self.closing: list[tuple[Key, int, int, Occ]] = []
@@ -287,6 +277,16 @@ class BinaryNode(Node):
     # ---- feeding
 
     def step(self, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
+        if self.leafy:
+            if tick is not None:
+                return []
+            inl = self.lpred in hits
+            inr = self.rpred in hits
+            if not (inl or inr):
+                return []
+            self.now = key[0]
+            found = self._element(key, current, LR if inl and inr else (L if inl else R))
+            return self._finish_eoi(key) if self.eoi else found
         lo = self.left.step(key, current, hits, tick)
         if self.anchored:
             self.right.anchor(key, lo)  # type: ignore[attr-defined]
@@ -294,6 +294,8 @@ class BinaryNode(Node):
         return self._feed(key, lo, ro)
 
     def clock(self, key: Key) -> list[Occ]:
+        if self.leafy:
+            return self._close_frames(key) if self.eoi and key[1] == sem.CLOSE else []
         lo = self.left.clock(key)
         if self.anchored:
             self.right.anchor(key, lo)  # type: ignore[attr-defined]
@@ -309,9 +311,13 @@ class BinaryNode(Node):
             for cand in self.pending:
                 if cand.frame is not None and cand.wait_y:
                     own = min(own, (cand.frame, sem.CLOSE, 0))
+        if self.leafy:
+            return own
         return min(own, self.left.due(), self.right.due())
 
     def floor(self, now: int) -> int:
+        if self.leafy:
+            return now
         return min(self.left.floor(now), self.right.floor(now))
 
     def _feed(self, key: Key, lo: list[Occ], ro: list[Occ]) -> list[Occ]:
@@ -335,12 +341,12 @@ class BinaryNode(Node):
             for occ in ro:
                 out.extend(self._element(key, occ, R))
         if self.eoi:
-            return self._finish_eoi(key, out)
+            return self._finish_eoi(key)
         return out
 
     def _element(self, key: Key, occ: Occ, role: int) -> list[Occ]:
         pos = self.position
-        self.position += 1
+        self.position = pos + 1
         lists = self.lists
         last = lists[-1] if lists else None
         if last is not None and role != LR and last.role == role:
@@ -352,22 +358,28 @@ class BinaryNode(Node):
                 self._list_closed(last, key)
             dl = DList(last.number + 1 if last is not None else 0, role, pos)
             lists.append(dl)
+            if self.unique and self.gc and len(lists) > 2:
+                # Unique pairs only ever pair a list with its neighbour.
+                dropped = lists.popleft()
+                self.budget.stored -= len(dropped.kept)
+                dropped.kept.clear()
         index = dl.count
-        dl.count += 1
-        if self.op is ast.Disjunction:
+        dl.count = index + 1
+        if self.is_disj:
             found = self._disjunction(dl, index, occ, pos)
-        elif self.op is ast.Sequence:
+        elif self.is_seq:
             found = self._sequence(dl, index, occ, pos) if role & R else []
         else:
             found = self._conjunction(dl, index, occ, pos, role)
         self._keep(dl, index, pos, occ)
-        if self.gc:
+        if self.gc and self.span is not None:
             self._collect()
         if self.eoi:
-            return self._stage(found, key)
-        return [r[0] for r in found]
+            self._stage(found, key)
+            return []
+        return [f[0] for f in found]
 
-    # ---- the operators (same rules as reference.binary_results)
+    # ---- the operators (same rules as semantics.binary_results)
 
     def _disjunction(self, dl: DList, index: int, occ: Occ, pos: int) -> list[_Found]:
         dups = ([self.ldup] if dl.role & L else []) + ([self.rdup] if dl.role & R else [])
@@ -375,83 +387,72 @@ class BinaryNode(Node):
             return [(occ, pos, pos, dl, dl)]
         return []
 
-    def _anterior_lists(self, dl: DList) -> list[DList]:
-        if self.pairs is ast.Pairs.ALL:
-            return [x for x in self.lists if x is not dl and x.role & L]
-        if len(self.lists) >= 2 and self.lists[-2].number == dl.number - 1:
-            prev = self.lists[-2]
-            return [prev] if prev.role & L else []
-        return []
-
     def _sequence(self, dl: DList, index: int, e2: Occ, pos: int) -> list[_Found]:
-        out: list[_Found] = []
+        rdup = self.rdup
+        # Fig. 6 for the newest posterior element: first and <i> are positions; all and last
+        # select it exactly when it lies inside the frame, which the time test checks.
+        if (rdup.kind == "first" and index != 0) or (rdup.kind == "nth" and index != rdup.n - 1):
+            return []
+        lists = self.lists
+        if self.unique:
+            if len(lists) < 2:
+                return []
+            prev = lists[-2]
+            if prev.number != dl.number - 1 or not prev.role & L:
+                return []
+            anterior: Iterable[DList] = (prev,)
+        else:
+            anterior = [x for x in lists if x is not dl and x.role & L]
         span = self.span
-        for x in self._anterior_lists(dl):
-            for v in sem.select_anterior(self.ldup, x.count):
-                kept = x.kept.get(v)
-                if kept is None:
-                    continue
-                p1, e1 = kept
-                if not sem.sequence_holds(e1.time, e2.time, span):
-                    continue
-                if not self._posterior_is_newest(index, dl.count, e1.time, e2.time):
+        t2 = e2.time
+        out: list[_Found] = []
+        for x in anterior:
+            for p1, e1 in _selected(x, self.ldup):
+                t1 = e1.time
+                if t1 >= t2 or (span is not None and t2 - t1 > span):
                     continue
                 if self.anchored and e2.anchor != e1.ident:
                     continue
-                out.append((sem.composite(self.tag, e1, e2, e2.key), p1, pos, x, dl))
+                out.append((Occ(t2, e2.key, (self.tag, e1.ident, e2.ident), e1.events + e2.events),
+                            p1, pos, x, dl))
         return out
-
-    def _posterior_is_newest(self, index: int, count: int, t1: int, t2: int) -> bool:
-        """Whether the newest element (index ``index`` of ``count``) of the posterior list is
-        selected relative to an anterior event at t1 (Fig. 6 with m counted on the prefix)."""
-        kind = self.rdup.kind
-        in_frame = self.span is None or t2 - t1 <= self.span
-        if kind == "first":
-            return index == 0
-        if kind == "nth":
-            return index == self.rdup.n - 1
-        return in_frame  # all: any index ≤ m; last: the newest is m when inside the frame
 
     def _conjunction(self, dl: DList, index: int, occ: Occ, pos: int, role: int) -> list[_Found]:
         span = self.span
-        found: list[_Found] = []
-        if self.pairs is ast.Pairs.ALL:
-            partners = [x for x in self.lists if x is not dl]
+        lists = self.lists
+        if self.unique:
+            partners: Iterable[DList] = ()
+            if dl.number % 2 == 1 and len(lists) >= 2 and lists[-2].number == dl.number - 1:
+                partners = (lists[-2],)
         else:
-            partners = []
-            if dl.number % 2 == 1 and len(self.lists) >= 2 and self.lists[-2].number == dl.number - 1:
-                partners = [self.lists[-2]]
+            partners = [x for x in lists if x is not dl]
+        rdup = self.rdup
+        newest_selected_as_post = not (
+            (rdup.kind == "first" and index != 0) or (rdup.kind == "nth" and index != rdup.n - 1))
+        selected_as_ante = index in sem.select_anterior(self.ldup, dl.count)
+        t = occ.time
+        found: list[_Found] = []
         for other in partners:
-            # The new element as posterior, the other list's selected elements as anterior.
-            as_post = role & R and other.role & L
+            as_post = role & R and other.role & L and newest_selected_as_post
             as_ante = role & L and other.role & R and not (role == LR and other.role == LR)
-            if self.pairs is ast.Pairs.UNIQUE and other.role & L and role & R:
+            if self.unique and other.role & L and role & R:
                 as_ante = False  # in a block the earlier list is anterior when it can be
             if as_post:
-                for v in sem.select_anterior(self.ldup, other.count):
-                    kept = other.kept.get(v)
-                    if kept is None:
-                        continue
-                    p1, e1 = kept
-                    if not sem.conjunction_holds(e1.time, occ.time, span):
-                        continue
-                    if not self._posterior_is_newest(index, dl.count, e1.time, occ.time):
+                for p1, e1 in _selected(other, self.ldup):
+                    if span is not None and abs(t - e1.time) > span:
                         continue
                     found.append((sem.composite(self.tag, e1, occ, max(e1.key, occ.key)),
                                   p1, pos, other, dl))
-            if as_ante and index in sem.select_anterior(self.ldup, dl.count):
-                # The other (earlier, closed) list is posterior: all of it is within the
+            if as_ante and selected_as_ante:
+                # The other (earlier, closed) list is posterior: all of it lies before the
                 # frame's upper bound, so m is its whole length.
-                for w in sem.select_anterior(self.rdup, other.count):
-                    kept = other.kept.get(w)
-                    if kept is None:
-                        continue
-                    p2, e2 = kept
-                    if not sem.conjunction_holds(occ.time, e2.time, span):
+                for p2, e2 in _selected(other, rdup):
+                    if span is not None and abs(e2.time - t) > span:
                         continue
                     found.append((sem.composite(self.tag, occ, e2, max(occ.key, e2.key)),
                                   pos, p2, dl, other))
-        found.sort(key=lambda f: (f[1], f[2]))
+        if len(found) > 1:
+            found.sort(key=lambda f: (f[1], f[2]))
         return found
 
     # ---- what to keep
@@ -461,30 +462,33 @@ class BinaryNode(Node):
             dl.kept[index] = (pos, occ)
             self.budget.add()
             return
-        if self.op is ast.Disjunction:
+        if self.is_disj:
             return  # a disjunction pairs nothing with earlier elements
-        if self.op is ast.Sequence and not dl.role & L:
+        if self.is_seq and not dl.role & L:
             return  # posterior elements of a sequence are never looked up later
         wanted = False
         if dl.role & L:
-            wanted = wanted or _may_select(self.ldup, index)
-        if dl.role & R and self.op is ast.Conjunction:
-            wanted = wanted or _may_select(self.rdup, index)
+            wanted = _may_select(self.ldup, index)
+        if not wanted and dl.role & R and not self.is_seq:
+            wanted = _may_select(self.rdup, index)
         if not wanted:
             return
-        if self.ldup.kind == "last" or self.rdup.kind == "last":
+        if index and (self.ldup.kind == "last" or self.rdup.kind == "last"):
             # Only the newest element of a list can be its last one from now on.
             prev = dl.kept.pop(index - 1, None)
-            if prev is not None and not self._still_wanted(dl, index - 1):
-                self.budget.stored -= 1
-            elif prev is not None:
-                dl.kept[index - 1] = prev
+            if prev is not None:
+                if self._still_wanted(dl, index - 1):
+                    dl.kept[index - 1] = prev
+                else:
+                    self.budget.stored -= 1
         dl.kept[index] = (pos, occ)
         self.budget.add()
+        if self.leafy:
+            self.expiry.append((occ.time, dl, index))
 
     def _still_wanted(self, dl: DList, index: int) -> bool:
         for dup, role in ((self.ldup, L), (self.rdup, R)):
-            if not (dl.role & role and (role == L or self.op is ast.Conjunction)):
+            if not (dl.role & role and (role == L or not self.is_seq)):
                 continue
             if dup.kind == "all" or (dup.kind == "first" and index == 0):
                 return True
@@ -493,31 +497,36 @@ class BinaryNode(Node):
         return False
 
     def _collect(self) -> None:
-        lists = self.lists
-        if self.pairs is ast.Pairs.UNIQUE:
-            while len(lists) > 2:
-                dropped = lists.popleft()
-                self.budget.stored -= len(dropped.kept)
         span = self.span
-        if span is None:
-            return
-        # Every result from now on involves a new element, whose time is at least the floor.
-        horizon = self.floor(self.now) - span
-        for dl in lists:
-            stale = [i for i, (_, o) in dl.kept.items() if o.time < horizon]
-            for i in stale:
-                del dl.kept[i]
-            self.budget.stored -= len(stale)
-        while len(lists) > 1 and not lists[0].kept and (
-                self.pairs is ast.Pairs.ALL or len(lists) > 2):
+        assert span is not None
+        lists = self.lists
+        budget = self.budget
+        if self.leafy:
+            # Operand times never decrease: expire in arrival order.
+            horizon = self.now - span
+            expiry = self.expiry
+            while expiry and expiry[0][0] < horizon:
+                _, dl, index = expiry.popleft()
+                if dl.kept.pop(index, None) is not None:
+                    budget.stored -= 1
+        else:
+            # Every result from now on involves a new element, whose time is at least the
+            # operands' floor (a repeated_pairs operand can report older composites).
+            horizon = self.floor(self.now) - span
+            for dl in lists:
+                stale = [i for i, (_, o) in dl.kept.items() if o.time < horizon]
+                for i in stale:
+                    del dl.kept[i]
+                budget.stored -= len(stale)
+        while len(lists) > 1 and not lists[0].kept and (not self.unique or len(lists) > 2):
             lists.popleft()
 
     # ---- end-of-interval evaluation (root only)
 
-    def _stage(self, found: list[_Found], key: Key) -> list[Occ]:
+    def _stage(self, found: list[_Found], key: Key) -> None:
         for occ, p1, p2, x, y in found:
             cand = _Candidate(occ, p1, p2, x, y)
-            if self.op is ast.Disjunction:
+            if self.is_disj:
                 dups = ([self.ldup] if x.role & L else []) + ([self.rdup] if x.role & R else [])
                 index = x.count - 1
                 cand.wait_x = all(d.kind == "last" for d in dups
@@ -534,14 +543,12 @@ class BinaryNode(Node):
                 self.closing.append((key, p1, p2, occ))
             else:
                 self.pending.append(cand)
-        return []
 
     def _list_grew(self, dl: DList) -> None:
         # A newer element overwrites a provisional result that selected the previous last.
         keep = []
         for cand in self.pending:
-            if cand.wait_x and cand.x is dl and (self.op is ast.Disjunction or
-                                                 self.ldup.kind == "last"):
+            if cand.wait_x and cand.x is dl and (self.is_disj or self.ldup.kind == "last"):
                 continue
             if cand.wait_y and cand.y is dl:
                 continue
@@ -571,12 +578,26 @@ class BinaryNode(Node):
             else:
                 keep.append(cand)
         self.pending = keep
-        return self._finish_eoi(key, [])
+        return self._finish_eoi(key)
 
-    def _finish_eoi(self, key: Key, _: list[Occ]) -> list[Occ]:
+    def _finish_eoi(self, key: Key) -> list[Occ]:
+        if not self.closing:
+            return []
         ready = sorted(c for c in self.closing if c[0] == key)
         self.closing = [c for c in self.closing if c[0] != key]
         return [c[3] for c in ready]
+
+
+def _selected(dl: DList, dup: ast.Dup) -> Iterable[tuple[int, Occ]]:
+    """The kept elements of a (closed or growing) list that ``dup`` selects, in list order;
+    ``last`` is the list's newest element."""
+    kind = dup.kind
+    kept = dl.kept
+    if kind == "all":
+        return kept.values()
+    index = 0 if kind == "first" else dl.count - 1 if kind == "last" else dup.n - 1
+    found = kept.get(index)
+    return (found,) if found is not None else ()
 
 
 _Found = tuple[Occ, int, int, DList, DList]

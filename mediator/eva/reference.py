@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from mediator.eva import ast
 from mediator.eva import semantics as sem
@@ -28,8 +28,7 @@ from mediator.eva.semantics import Element, Key, L, Occ, R, Stream, binary_resul
 INF: Key = (2**62, 0, 0)
 
 
-@dataclass(frozen=True, slots=True)
-class Notification:
+class Notification(NamedTuple):
     """A composite reported for a profile: the occurrence, its partition, when it was reported."""
 
     profile: str
