@@ -3,8 +3,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The engine-side modules, compiled in place with mypyc (see mediator/eva/native.py).
+NATIVE := $(addprefix mediator/eva/,events.py semantics.py classes.py nodes.py engine.py)
+NATIVE_STAMP := build/.native
 
-.PHONY: demo test lint typecheck bench clean
+.PHONY: demo test native pure lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,13 +15,23 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
-demo: $(STAMP)
+$(NATIVE_STAMP): $(STAMP) $(NATIVE)
+	$(BIN)/python tools/build_native.py > build.log 2>&1 || (cat build.log; exit 1)
+	touch mediator/eva/*.so  # the in-place copy keeps the build's older mtimes
+	mkdir -p build && touch $(NATIVE_STAMP)
+
+native: $(NATIVE_STAMP)
+
+pure:
+	rm -f mediator/eva/*.so $(NATIVE_STAMP)
+
+demo: native
 	$(BIN)/evamed check examples/logistics/profiles.eva
 	$(BIN)/python examples/logistics/generate.py --out examples/logistics/day.jsonl
 	$(BIN)/evamed replay --profiles examples/logistics/profiles.eva \
 		--events examples/logistics/day.jsonl --summary
 
-test: $(STAMP)
+test: native
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/pytest -n 2
@@ -29,8 +42,8 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-bench: $(STAMP)
+bench: native
 	$(BIN)/python benchmarks/engine.py
 
-clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+clean: pure
+	rm -rf $(VENV) build build.log .pytest_cache .mypy_cache .ruff_cache .hypothesis

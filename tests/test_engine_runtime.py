@@ -71,7 +71,23 @@ def test_a_profile_sees_only_events_after_its_registration() -> None:
 
 
 def test_profile_added_mid_stream_starts_at_the_engine_progress() -> None:
+    """A profile registered while events flow sees only events after what the engine has
+    already processed (Def. 3.5): here a2@3 was processed on arrival, so it is in the past."""
     engine = Engine()
+    out = []
+    for e in trace_of("a1@1 b1@2 a2@3"):
+        out.extend(engine.push(e))
+    engine.add_document(profile_doc(SEQ))
+    for e in trace_of("a4@3 b2@4 a3@5 b3@6"):
+        out.extend(engine.push(e))
+    out.extend(engine.close())
+    assert events_of(out) == [("a3", "b3")]
+
+
+def test_profile_added_mid_stream_sees_buffered_events_after_the_complete_instants() -> None:
+    """With allowed lateness, events are held until their instant is complete; a profile
+    registered meanwhile sees every event not yet processed (here: all of them)."""
+    engine = Engine(EngineConfig(allowed_lateness=2))
     out = []
     for e in trace_of("a1@1 b1@2 a2@3"):
         out.extend(engine.push(e))
@@ -79,8 +95,8 @@ def test_profile_added_mid_stream_starts_at_the_engine_progress() -> None:
     for e in trace_of("b2@4 a3@5 b3@6"):
         out.extend(engine.push(e))
     out.extend(engine.close())
-    # a2@3 is still buffered (the instant 3 is not complete) when the profile registers.
-    assert events_of(out) == [("a2", "b2"), ("a2", "b3"), ("a3", "b3")]
+    assert events_of(out) == [("a1", "b1"), ("a1", "b2"), ("a2", "b2"), ("a1", "b3"),
+                              ("a2", "b3"), ("a3", "b3")]
 
 
 def test_removed_profile_stops_reporting_and_releases_state() -> None:

@@ -99,6 +99,7 @@ class Engine:
         self._arrivals = 0
         self._source_max: dict[str, int] = {}
         self._done_until: int | None = None  # every instant ≤ this has been processed
+        self._progress: int | None = None  # the latest time any event was processed at
         self._max_time: int | None = None
         self._timers: list[tuple[Key, int, Hashable]] = []
         self._out: list[Notification] = []
@@ -116,7 +117,8 @@ class Engine:
         wanted = set(profiles) if profiles is not None else None
         names = []
         if start is None and self._done_until is not None:
-            start = self._done_until
+            # Registration is at the engine's progress: what it has processed is in the past.
+            start = max(self._done_until, self._progress or self._done_until)
         for profile in doc.profiles:
             if wanted is not None and profile.name not in wanted:
                 continue
@@ -196,15 +198,37 @@ class Engine:
                     self._started(p)
         seq = self._arrivals
         self._arrivals = seq + 1
+        if not late and not self._clocked and not self._buffer and (
+                not source_max or (wm is not None and len(source_max) == 1)):
+            # In order, one source, no lateness and no clock-driven work: nothing happens at
+            # the end of an instant, so the event can be processed on arrival.
+            if wm is None or t > wm:
+                source_max[event.source] = t
+                self._max_time = t
+            out = self._out = []
+            self._primitive(event, (t, 0, seq))
+            self._done_until = t - 1
+            self._progress = t
+            return out
         heapq.heappush(self._buffer, (t, seq, event))
         if wm is not None and t <= wm:
             return []  # its source's watermark did not move, so no instant completed
         source_max[event.source] = t
         if self._max_time is None or t > self._max_time:
             self._max_time = t
-        frontier = (t if len(source_max) == 1 else min(source_max.values())) - late
-        # Instants strictly before the frontier are complete: no source can still add to them.
-        return self._run_until(frontier - 1)
+        bound = (t if len(source_max) == 1 else min(source_max.values())) - late - 1
+        # Instants up to the bound are complete: no source can still add to them.
+        if self._clocked:
+            return self._run_until(bound)
+        out = self._out = []
+        buffer = self._buffer
+        primitive = self._primitive
+        while buffer[0][0] <= bound:
+            head, seq, first = heapq.heappop(buffer)
+            primitive(first, (head, 0, seq))
+        if bound > self._done_until:  # type: ignore[operator]
+            self._done_until = bound
+        return out
 
     def _started(self, p: _Profile) -> None:
         if p.profile.per is None and None not in p.partitions:
@@ -238,11 +262,11 @@ class Engine:
                 self._done_until = bound
             return out
         while True:
-            t = self._next_instant()
-            if t is None or t > bound:
+            instant = self._next_instant()
+            if instant is None or instant > bound:
                 break
-            self._instant(t)
-            self._done_until = t
+            self._instant(instant)
+            self._done_until = instant
         if self._done_until is not None and bound > self._done_until:
             self._done_until = bound
         return out
@@ -333,14 +357,12 @@ class Engine:
         occ = Occ(t, key, (event.source, event.id), (event.id,))
         out = self._out
         for p in stepped:
-            if p.start is None or t <= p.start:
+            if t <= p.start:  # type: ignore[operator]
                 continue
-            if p.profile.per is None:
-                partition = p.single
-                part_key: Hashable = None
-                assert partition is not None
-            else:
-                value = event.field(p.profile.per)
+            partition = p.single
+            part_key: Hashable = None
+            if partition is None:
+                value = event.field(p.profile.per)  # type: ignore[arg-type]
                 if value is None:
                     continue
                 part_key = partition_key(value)

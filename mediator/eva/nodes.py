@@ -358,11 +358,16 @@ class BinaryNode(Node):
                 self._list_closed(last, key)
             dl = DList(last.number + 1 if last is not None else 0, role, pos)
             lists.append(dl)
-            if self.unique and self.gc and len(lists) > 2:
-                # Unique pairs only ever pair a list with its neighbour.
-                dropped = lists.popleft()
-                self.budget.stored -= len(dropped.kept)
-                dropped.kept.clear()
+            if self.gc:
+                if self.unique:
+                    if len(lists) > 2:
+                        # Unique pairs only ever pair a list with its neighbour.
+                        dropped = lists.popleft()
+                        self.budget.stored -= len(dropped.kept)
+                        dropped.kept.clear()
+                else:
+                    while len(lists) > 1 and not lists[0].kept:
+                        lists.popleft()  # nothing left in it can be selected
         index = dl.count
         dl.count = index + 1
         if self.is_disj:
@@ -372,8 +377,12 @@ class BinaryNode(Node):
         else:
             found = self._conjunction(dl, index, occ, pos, role)
         self._keep(dl, index, pos, occ)
-        if self.gc and self.span is not None:
-            self._collect()
+        span = self.span
+        if span is not None and self.gc:
+            if not self.leafy:
+                self._collect()
+            elif self.expiry and self.expiry[0][0] < self.now - span:
+                self._expire(self.now - span)
         if self.eoi:
             self._stage(found, key)
             return []
@@ -405,15 +414,20 @@ class BinaryNode(Node):
             anterior = [x for x in lists if x is not dl and x.role & L]
         span = self.span
         t2 = e2.time
+        key2 = e2.key
+        ident2 = e2.ident
+        events2 = e2.events
+        tag = self.tag
+        anchored = self.anchored
         out: list[_Found] = []
         for x in anterior:
             for p1, e1 in _selected(x, self.ldup):
                 t1 = e1.time
                 if t1 >= t2 or (span is not None and t2 - t1 > span):
                     continue
-                if self.anchored and e2.anchor != e1.ident:
+                if anchored and e2.anchor != e1.ident:
                     continue
-                out.append((Occ(t2, e2.key, (self.tag, e1.ident, e2.ident), e1.events + e2.events),
+                out.append((Occ(t2, key2, (tag, e1.ident, ident2), e1.events + events2),
                             p1, pos, x, dl))
         return out
 
@@ -482,7 +496,10 @@ class BinaryNode(Node):
                 else:
                     self.budget.stored -= 1
         dl.kept[index] = (pos, occ)
-        self.budget.add()
+        budget = self.budget
+        budget.stored += 1
+        if budget.stored > budget.peak:
+            budget.peak = budget.stored
         if self.leafy:
             self.expiry.append((occ.time, dl, index))
 
@@ -496,28 +513,30 @@ class BinaryNode(Node):
                 return True
         return False
 
-    def _collect(self) -> None:
-        span = self.span
-        assert span is not None
-        lists = self.lists
+    def _expire(self, horizon: int) -> None:
+        """Leaf operands' times never decrease: expire kept elements in arrival order."""
+        expiry = self.expiry
         budget = self.budget
-        if self.leafy:
-            # Operand times never decrease: expire in arrival order.
-            horizon = self.now - span
-            expiry = self.expiry
-            while expiry and expiry[0][0] < horizon:
-                _, dl, index = expiry.popleft()
-                if dl.kept.pop(index, None) is not None:
-                    budget.stored -= 1
-        else:
-            # Every result from now on involves a new element, whose time is at least the
-            # operands' floor (a repeated_pairs operand can report older composites).
-            horizon = self.floor(self.now) - span
-            for dl in lists:
-                stale = [i for i, (_, o) in dl.kept.items() if o.time < horizon]
-                for i in stale:
-                    del dl.kept[i]
-                budget.stored -= len(stale)
+        while expiry and expiry[0][0] < horizon:
+            _, dl, index = expiry.popleft()
+            if dl.kept.pop(index, None) is not None:
+                budget.stored -= 1
+        self._prune()
+
+    def _collect(self) -> None:
+        # Every result from now on involves a new element, whose time is at least the
+        # operands' floor (a repeated_pairs operand can report older composites).
+        assert self.span is not None
+        horizon = self.floor(self.now) - self.span
+        for dl in self.lists:
+            stale = [i for i, (_, o) in dl.kept.items() if o.time < horizon]
+            for i in stale:
+                del dl.kept[i]
+            self.budget.stored -= len(stale)
+        self._prune()
+
+    def _prune(self) -> None:
+        lists = self.lists
         while len(lists) > 1 and not lists[0].kept and (not self.unique or len(lists) > 2):
             lists.popleft()
 

@@ -16,25 +16,16 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from mediator.eva import ast
 from mediator.eva import semantics as sem
 from mediator.eva.classes import compile_predicate, label, ticks_between
 from mediator.eva.events import PASSIVE, Event
 from mediator.eva.printer import expr_text
-from mediator.eva.semantics import Element, Key, L, Occ, R, Stream, binary_results, cut, merge
+from mediator.eva.semantics import Element, Key, L, Notification, Occ, R, Stream, binary_results, cut, merge
 
 INF: Key = (2**62, 0, 0)
-
-
-class Notification(NamedTuple):
-    """A composite reported for a profile: the occurrence, its partition, when it was reported."""
-
-    profile: str
-    partition: Any
-    occ: Occ
-    emitted: Key
 
 
 def primitive(event: Event) -> Occ:

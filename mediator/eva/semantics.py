@@ -17,7 +17,8 @@ from typing import Any, NamedTuple
 from mediator.eva import ast
 from mediator.eva.events import PASSIVE, TIME_EVENT
 
-__all__ = ["CLOSE", "LR", "PASSIVE", "TIME_EVENT", "Element", "Key", "L", "Occ", "R", "Result",
+__all__ = ["CLOSE", "LR", "PASSIVE", "TIME_EVENT", "Element", "Key", "L", "Notification", "Occ", "R",
+           "Result",
            "Stream", "binary_results", "composite", "conjunction_holds", "conjunction_pairs", "cut",
            "frame_end", "merge", "negation_picks", "negation_window", "passive", "result_order",
            "select_anterior", "select_posterior", "selected_single", "selection_picks",
@@ -33,20 +34,62 @@ CLOSE = 3
 """Phase of the clock step at which end-of-interval results whose frame ended are emitted."""
 
 
-class Occ(NamedTuple):
+class Occ:
     """An occurrence in a node's stream: a primitive event, a time event or a composite.
 
     ``key`` is the total-order key (time, phase, tiebreak). ``ident`` says when two streams
     carry *the same* occurrence. ``events`` are the contributing primitive/time event ids in
     operand order (anterior first, nested operands flattened left to right, DESIGN §5).
     ``anchor`` is set on passive events of an anchored negation: the ident of their anchor.
+
+    A slotted class rather than a NamedTuple: the compiled engine builds one per composite,
+    and a native class is several times cheaper to construct.
     """
 
-    time: int
-    key: tuple[int, int, Any]
-    ident: Hashable
-    events: tuple[str, ...]
-    anchor: Hashable = None
+    __slots__ = ("anchor", "events", "ident", "key", "time")
+
+    def __init__(self, time: int, key: tuple[int, int, Any], ident: Hashable,
+                 events: tuple[str, ...], anchor: Hashable = None) -> None:
+        self.time = time
+        self.key = key
+        self.ident = ident
+        self.events = events
+        self.anchor = anchor
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.time, self.key, self.ident, self.events, self.anchor)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Occ) and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return f"Occ(time={self.time}, key={self.key}, events={self.events})"
+
+
+class Notification:
+    """A composite reported for a profile: the occurrence, its partition, when it was reported."""
+
+    __slots__ = ("emitted", "occ", "partition", "profile")
+
+    def __init__(self, profile: str, partition: Any, occ: Occ, emitted: tuple[int, int, Any]) -> None:
+        self.profile = profile
+        self.partition = partition
+        self.occ = occ
+        self.emitted = emitted
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Notification) and (
+            self.profile, self.partition, self.occ, self.emitted) == (
+            other.profile, other.partition, other.occ, other.emitted)
+
+    def __hash__(self) -> int:
+        return hash((self.profile, self.occ, self.emitted))
+
+    def __repr__(self) -> str:
+        return f"Notification({self.profile!r}, {self.partition!r}, {self.occ!r})"
 
 
 # ------------------------------------------------------------------ occurrence construction
