@@ -87,6 +87,7 @@ class Engine:
         self.dead_letter = dead_letter or (lambda _: None)
         self.index = ClassIndex()
         self._docs: list[ast.Document] = []
+        self._class_maps: list[dict[str, ast.ClassDef]] = []
         self._profiles: dict[int, _Profile] = {}
         self._next_index = 0
         self._by_pred: dict[int, list[_Profile]] = {}
@@ -114,6 +115,7 @@ class Engine:
         doc_id = len(self._docs)
         self._docs.append(doc)
         classes = doc.class_map()
+        self._class_maps.append(classes)
         wanted = set(profiles) if profiles is not None else None
         names = []
         if start is None and self._done_until is not None:
@@ -406,8 +408,8 @@ class Engine:
     def _new_partition(self, p: _Profile, value: Any, created: Key | None) -> _Partition:
         assert p.start is not None
         first = created[0] if created is not None else p.start + 1
-        root = build(p.profile, self._docs[p.doc_id], self.config, p.budget, first, p.doc_id,
-                     self.index)
+        root = build(p.profile, self._class_maps[p.doc_id], self._docs[p.doc_id], self.config,
+                     p.budget, first, p.doc_id, self.index)
         partition = _Partition(value, root, created, p.budget)
         if p.timed:
             part_key = partition_key(value) if p.profile.per is not None else None
@@ -441,11 +443,11 @@ class Engine:
         return sum(p.budget.peak for p in self._profiles.values())
 
 
-def build(profile: ast.Profile, doc: ast.Document, config: EngineConfig, budget: nd.Budget,
-          first_time: int, doc_id: int, index: ClassIndex) -> nd.Node:
+def build(profile: ast.Profile, classes: dict[str, ast.ClassDef], doc: ast.Document,
+          config: EngineConfig, budget: nd.Budget, first_time: int, doc_id: int,
+          index: ClassIndex) -> nd.Node:
     """Compile a profile into a fresh tree of node states for one partition; leaves refer to
     class predicates by their id in the engine's shared index."""
-    classes = doc.class_map()
 
     def first_tick(after: int) -> int:
         g = config.tick

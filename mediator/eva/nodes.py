@@ -575,29 +575,29 @@ class BinaryNode(Node):
         self.pending = keep
 
     def _list_closed(self, dl: DList, key: Key) -> None:
-        keep = []
         for cand in self.pending:
             if cand.x is dl:
                 cand.wait_x = False
             if cand.y is dl:
                 cand.wait_y = False
-            if cand.ready():
-                self.closing.append((key, cand.p1, cand.p2, cand.occ))
-            else:
-                keep.append(cand)
-        self.pending = keep
+        self._release(key)
 
     def _close_frames(self, key: Key) -> list[Occ]:
-        keep = []
         for cand in self.pending:
             if cand.frame is not None and (cand.frame, sem.CLOSE, 0) <= key:
                 cand.wait_y = False
+        self._release(key)
+        return self._finish_eoi(key)
+
+    def _release(self, key: Key) -> None:
+        """Move the candidates nothing can overwrite any more to this step's reports."""
+        keep = []
+        for cand in self.pending:
             if cand.ready():
                 self.closing.append((key, cand.p1, cand.p2, cand.occ))
             else:
                 keep.append(cand)
         self.pending = keep
-        return self._finish_eoi(key)
 
     def _finish_eoi(self, key: Key) -> list[Occ]:
         if not self.closing:
