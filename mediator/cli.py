@@ -18,10 +18,9 @@ from rich.table import Table
 
 from mediator.eva import ast
 from mediator.eva.engine import DeadLetter, Engine, EngineConfig
-from mediator.eva.events import EventError, format_time, from_json_line, to_cloudevent
+from mediator.eva.events import EventError, from_json_line, to_cloudevent
 from mediator.eva.notify import to_cloudevent as composite_event
 from mediator.eva.parser import ProfileError, parse
-from mediator.eva.printer import expr_text
 from mediator.eva.reference import Notification
 from mediator.eva.retention import retention
 from mediator.eva.units import format_span, parse_span
@@ -178,4 +177,4 @@ def main() -> None:
     app()
 
 
-__all__ = ["app", "expr_text", "format_time"]
+__all__ = ["app", "main"]

@@ -191,26 +191,19 @@ def grid_origin(every: ast.Every) -> tuple[int, int | None]:
     return start, start
 
 
-def ticks_between(every: ast.Every, after: int, until: int) -> Iterable[int]:
-    """Tick times t of a time class with after < t ≤ until, in order."""
-    origin, first = grid_origin(every)
-    period = every.period
-    t = origin + ((after - origin) // period + 1) * period
-    if first is not None and t < first:
-        t = first
-    while t <= until:
-        yield t
-        t += period
-
-
 def next_tick(every: ast.Every, after: int) -> int:
     """The first tick strictly after ``after``."""
-    return next(iter(ticks_between(every, after, after + every.period + _first_gap(every, after))))
+    origin, first = grid_origin(every)
+    t = origin + ((after - origin) // every.period + 1) * every.period
+    return t if first is None or t >= first else first
 
 
-def _first_gap(every: ast.Every, after: int) -> int:
-    _, first = grid_origin(every)
-    return max(0, (first or 0) - after)
+def ticks_between(every: ast.Every, after: int, until: int) -> Iterable[int]:
+    """Tick times t of a time class with after < t ≤ until, in order."""
+    t = next_tick(every, after)
+    while t <= until:
+        yield t
+        t += every.period
 
 
 def label(micros: int) -> str:

@@ -25,7 +25,7 @@ from mediator.eva import ast
 from mediator.eva import nodes as nd
 from mediator.eva import semantics as sem
 from mediator.eva.classes import ClassIndex, label, next_tick
-from mediator.eva.events import PASSIVE, TIME_EVENT, Event
+from mediator.eva.events import Event
 from mediator.eva.printer import expr_text
 from mediator.eva.reference import Notification, partition_key
 from mediator.eva.semantics import Key, Occ
@@ -61,6 +61,7 @@ class _Partition:
     root: nd.Node
     created: Key | None
     budget: nd.Budget
+    order: int  # creation order within its profile: same-key clock steps run in this order
 
 
 @dataclass(slots=True)
@@ -320,9 +321,8 @@ class Engine:
 
     def _partition_order(self, timer: tuple[Key, int, Hashable]) -> int:
         profile = self._profile_by_index(timer[1])
-        if profile is None:
-            return 0
-        return list(profile.partitions).index(timer[2]) if timer[2] in profile.partitions else 0
+        partition = profile.partitions.get(timer[2]) if profile is not None else None
+        return partition.order if partition is not None else 0
 
     def _profile_by_index(self, index: int) -> _Profile | None:
         return self._profiles.get(index)
@@ -356,7 +356,7 @@ class Engine:
         if not stepped:
             return
         t = event.time
-        occ = Occ(t, key, (event.source, event.id), (event.id,))
+        occ = sem.primitive(event.id, event.source, t, key)
         out = self._out
         for p in stepped:
             if t <= p.start:  # type: ignore[operator]
@@ -410,7 +410,7 @@ class Engine:
         first = created[0] if created is not None else p.start + 1
         root = build(p.profile, self._class_maps[p.doc_id], self._docs[p.doc_id], self.config,
                      p.budget, first, p.doc_id, self.index)
-        partition = _Partition(value, root, created, p.budget)
+        partition = _Partition(value, root, created, p.budget, len(p.partitions))
         if p.timed:
             part_key = partition_key(value) if p.profile.per is not None else None
             self._schedule(p, part_key, partition)
@@ -493,4 +493,4 @@ def replay(doc: ast.Document, events: Iterable[Event], *, profiles: Iterable[str
     return out
 
 
-__all__ = ["PASSIVE", "TIME_EVENT", "DeadLetter", "Engine", "EngineConfig", "replay"]
+__all__ = ["DeadLetter", "Engine", "EngineConfig", "replay"]

@@ -415,8 +415,6 @@ class BinaryNode(Node):
         span = self.span
         t2 = e2.time
         key2 = e2.key
-        ident2 = e2.ident
-        events2 = e2.events
         tag = self.tag
         anchored = self.anchored
         out: list[_Found] = []
@@ -427,8 +425,7 @@ class BinaryNode(Node):
                     continue
                 if anchored and e2.anchor != e1.ident:
                     continue
-                out.append((Occ(t2, key2, (tag, e1.ident, ident2), e1.events + events2),
-                            p1, pos, x, dl))
+                out.append((sem.composite(tag, e1, e2, key2), p1, pos, x, dl))
         return out
 
     def _conjunction(self, dl: DList, index: int, occ: Occ, pos: int, role: int) -> list[_Found]:

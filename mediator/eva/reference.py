@@ -21,7 +21,7 @@ from typing import Any
 from mediator.eva import ast
 from mediator.eva import semantics as sem
 from mediator.eva.classes import compile_predicate, label, ticks_between
-from mediator.eva.events import PASSIVE, Event
+from mediator.eva.events import Event
 from mediator.eva.printer import expr_text
 from mediator.eva.semantics import Element, Key, L, Notification, Occ, R, Stream, binary_results, cut, merge
 
@@ -29,7 +29,7 @@ INF: Key = (2**62, 0, 0)
 
 
 def primitive(event: Event) -> Occ:
-    return Occ(event.time, event.key, (event.source, event.id), (event.id,))
+    return sem.primitive(event.id, event.source, event.time, event.key)
 
 
 def partition_key(value: Any) -> Hashable:
@@ -242,4 +242,4 @@ def evaluate(doc: ast.Document, events: Iterable[Event], *, profiles: Iterable[s
     return out
 
 
-__all__ = ["PASSIVE", "Notification", "evaluate"]
+__all__ = ["Notification", "evaluate", "partition_key", "primitive"]

@@ -20,7 +20,7 @@ from mediator.eva.events import PASSIVE, TIME_EVENT
 __all__ = ["CLOSE", "LR", "PASSIVE", "TIME_EVENT", "Element", "Key", "L", "Notification", "Occ", "R",
            "Result",
            "Stream", "binary_results", "composite", "conjunction_holds", "conjunction_pairs", "cut",
-           "frame_end", "merge", "negation_picks", "negation_window", "passive", "result_order",
+           "frame_end", "merge", "negation_picks", "negation_window", "passive", "primitive", "result_order",
            "select_anterior", "select_posterior", "selected_single", "selection_picks",
            "sequence_holds", "sequence_pairs", "time_event"]
 
@@ -93,6 +93,11 @@ class Notification:
 
 
 # ------------------------------------------------------------------ occurrence construction
+
+
+def primitive(event_id: str, source: str, time: int, key: tuple[int, int, Any]) -> Occ:
+    """A primitive event as an occurrence; CloudEvents make (source, id) unique."""
+    return Occ(time, key, (source, event_id), (event_id,))
 
 
 def composite(tag: str, left: Occ, right: Occ, key: tuple[int, int, Any]) -> Occ:
