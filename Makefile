@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 NATIVE := $(addprefix mediator/eva/,events.py semantics.py classes.py nodes.py engine.py)
 NATIVE_STAMP := build/.native
 
-.PHONY: demo test native pure lint typecheck bench clean
+.PHONY: demo test test-pure native pure lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,17 @@ test: native
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/pytest -n 2
+	$(MAKE) --no-print-directory test-pure
+
+# The same source interpreted (no extensions): the central equivalence property and the
+# paper's examples, so the pure-Python path cannot drift from the compiled one.
+test-pure: $(STAMP)
+	rm -rf build/pure && mkdir -p build/pure
+	tar --exclude='*.so' --exclude='__pycache__' -cf - mediator tests examples pyproject.toml \
+		| tar -xf - -C build/pure
+	cd build/pure && PYTHONPATH=. ../../$(BIN)/pytest -n 2 -p no:cacheprovider \
+		tests/test_paper_examples.py tests/test_engine_equivalence.py \
+		-k "paper or fig or tv or p1 or p2 or p5 or random_profiles_of_depth_3"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

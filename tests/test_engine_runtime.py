@@ -201,3 +201,21 @@ def test_many_profiles_at_once_equal_the_reference_in_detection_order(
     doc = parse(text)
     assert signature(replay(doc, trace, config=EngineConfig(tick=1))) == signature(
         evaluate(doc, trace, tick=1))
+
+
+@settings(max_examples=300)
+@given(doc=st.builds(lambda e: parse(CLASSES + f"profile P = {expr_text(e)}\n"), expressions(3)),
+       trace=traces(), cut=st.integers(0, 40))
+def test_reports_are_final_a_cut_trace_reports_a_prefix(doc, trace: list[Event], cut: int) -> None:
+    """Append-only (research/bry_eckert.md I1): what the engine reports up to time t is exactly
+    what it reports for the trace cut at t — nothing is retracted or revised later."""
+    config = EngineConfig(tick=1)
+    full = replay(doc, trace, config=config)
+    if not trace:
+        return
+    t = min(trace[0].time + cut, trace[-1].time)
+    prefix = [e for e in trace if e.time <= t]
+    if not prefix:
+        return
+    expected = [n for n in full if n.emitted[0] <= t]
+    assert signature(replay(doc, prefix, config=config, until=t)) == signature(expected)
