@@ -165,13 +165,30 @@ def test_state_stays_flat_for_every_bounded_parameter_setting() -> None:
         assert large <= 1.5 * small + 10, (profile, small, large)
 
 
-def test_unbounded_profile_reports_its_state_cap_once_and_keeps_running() -> None:
+def test_unbounded_profile_is_held_under_its_state_cap_and_every_overflow_is_reported() -> None:
     letters: list[DeadLetter] = []
     engine = Engine(EngineConfig(state_cap=50), letters.append)
     engine.add_document(profile_doc(" = ((all_dup(A); all_dup(B))_inf)_all_pairs"))
     out = run(engine, trace_of(" ".join(f"a{i}@{i}" for i in range(100)) + " b1@200"))
-    assert [d.reason for d in letters] == ["state_cap"]
-    assert len(out) == 100
+    assert engine.peak_stored() <= 51
+    assert letters and all(d.reason == "state_cap" for d in letters)
+    assert "evicted the 6 oldest" in letters[0].detail
+    # The oldest anterior events were evicted: b1 pairs only with what is still held.
+    assert 40 <= len(out) <= 50 and out[-1] == ("a99", "b1")
+
+
+def test_declared_sources_hold_the_clock_until_each_has_reported() -> None:
+    """s2 starts behind s1. Declared, its events are in time; undeclared, they are late."""
+    a1, a2 = trace_of("a1@10 a2@11", source="s1")
+    b0, b1 = trace_of("b0@5 b1@12", source="s2")
+    for sources, expected_late in (("s1", "s2"), 0), ((), 1):
+        letters: list[DeadLetter] = []
+        engine = Engine(EngineConfig(sources=tuple(sources)), letters.append)
+        engine.add_document(profile_doc(" = ((all_dup(B); all_dup(A))_6us)_all_pairs"))
+        got = run(engine, [a1, a2, b0, b1])
+        assert len(letters) == expected_late
+        if not expected_late:
+            assert got == [("b0", "a1"), ("b0", "a2")]
 
 
 def test_clock_driven_steps_report_absence_without_further_events() -> None:

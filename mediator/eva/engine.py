@@ -52,7 +52,11 @@ class EngineConfig:
     gc: bool = True
     """Drop stored occurrences past their retention horizon (off only to test it changes nothing)."""
     state_cap: int = 1_000_000
-    """Stored occurrences per profile beyond which state is reported as overflowing."""
+    """Stored occurrences per profile: beyond it the oldest are evicted (to 90 % of the cap)
+    and the overflow is reported as a dead letter — answers that needed them are lost."""
+    sources: tuple[str, ...] = ()
+    """Sources known in advance: no instant is processed before each of them has reported,
+    so a source that starts late is not mistaken for a late one."""
 
 
 @dataclass(slots=True)
@@ -76,7 +80,7 @@ class _Profile:
     budget: nd.Budget
     partitions: dict[Hashable, _Partition] = field(default_factory=dict)
     single: _Partition | None = None  # the partition of a profile without ``per``
-    overflow_reported: bool = False
+    evicted: int = 0
 
 
 class Engine:
@@ -99,7 +103,8 @@ class Engine:
         self._time_classes: dict[Hashable, tuple[ast.Every, int, list[_Profile]]] = {}
         self._buffer: list[tuple[int, int, Event]] = []
         self._arrivals = 0
-        self._source_max: dict[str, int] = {}
+        # A declared source that has not reported yet holds the frontier back.
+        self._source_max: dict[str, int] = {s: -(2**62) for s in self.config.sources}
         self._done_until: int | None = None  # every instant ≤ this has been processed
         self._progress: int | None = None  # the latest time any event was processed at
         self._max_time: int | None = None
@@ -189,11 +194,12 @@ class Engine:
             self.dead_letter(DeadLetter("late", f"event time {label(t)} is behind the "
                                         "watermark", event))
             return []
-        if done is None:
-            # The clock starts just before the earliest time still acceptable after the first
-            # event: profiles registered before any input see the whole trace (replay), and
-            # time classes tick from there.
-            origin = t - late - 1
+        if done is None and (not self.config.sources or all(
+                source_max[s] > -(2**62) for s in self.config.sources if s != event.source)):
+            # The clock starts just before the earliest time still acceptable once every
+            # declared source has reported: profiles registered before any input see the whole
+            # trace (replay), and time classes tick from there.
+            origin = min([t, *(e[0] for e in self._buffer)]) - late - 1
             self._done_until = origin
             for p in self._profiles.values():
                 if p.start is None:
@@ -229,7 +235,7 @@ class Engine:
         while buffer[0][0] <= bound:
             head, seq, first = heapq.heappop(buffer)
             primitive(first, (head, 0, seq))
-        if bound > self._done_until:  # type: ignore[operator]
+        if self._done_until is not None and bound > self._done_until:
             self._done_until = bound
         return out
 
@@ -426,12 +432,20 @@ class Engine:
             self._out.append(Notification(p.profile.name, partition.value, occ, key))
 
     def _check_cap(self, p: _Profile) -> None:
-        if p.budget.stored > p.budget.cap and not p.overflow_reported:
-            p.overflow_reported = True
-            p.budget.overflowed += 1
-            self.dead_letter(DeadLetter(
-                "state_cap", f"profile {p.profile.name!r} holds {p.budget.stored} occurrences, "
-                f"more than its cap of {p.budget.cap}; its state is unbounded (see evamed check)"))
+        budget = p.budget
+        excess = budget.stored - budget.cap * 9 // 10
+        evicted = 0
+        for partition in p.partitions.values():
+            if evicted >= excess:
+                break
+            evicted += partition.root.evict(excess - evicted)
+        budget.overflowed += 1
+        p.evicted += evicted
+        self.dead_letter(DeadLetter(
+            "state_cap", f"profile {p.profile.name!r} exceeded its cap of {budget.cap} stored "
+            f"occurrences (overflow {budget.overflowed}); evicted the {evicted} oldest, "
+            f"{p.evicted} in all — answers that needed them are lost; bound the profile's "
+            "span (see evamed check) or raise the cap"))
 
     # ---------------------------------------------------------------- introspection
 

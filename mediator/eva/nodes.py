@@ -55,6 +55,11 @@ class Node:
     def due(self) -> Key:
         return NO_DUE
 
+    def evict(self, count: int) -> int:
+        """Drop up to ``count`` of the oldest stored occurrences (state cap overflow); returns
+        how many were dropped. Answers that needed them are lost, so the engine reports it."""
+        return 0
+
     def floor(self, now: int) -> int:
         """A lower bound on the time of any occurrence this node may still report at or after
         ``now`` (the lower bounds of Bry & Eckert's suppressing joins). Garbage collection
@@ -112,6 +117,9 @@ class SelectionNode(Node):
     def floor(self, now: int) -> int:
         return self.child.floor(now)
 
+    def evict(self, count: int) -> int:
+        return self.child.evict(count)
+
 
 class NegationNode(Node):
     """(not E)_T at the default clock's ticks: passive iff no E in [t − T, t] (Def. 4.8).
@@ -156,6 +164,9 @@ class NegationNode(Node):
 
     def due(self) -> Key:
         return min(self.child.due(), (self.next_tick, sem.PASSIVE, ()))
+
+    def evict(self, count: int) -> int:
+        return self.child.evict(count)
 
 
 class AnchoredNegationNode(Node):
@@ -214,6 +225,9 @@ class AnchoredNegationNode(Node):
     def due(self) -> Key:
         head = self.pending[0][0] if self.pending else NO_DUE
         return min(head, self.child.due())
+
+    def evict(self, count: int) -> int:
+        return self.child.evict(count)
 
 
 class DList:
@@ -319,6 +333,21 @@ class BinaryNode(Node):
         if self.leafy:
             return now
         return min(self.left.floor(now), self.right.floor(now))
+
+    def evict(self, count: int) -> int:
+        done = 0
+        for dl in self.lists:  # oldest list first, oldest element first
+            while dl.kept and done < count:
+                del dl.kept[next(iter(dl.kept))]
+                done += 1
+            if done >= count:
+                break
+        self.budget.stored -= done
+        self._prune()
+        if done < count and not self.leafy:
+            done += self.left.evict(count - done)
+            done += self.right.evict(count - done)
+        return done
 
     def _feed(self, key: Key, lo: list[Occ], ro: list[Occ]) -> list[Occ]:
         if not lo and not ro:
@@ -696,6 +725,15 @@ class RepeatedNode(Node):
     def floor(self, now: int) -> int:
         own = min((e.occ.time for e in self.remaining), default=now)
         return min(own, self.left.floor(now), self.right.floor(now))
+
+    def evict(self, count: int) -> int:
+        done = min(count, len(self.remaining))
+        del self.remaining[:done]
+        self.budget.stored -= done
+        if done < count:
+            done += self.left.evict(count - done)
+            done += self.right.evict(count - done)
+        return done
 
     def _feed(self, key: Key, lo: list[Occ], ro: list[Occ]) -> list[Occ]:
         if not lo and not ro:
