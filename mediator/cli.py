@@ -173,6 +173,45 @@ def replay(
         err.print(table)
 
 
+@app.command()
+def explain(
+    profiles: Annotated[Path, typer.Option(help="Profile file.")],
+    profile: Annotated[list[str] | None, typer.Option(help="Only this profile (repeatable).")] = None,
+    group: Annotated[list[str] | None, typer.Option(
+        help="Language group cg0 … cg5 (repeatable); default: all groups.")] = None,
+    format: Annotated[str, typer.Option(help="text or json.")] = "text",
+) -> None:
+    """Show how each profile is planned for each language group: rules, kinds, post-filters,
+    and what runs at the mediator."""
+    from transforms.capability import PRESETS
+    from transforms.explain import as_json, tree
+    from transforms.planner import plan
+
+    doc = _load(profiles)
+    names = [p.name for p in doc.profiles]
+    for name in profile or []:
+        if name not in names:
+            err.print(f"[red]error:[/] no profile {name!r} in {profiles}; "
+                      f"expected one of: {', '.join(names)}")
+            raise typer.Exit(2)
+    for g in group or []:
+        if g not in PRESETS:
+            err.print(f"[red]error:[/] no group {g!r}; expected one of: {', '.join(PRESETS)}")
+            raise typer.Exit(2)
+    if format not in ("text", "json"):
+        err.print(f"[red]error:[/] --format {format!r}: expected text or json")
+        raise typer.Exit(2)
+    caps = [PRESETS[g] for g in (group or list(PRESETS))]
+    plans = [plan(p, doc, cap) for p in doc.profiles if not profile or p.name in profile
+             for cap in caps]
+    if format == "json":
+        print(json.dumps([as_json(p) for p in plans], indent=2, ensure_ascii=False))
+        return
+    console = Console()
+    for p in plans:
+        console.print(tree(p))
+
+
 def main() -> None:
     app()
 

@@ -41,6 +41,8 @@ def partition_key(value: Any) -> Hashable:
 
 @dataclass
 class _Context:
+    """One partition's trace and settings; ``with_events`` narrows it to a sub-trace."""
+
     events: list[Event]
     doc: ast.Document
     admit: Callable[[Key], bool]
@@ -48,6 +50,10 @@ class _Context:
     end: int
     tick: int
     matchers: dict[str, Callable[[Event], bool]]
+
+    def with_events(self, events: list[Event]) -> _Context:
+        return _Context(events, self.doc, self.admit, self.start, self.end, self.tick,
+                        self.matchers)
 
 
 # ------------------------------------------------------------------ nodes
@@ -78,17 +84,25 @@ def eval_prim(expr: ast.Prim, ctx: _Context) -> Stream:
 
 
 def eval_selection(expr: ast.Selection, ctx: _Context) -> Stream:
+    return select(expr, eval_expr(expr.expr, ctx))
+
+
+def select(expr: ast.Selection, stream: Stream) -> Stream:
+    """Def. 4.7 over the operand's stream."""
     out: Stream = []
-    for count, (emit, occ) in enumerate(eval_expr(expr.expr, ctx), start=1):
+    for count, (emit, occ) in enumerate(stream, start=1):
         if sem.selection_picks(expr.index, count, expr.pairs):
             out.append((emit, occ))
     return out
 
 
 def eval_negation(expr: ast.Negation, ctx: _Context, anchors: Stream | None) -> Stream:
+    return negate(expr, eval_expr(expr.expr, ctx), ctx, anchors)
+
+
+def negate(expr: ast.Negation, negated: Stream, ctx: _Context, anchors: Stream | None) -> Stream:
     """Passive events (Def. 4.8) at the clock's ticks, or anchored after each anchor occurrence
     when the negation is the posterior operand of a sequence (DESIGN §3)."""
-    negated = eval_expr(expr.expr, ctx)
     tag = expr_text(expr)
     candidates: list[tuple[Key, Occ]] = []
     if anchors is None:
@@ -111,11 +125,19 @@ def eval_negation(expr: ast.Negation, ctx: _Context, anchors: Stream | None) -> 
     return [c for count, c in enumerate(candidates, start=1) if sem.negation_picks(count, expr.pairs)]
 
 
-def eval_binary(node: ast.Binary, ctx: _Context) -> tuple[Stream, list[Element]]:
-    tag = expr_text(node)
+def operands(node: ast.Binary, ctx: _Context) -> tuple[Stream, Stream]:
     left = eval_expr(node.left.expr, ctx)
     anchored = isinstance(node, ast.Sequence) and isinstance(node.right.expr, ast.Negation)
-    right = eval_expr(node.right.expr, ctx, anchors=left if anchored else None)
+    return left, eval_expr(node.right.expr, ctx, anchors=left if anchored else None)
+
+
+def eval_binary(node: ast.Binary, ctx: _Context) -> tuple[Stream, list[Element]]:
+    return combine(node, *operands(node, ctx))
+
+
+def combine(node: ast.Binary, left: Stream, right: Stream) -> tuple[Stream, list[Element]]:
+    """Defs. 4.4–4.6 over the operands' streams: the node's stream and its trace view."""
+    tag = expr_text(node)
     view = merge(left, right)
     out: Stream = []
     if node.pairs is ast.Pairs.REPEATED and not isinstance(node, ast.Disjunction):
@@ -140,12 +162,16 @@ def eval_binary(node: ast.Binary, ctx: _Context) -> tuple[Stream, list[Element]]
 
 
 def eval_end_of_interval(node: ast.Binary, ctx: _Context) -> Stream:
+    return end_of_interval(node, *operands(node, ctx), ctx.end)
+
+
+def end_of_interval(node: ast.Binary, left: Stream, right: Stream, end: int) -> Stream:
     """Root results evaluated at the closing of their interval (EVA §4.4): the definition on
     the whole view, each result reported once nothing later can overwrite it — its ``last``
     lists closed and, for a posterior ``last``, its frame over. Unclosed ones are withheld."""
+    stream, view = combine(node, left, right)
     if node.pairs is ast.Pairs.REPEATED and not isinstance(node, ast.Disjunction):
-        return eval_binary(node, ctx)[0]
-    _, view = eval_binary(node, ctx)
+        return stream
     lists = cut(view)
     tag = expr_text(node)
 
@@ -168,7 +194,7 @@ def eval_end_of_interval(node: ast.Binary, ctx: _Context) -> Stream:
             if node.right.dup.kind == "last":
                 frame = INF if node.span is None else (view[i].occ.time + node.span, sem.CLOSE, 0)
                 close = max(close, min(after(y), frame))
-        if close[0] <= ctx.end:
+        if close[0] <= end:
             out.append((close, i, j, occ))
     out.sort(key=lambda r: (r[0], r[1], r[2]))
     return [(close, occ) for close, _, _, occ in out]
@@ -177,8 +203,23 @@ def eval_end_of_interval(node: ast.Binary, ctx: _Context) -> Stream:
 # ------------------------------------------------------------------ profiles
 
 
+RootStream = Callable[[ast.Profile, "_Context"], Stream]
+
+
+def profile_stream(profile: ast.Profile, ctx: _Context) -> Stream:
+    """The reported stream of a profile in one partition (end-of-interval at the root)."""
+    root = profile.expr
+    if (profile.evaluation is ast.Evaluation.END_OF_INTERVAL
+            and isinstance(root, (ast.Disjunction, ast.Conjunction, ast.Sequence))):
+        return eval_end_of_interval(root, ctx)
+    return eval_expr(root, ctx)
+
+
 def evaluate_profile(profile: ast.Profile, doc: ast.Document, events: list[Event], *,
-                     start: int, end: int, tick: int) -> list[Notification]:
+                     start: int, end: int, tick: int,
+                     root: RootStream = profile_stream) -> list[Notification]:
+    """One profile over a trace, partition by partition; ``root`` computes the partition's
+    stream (the definition by default; the transformation planner substitutes a plan)."""
     classes = doc.class_map()
     matchers = {c.name: compile_predicate(c.body, classes) for c in doc.classes
                 if not isinstance(c.body, ast.Every)}
@@ -207,12 +248,7 @@ def evaluate_profile(profile: ast.Profile, doc: ast.Document, events: list[Event
             return key[0] > start and (created is None or key >= created)
 
         ctx = _Context(group, doc, admit, start, end, tick, matchers)
-        root = profile.expr
-        if (profile.evaluation is ast.Evaluation.END_OF_INTERVAL
-                and isinstance(root, (ast.Disjunction, ast.Conjunction, ast.Sequence))):
-            stream = eval_end_of_interval(root, ctx)
-        else:
-            stream = eval_expr(root, ctx)
+        stream = root(profile, ctx)
         out.extend(Notification(profile.name, value, occ, emit) for emit, occ in stream)
     return out
 

@@ -1,0 +1,129 @@
+"""Transformations are sound: for every capability (CG-0 … CG-5), delivering a profile through
+its plan gives exactly the reference answer — on random profiles and traces, and on the named
+pitfalls of research/transforms.md §6.5."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+
+from mediator.eva import ast
+from mediator.eva.events import Event
+from mediator.eva.reference import evaluate
+from mediator.eva.semantics import Notification
+from tests.helpers import profile_doc, signature
+from tests.strategies import documents, trace_of, traces
+from transforms.capability import CG1, CG2, CG3, CG4, CG5, PRESETS, Capability
+from transforms.evaluate import evaluate_plans, within_capability
+from transforms.plan import Kind, Local, Remote, nodes
+from transforms.planner import plan
+
+GROUPS = list(PRESETS.values())
+
+
+def delivered(doc: ast.Document, cap: Capability, trace: list[Event]) -> list[Notification]:
+    plans = [plan(p, doc, cap) for p in doc.profiles]
+    for p in plans:
+        assert within_capability(p) == [], (cap.name, p)
+    return evaluate_plans(plans, doc, trace, tick=1)
+
+
+@pytest.mark.parametrize("cap", GROUPS, ids=lambda c: c.name)
+@settings(max_examples=120)
+@given(doc=documents(3), trace=traces())
+def test_plan_for_every_group_delivers_the_reference_answer(cap: Capability, doc: ast.Document,
+                                                            trace: list[Event]) -> None:
+    assert signature(delivered(doc, cap, trace)) == signature(evaluate(doc, trace, tick=1))
+
+
+def test_cg1_timeless_sequence_is_a_conjunction_with_an_order_filter() -> None:
+    """transforms.md TV-1: (E1;E2)_inf on CG-1 → AND plus t1 < t2; trace b1, a1, b2."""
+    doc = profile_doc(" = ((all_dup(A); all_dup(B))_inf)_all_pairs")
+    p = plan(doc.profiles[0], doc, CG1)
+    assert isinstance(p.root, Remote) and p.root.kind is Kind.POSITIVE
+    assert isinstance(p.root.target, ast.Conjunction) and "sequence_as_conjunction" in p.root.rules
+    trace = trace_of("b1@1 a1@2 b2@5")
+    assert [n.occ.events for n in delivered(doc, CG1, trace)] == [("a1", "b2")]
+
+
+def test_relaxing_forces_set_semantics_at_the_service() -> None:
+    """Pitfall 1 (TV-2/TV-3): a relaxed operator must not run on a consuming service — the
+    target of every positive rule is all_dup/all_dup/all_pairs."""
+    doc = profile_doc(" = ((last_dup(A), last_dup(B))_10us)_unique_pairs")
+    for cap in (CG1, CG2, CG3):
+        p = plan(doc.profiles[0], doc, cap)
+        for n in nodes(p.root):
+            if isinstance(n, Remote) and n.kind is Kind.POSITIVE:
+                assert isinstance(n.target, ast.Conjunction)
+                assert (n.target.left.dup, n.target.right.dup, n.target.pairs) == (
+                    ast.ALL, ast.ALL, ast.Pairs.ALL)
+    trace = trace_of("a1@0 a2@95 b1@100")
+    assert [n.occ.events for n in delivered(doc, CG1, trace)] == [("a2", "b1")]
+
+
+def test_anterior_first_is_not_relaxed_because_it_would_need_a_witness() -> None:
+    """TV-6: a0@0 a1@20 b1@21, T = 5, (first, first, unique): the answer is empty; a service at
+    all pairs returns (a1, b1) and a0 is invisible — so the planner decomposes instead."""
+    doc = profile_doc(" = ((first_dup(A); first_dup(B))_5us)_unique_pairs")
+    p = plan(doc.profiles[0], doc, CG3)
+    assert isinstance(p.root, Local)
+    assert delivered(doc, CG3, trace_of("a0@0 a1@20 b1@21")) == []
+
+
+def test_negation_is_never_relaxed_inside_the_service() -> None:
+    """Pitfall 2: a positive operand under a service-side negation makes it fire too rarely;
+    CG-4 gets the negation only with an exact operand, otherwise it is composed here."""
+    exact = profile_doc(" = ((not ((all_dup(A), all_dup(B))_3us)_all_pairs)_5us)_all_pairs")
+    relaxed = profile_doc(" = ((not ((first_dup(A), last_dup(B))_3us)_unique_pairs)_5us)_all_pairs")
+    assert isinstance(plan(exact.profiles[0], exact, CG4).root, Remote)
+    p = plan(relaxed.profiles[0], relaxed, CG4)
+    assert isinstance(p.root, Local) and p.root.rule == "absence_at_mediator"
+
+
+def test_right_nested_sequence_is_not_flattened() -> None:
+    """TV-7: e2, e1, e3 matches E1;(E2;E3) — every plan keeps that answer."""
+    doc = profile_doc(" = ((all_dup(A); all_dup(((all_dup(B); all_dup(C))_inf)_all_pairs))_inf)_all_pairs")
+    trace = trace_of("b1@1 a1@2 c1@3")
+    for cap in GROUPS:
+        assert [n.occ.events for n in delivered(doc, cap, trace)] == [("a1", "b1", "c1")], cap.name
+
+
+def test_whole_span_windows_take_only_primitive_operands() -> None:
+    """TV-14: XChange's whole-span `within` is stricter than EVA's point frame on composites,
+    so CG-4 gets a timed operator over composites only by decomposition."""
+    doc = profile_doc(" = ((all_dup(((all_dup(A); all_dup(B))_2us)_all_pairs); all_dup(C))_4us)_all_pairs")
+    p = plan(doc.profiles[0], doc, CG4)
+    assert isinstance(p.root, Local)
+    assert [n.occ.events for n in delivered(doc, CG4, trace_of("a1@0 b1@2 c1@5"))] == [
+        ("a1", "b1", "c1")]
+
+
+def test_snoop_contexts_run_natively_on_cg2() -> None:
+    recent = profile_doc(" = ((last_dup(A); all_dup(B))_inf)_unique_pairs")
+    p = plan(recent.profiles[0], recent, CG2)
+    assert isinstance(p.root, Remote) and p.root.kind is Kind.EQUIVALENT
+
+
+def test_cg5_takes_everything_equivalently() -> None:
+    doc = profile_doc(" = (((2_dup(A); last_dup(((not B)_3us)_unique_pairs))_5us)_repeated_pairs[2])"
+                      "_unique_pairs")
+    p = plan(doc.profiles[0], doc, CG5)
+    assert isinstance(p.root, Remote) and p.kind is Kind.EQUIVALENT
+
+
+def test_explain_shows_rules_kinds_and_post_filters() -> None:
+    from typer.testing import CliRunner
+
+    from mediator.cli import app
+
+    runner = CliRunner()
+    args = ["explain", "--profiles", "examples/logistics/profiles.eva", "--profile", "P1"]
+    text = runner.invoke(app, [*args, "--group", "cg1"])
+    assert text.exit_code == 0, text.output
+    assert "timed_as_timeless" in text.output and "post-filter" in text.output
+    data = runner.invoke(app, [*args, "--format", "json"])
+    plans = __import__("json").loads(data.stdout)
+    assert [p["group"] for p in plans] == ["CG-0", "CG-1", "CG-2", "CG-3", "CG-4", "CG-5"]
+    assert plans[0]["kind"] == "decompose" and plans[5]["kind"] == "equivalent"
+    bad = runner.invoke(app, [*args, "--group", "cg9"])
+    assert bad.exit_code == 2 and "no group 'cg9'" in bad.output

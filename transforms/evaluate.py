@@ -1,0 +1,113 @@
+"""Run a plan over a finite trace: what the mediator delivers for it.
+
+Services are simulated by the EVA evaluator on the plan's target expressions (a service of a
+group evaluates only what its capability allows — ``within_capability`` checks the plan). A
+positive rule's post-filter re-runs the original operator on the visible sub-trace; decomposed
+operators run at the mediator over their operands' streams. The soundness property says the
+result equals :func:`mediator.eva.reference.evaluate` for every capability.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from mediator.eva import ast
+from mediator.eva import reference as ref
+from mediator.eva.events import Event
+from mediator.eva.semantics import Notification, Stream
+from transforms.capability import NEGATION, Capability
+from transforms.plan import Kind, Local, Plan, PlanNode, Remote, Subscribe, nodes
+from transforms.rules import OPERATOR
+
+
+def evaluate_plans(plans: list[Plan], doc: ast.Document, events: Iterable[Event], *,
+                   start: int | None = None, end: int | None = None,
+                   tick: int = 1_000_000) -> list[Notification]:
+    """The mediator's answer for each planned profile, in detection order (as reference.evaluate)."""
+    trace = list(events)
+    if start is None:
+        start = min((e.time for e in trace), default=0) - 1
+    if end is None:
+        end = max((e.time for e in trace), default=start)
+    out: list[Notification] = []
+    for p in plans:
+
+        def planned(_: ast.Profile, ctx: ref._Context, p: Plan = p) -> Stream:
+            return root_stream(p, ctx)
+
+        out.extend(ref.evaluate_profile(p.profile, doc, trace, start=start, end=end, tick=tick,
+                                        root=planned))
+    out.sort(key=lambda n: n.emitted)
+    return out
+
+
+def root_stream(p: Plan, ctx: ref._Context) -> Stream:
+    root = p.root
+    eoi = p.profile.evaluation is ast.Evaluation.END_OF_INTERVAL
+    if eoi and isinstance(root, Remote) and isinstance(
+            root.original, (ast.Disjunction, ast.Conjunction, ast.Sequence)):
+        if root.kind is Kind.EQUIVALENT:
+            assert isinstance(root.target, (ast.Disjunction, ast.Conjunction, ast.Sequence))
+            return ref.eval_end_of_interval(root.target, ctx)
+        return ref.eval_end_of_interval(root.original, _visible(root, ctx))
+    if eoi and isinstance(root, Local) and isinstance(
+            root.node, (ast.Disjunction, ast.Conjunction, ast.Sequence)):
+        left, right = _operands(root, ctx)
+        return ref.end_of_interval(root.node, left, right, ctx.end)
+    return stream(root, ctx)
+
+
+def stream(node: PlanNode, ctx: ref._Context, anchors: Stream | None = None) -> Stream:
+    if isinstance(node, Subscribe):
+        return ref.eval_prim(ast.Prim(node.name), ctx)
+    if isinstance(node, Remote):
+        if node.kind is Kind.EQUIVALENT:
+            return ref.eval_expr(node.target, ctx)  # the service's answer is the EVA answer
+        return ref.eval_expr(node.original, _visible(node, ctx))
+    expr = node.node
+    if isinstance(expr, ast.Selection):
+        return ref.select(expr, stream(node.children[0], ctx))
+    if isinstance(expr, ast.Negation):
+        return ref.negate(expr, stream(node.children[0], ctx), ctx, anchors)
+    assert isinstance(expr, (ast.Disjunction, ast.Conjunction, ast.Sequence))
+    return ref.combine(expr, *_operands(node, ctx))[0]
+
+
+def _operands(node: Local, ctx: ref._Context) -> tuple[Stream, Stream]:
+    expr = node.node
+    assert isinstance(expr, (ast.Disjunction, ast.Conjunction, ast.Sequence))
+    left = stream(node.children[0], ctx)
+    anchored = isinstance(expr, ast.Sequence) and isinstance(expr.right.expr, ast.Negation)
+    return left, stream(node.children[1], ctx, anchors=left if anchored else None)
+
+
+def _visible(node: Remote, ctx: ref._Context) -> ref._Context:
+    """The post-filter's input: the events the service's notifications contain."""
+    ids = {event for _, occ in ref.eval_expr(node.target, ctx) for event in occ.events}
+    return ctx.with_events([e for e in ctx.events if e.id in ids])
+
+
+def within_capability(p: Plan) -> list[str]:
+    """What the plan asks of its service that the capability does not offer (empty if none)."""
+    cap: Capability = p.capability
+    problems = []
+    for n in nodes(p.root):
+        if not isinstance(n, Remote):
+            continue
+        for sub in ast.walk(n.target):
+            if isinstance(sub, ast.Prim):
+                continue
+            operator = OPERATOR[type(sub)]
+            if not cap.supports(operator):
+                problems.append(f"{operator} is not offered by {cap.name}")
+            if isinstance(sub, (ast.Conjunction, ast.Sequence)) and sub.span is not None \
+                    and not cap.timed:
+                problems.append(f"{cap.name} has no time frames")
+            if isinstance(sub, (ast.Disjunction, ast.Conjunction, ast.Sequence)):
+                pairs = "all_pairs" if isinstance(sub, ast.Disjunction) else str(sub.pairs)
+                if not cap.native((operator, sub.left.dup.kind, sub.right.dup.kind, pairs)):
+                    problems.append(f"{cap.name} does not evaluate {sub.left.dup}/"
+                                    f"{sub.right.dup}/{sub.pairs} for {operator}")
+            if operator == NEGATION and cap.negation != "timed":
+                problems.append(f"{cap.name} has no timed negation")
+    return problems

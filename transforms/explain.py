@@ -1,0 +1,85 @@
+"""Plans for people (`evamed explain`): a tree with the rule and kind at each node.
+
+Each line names the rule function (transforms/rules.py, transforms/planner.py) so an operator can
+look up exactly what the mediator does and why it is sound.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.tree import Tree
+
+from mediator.eva import ast
+from mediator.eva.printer import expr_text
+from transforms.plan import Kind, Local, Plan, PlanNode, Remote, Subscribe
+
+
+def _label(node: PlanNode) -> str:
+    if isinstance(node, Subscribe):
+        where = "mediator clock" if node.clock else "service filter"
+        return f"[bold]↔[/] {where}: {node.name}  [dim]({node.rule})[/]"
+    if isinstance(node, Remote):
+        text = f"[bold]{node.kind.symbol}[/] service evaluates: {expr_text(node.target)}"
+        text += f"  [dim]({', '.join(dict.fromkeys(node.rules))})[/]"
+        if node.post_filter:
+            text += f"\n  post-filter at the mediator: {node.post_filter}"
+        if node.target != node.original:
+            text += f"\n  for: {expr_text(node.original)}"
+        return text
+    op = type(node.node).__name__.lower()
+    return (f"[bold]{Kind.DECOMPOSE.symbol}[/] mediator evaluates the {op}: "
+            f"{_shape(node.node)}  [dim]({node.rule})[/]")
+
+
+def _shape(expr: ast.Expr) -> str:
+    """The operator with its parameters, operands elided (they are the children below)."""
+    if isinstance(expr, ast.Selection):
+        return f"(…[{expr.index}])_{expr.pairs}"
+    if isinstance(expr, ast.Negation):
+        return f"((not …)_{_span(expr.span)})_{expr.pairs}"
+    if isinstance(expr, ast.Disjunction):
+        return f"({expr.left.dup}(…) | {expr.right.dup}(…))_{expr.pairs}"
+    if isinstance(expr, (ast.Conjunction, ast.Sequence)):
+        sep = "," if isinstance(expr, ast.Conjunction) else ";"
+        return (f"(({expr.left.dup}(…){sep} {expr.right.dup}(…))_{_span(expr.span)})"
+                f"_{expr.pairs}")
+    return expr_text(expr)
+
+
+def _span(span: int | None) -> str:
+    from mediator.eva.units import format_span
+
+    return format_span(span)
+
+
+def tree(p: Plan) -> Tree:
+    root = Tree(f"[bold]{p.profile.name}[/] on {p.capability.name} "
+                f"({p.capability.description}) — plan: {p.kind.symbol} {p.kind}")
+    _grow(root, p.root)
+    return root
+
+
+def _grow(parent: Tree, node: PlanNode) -> None:
+    branch = parent.add(_label(node))
+    if isinstance(node, Local):
+        for child in node.children:
+            _grow(branch, child)
+
+
+def as_json(p: Plan) -> dict[str, Any]:
+    return {"profile": p.profile.name, "group": p.capability.name, "kind": str(p.kind),
+            "root": _node_json(p.root)}
+
+
+def _node_json(node: PlanNode) -> dict[str, Any]:
+    if isinstance(node, Subscribe):
+        return {"node": "subscribe", "class": node.name, "clock": node.clock, "rule": node.rule,
+                "kind": str(Kind.EQUIVALENT)}
+    if isinstance(node, Remote):
+        return {"node": "service", "kind": str(node.kind), "rules": list(node.rules),
+                "evaluates": expr_text(node.target), "for": expr_text(node.original),
+                "post_filter": node.post_filter}
+    return {"node": "mediator", "kind": str(Kind.DECOMPOSE), "rule": node.rule,
+            "operator": _shape(node.node),
+            "children": [_node_json(c) for c in node.children]}

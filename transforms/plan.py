@@ -1,0 +1,80 @@
+"""Plans: which part of a profile each service evaluates and what the mediator does.
+
+A plan is a tree of three kinds of node. ``Subscribe`` delivers a primitive class (a service's
+filter) or ticks of a time class (the mediator's clock). ``Remote`` is a subtree a service
+evaluates — the target expression, possibly relaxed, plus the post-filter that restores the
+EVA answer. ``Local`` is an operator evaluated at the mediator over its children's exact
+streams (decomposition, the collaboration mediator of EVA §5.3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from mediator.eva import ast
+from transforms.capability import Capability
+
+
+class Kind(StrEnum):
+    """Transformation kinds of EVA §5.2 (negative ones are never chosen), plus decomposition."""
+
+    EQUIVALENT = "equivalent"
+    POSITIVE = "positive"
+    TRANSFERRING = "transferring"
+    DECOMPOSE = "decompose"
+
+    @property
+    def symbol(self) -> str:
+        return {"equivalent": "↔", "positive": "+", "transferring": "⇝", "decompose": "D"}[self]
+
+
+@dataclass(frozen=True)
+class Subscribe:
+    name: str
+    clock: bool  # a time class, ticked by the mediator
+    rule: str
+
+
+@dataclass(frozen=True)
+class Remote:
+    original: ast.Expr
+    target: ast.Expr
+    kind: Kind
+    rules: tuple[str, ...]
+    post_filter: str  # "" when the target's answer is the EVA answer
+
+
+@dataclass(frozen=True)
+class Local:
+    node: ast.Expr
+    children: tuple[PlanNode, ...]
+    rule: str
+
+
+PlanNode = Subscribe | Remote | Local
+
+
+@dataclass(frozen=True)
+class Plan:
+    profile: ast.Profile
+    capability: Capability
+    root: PlanNode
+
+    @property
+    def kind(self) -> Kind:
+        """↔∘↔ = ↔; anything positive = positive; decomposed parts are exact."""
+        kinds = {n.kind for n in nodes(self.root) if isinstance(n, Remote)}
+        if Kind.POSITIVE in kinds:
+            return Kind.POSITIVE
+        if any(isinstance(n, Local) for n in nodes(self.root)):
+            return Kind.DECOMPOSE
+        return Kind.EQUIVALENT
+
+
+def nodes(node: PlanNode) -> list[PlanNode]:
+    out: list[PlanNode] = [node]
+    if isinstance(node, Local):
+        for child in node.children:
+            out.extend(nodes(child))
+    return out

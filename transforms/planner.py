@@ -1,0 +1,84 @@
+"""The planner: profile × capability → plan (research/transforms.md §6.4).
+
+Bottom-up: a subtree goes to the service when the catalogue has a rule for its root and the
+service evaluates its operands exactly; otherwise the operator is evaluated at the mediator over
+its operands' plans (decomposition). Inside a service-side negation only equivalent rules are
+allowed (a relaxed operand would make the negation fire too rarely); a negation evaluated at the
+mediator sees its operand's exact, post-filtered stream, so anything goes below it.
+"""
+
+from __future__ import annotations
+
+from mediator.eva import ast
+from transforms.capability import Capability
+from transforms.plan import Kind, Local, Plan, PlanNode, Remote, Subscribe
+from transforms.rules import CATALOGUE, Rewrite
+
+
+def plan(profile: ast.Profile, doc: ast.Document, cap: Capability) -> Plan:
+    return Plan(profile, cap, plan_expr(profile.expr, doc.class_map(), cap))
+
+
+def plan_expr(expr: ast.Expr, classes: dict[str, ast.ClassDef], cap: Capability) -> PlanNode:
+    remote = push(expr, classes, cap)
+    if remote is not None:
+        return remote
+    return decompose(expr, classes, cap)
+
+
+def decompose(expr: ast.Expr, classes: dict[str, ast.ClassDef], cap: Capability) -> PlanNode:
+    if isinstance(expr, ast.Prim):
+        clock = isinstance(classes[expr.name].body, ast.Every)
+        return Subscribe(expr.name, clock, "mediator_clock" if clock else "primitive_filter")
+    if isinstance(expr, ast.Selection):
+        return Local(expr, (plan_expr(expr.expr, classes, cap),), "count_at_mediator")
+    if isinstance(expr, ast.Negation):
+        return Local(expr, (plan_expr(expr.expr, classes, cap),), "absence_at_mediator")
+    left = plan_expr(expr.left.expr, classes, cap)
+    right_expr = expr.right.expr
+    if isinstance(expr, ast.Sequence) and isinstance(right_expr, ast.Negation):
+        # Anchored absence needs the anterior stream: it stays with its sequence.
+        right: PlanNode = Local(right_expr, (plan_expr(right_expr.expr, classes, cap),),
+                                "anchored_absence_at_mediator")
+    else:
+        right = plan_expr(right_expr, classes, cap)
+    return Local(expr, (left, right), "compose_at_mediator")
+
+
+def push(expr: ast.Expr, classes: dict[str, ast.ClassDef], cap: Capability,
+         exact_only: bool = False) -> Remote | None:
+    """The whole subtree at the service, or None."""
+    if isinstance(expr, ast.Prim):
+        if isinstance(classes[expr.name].body, ast.Every):
+            return None  # the service has no clock of ours (⇝ tick injection is future work)
+        return Remote(expr, expr, Kind.EQUIVALENT, ("primitive_filter",), "")
+    if isinstance(expr, ast.Sequence) and isinstance(expr.right.expr, ast.Negation):
+        return _push_anchored(expr, classes, cap)
+    operands = [push(child, classes, cap, exact_only=True) for child in ast.children(expr)]
+    if any(o is None for o in operands):
+        return None
+    for rule in CATALOGUE:
+        rewrite: Rewrite | None = rule(expr, cap)
+        if rewrite is None:
+            continue
+        if exact_only and rewrite.kind is not Kind.EQUIVALENT:
+            continue
+        rules = (*(r for o in operands if o is not None for r in o.rules), rewrite.rule)
+        return Remote(expr, rewrite.target, rewrite.kind, rules, rewrite.post_filter)
+    return None
+
+
+def _push_anchored(expr: ast.Sequence, classes: dict[str, ast.ClassDef],
+                   cap: Capability) -> Remote | None:
+    """(A ; (not E)_T): only a service with timed negation and sequence states it exactly."""
+    negation = expr.right.expr
+    assert isinstance(negation, ast.Negation)
+    anchor = push(expr.left.expr, classes, cap, exact_only=True)
+    negated = push(negation.expr, classes, cap, exact_only=True)
+    if anchor is None or negated is None:
+        return None
+    rewrite = CATALOGUE[0](expr, cap)
+    if rewrite is None or CATALOGUE[1](negation, cap) is None:
+        return None
+    return Remote(expr, expr, Kind.EQUIVALENT,
+                  (*anchor.rules, *negated.rules, "native_negation", rewrite.rule), "")

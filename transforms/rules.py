@@ -1,0 +1,180 @@
+"""The rule catalogue: one small function per transformation rule (research/transforms.md §6–7).
+
+A rule sees a node whose operands a service can already evaluate and returns a ``Rewrite``: the
+expression the service evaluates instead, the rule's kind and the post-filter that restores the
+EVA answer. Negative rules do not exist here. ``planner`` tries the rules in catalogue order.
+
+Positive rules always run the service at set semantics — all duplicates, all pairs — because a
+relaxed operator on a consuming service loses answers (pitfall 1). Their post-filter re-runs the
+original operator on the *visible sub-trace*, the events the service's notifications contain:
+every event between two candidate constituents is itself a constituent of some candidate
+(the window-closure lemma, transforms.md §7.3), which settles `last` and `all` selection on the
+anterior operand. `first` and `<i>` on the anterior operand would need a witness subscription,
+so those nodes are decomposed instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mediator.eva import ast
+from transforms.capability import (
+    CONJUNCTION,
+    DISJUNCTION,
+    NEGATION,
+    SELECTION,
+    SEQUENCE,
+    Capability,
+)
+from transforms.plan import Kind
+
+OPERATOR = {ast.Disjunction: DISJUNCTION, ast.Conjunction: CONJUNCTION, ast.Sequence: SEQUENCE,
+            ast.Negation: NEGATION, ast.Selection: SELECTION}
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    target: ast.Expr
+    kind: Kind
+    rule: str
+    post_filter: str = ""
+
+
+Rule = Callable[[ast.Expr, Capability], Rewrite | None]
+
+
+def _setting(node: ast.Binary) -> tuple[str, str, str, str]:
+    # A disjunction pairs nothing: its EIC has no effect (docs/semantics.md §4).
+    pairs = "all_pairs" if isinstance(node, ast.Disjunction) else str(node.pairs)
+    return (OPERATOR[type(node)], node.left.dup.kind, node.right.dup.kind, pairs)
+
+
+def _primitive_operands(node: ast.Binary) -> bool:
+    return isinstance(node.left.expr, ast.Prim) and isinstance(node.right.expr, ast.Prim)
+
+
+def _frame_fits(node: ast.Conjunction | ast.Sequence, cap: Capability) -> bool:
+    """The service can state this node's time frame exactly."""
+    if node.span is None:
+        return cap.timeless
+    if not cap.timed:
+        return False
+    # A whole-span window equals EVA's point frame only when the operands are primitive
+    # (bry_eckert.md TV-14): on composites it is stricter, which would lose answers.
+    return cap.window == "point" or _primitive_operands(node)
+
+
+def _set_semantics(node: ast.Binary, expr_type: type, span: int | None) -> ast.Expr:
+    left = ast.Operand(ast.ALL, node.left.expr)
+    right = ast.Operand(ast.ALL, node.right.expr)
+    if expr_type is ast.Disjunction:
+        return ast.Disjunction(left, right, ast.Pairs.ALL)
+    if expr_type is ast.Conjunction:
+        return ast.Conjunction(left, right, span, ast.Pairs.ALL)
+    return ast.Sequence(left, right, span, ast.Pairs.ALL)
+
+
+def _reevaluable(node: ast.Binary) -> bool:
+    """Whether re-running the node on the visible sub-trace restores its answer exactly."""
+    if not _primitive_operands(node):
+        return False
+    exact_sides = ("last", "all")
+    if isinstance(node, ast.Sequence):
+        return node.left.dup.kind in exact_sides
+    if isinstance(node, ast.Conjunction):
+        return node.left.dup.kind in exact_sides and node.right.dup.kind in exact_sides
+    return True  # a disjunction at all|all returns every event of both classes
+
+
+# ------------------------------------------------------------------ equivalent rules
+
+
+def native_operator(node: ast.Expr, cap: Capability) -> Rewrite | None:
+    """The service evaluates the operator with these very parameters and frame. Equivalent."""
+    if not isinstance(node, (ast.Disjunction, ast.Conjunction, ast.Sequence)):
+        return None
+    if not cap.supports(OPERATOR[type(node)]) or not cap.native(_setting(node)):
+        return None
+    if isinstance(node, (ast.Conjunction, ast.Sequence)) and not _frame_fits(node, cap):
+        return None
+    return Rewrite(node, Kind.EQUIVALENT, "native_operator")
+
+
+def native_negation(node: ast.Expr, cap: Capability) -> Rewrite | None:
+    """Timed negation where the service has absence over a span (CG-4, CG-5). Equivalent; its
+    operand must be evaluated exactly (a relaxed operand would fire the negation too rarely)."""
+    if isinstance(node, ast.Negation) and cap.supports(NEGATION):
+        return Rewrite(node, Kind.EQUIVALENT, "native_negation")
+    return None
+
+
+def native_selection(node: ast.Expr, cap: Capability) -> Rewrite | None:
+    """The i-th occurrence where the service has selection (CG-5). Equivalent."""
+    if isinstance(node, ast.Selection) and cap.supports(SELECTION):
+        return Rewrite(node, Kind.EQUIVALENT, "native_selection")
+    return None
+
+
+# ------------------------------------------------------------------ positive rules
+
+
+def parameters_to_all_pairs(node: ast.Expr, cap: Capability) -> Rewrite | None:
+    """The service has the operator and frame but not the EIS/EIC: ask for all duplicates and
+    all pairs (the universal positive target of Table 2), then re-run the EIS/EIC at the
+    mediator on the visible sub-trace. Positive."""
+    if not isinstance(node, (ast.Disjunction, ast.Conjunction, ast.Sequence)):
+        return None
+    operator = OPERATOR[type(node)]
+    if not cap.supports(operator) or not _reevaluable(node):
+        return None
+    if isinstance(node, (ast.Conjunction, ast.Sequence)) and not _frame_fits(node, cap):
+        return None
+    target = _set_semantics(node, type(node), getattr(node, "span", None))
+    if not cap.native(_setting(target)):  # type: ignore[arg-type]
+        return None
+    return Rewrite(target, Kind.POSITIVE, "parameters_to_all_pairs",
+                   f"re-run {node.left.dup}/{node.right.dup}/{node.pairs} on the visible sub-trace")
+
+
+def timed_as_timeless(node: ast.Expr, cap: Capability) -> Rewrite | None:
+    """The service has no time frames (CG-1, CG-2): drop T, keep the pairs inside the frame.
+    Positive (EVA §5.2, 'timed conjunction')."""
+    if not isinstance(node, (ast.Conjunction, ast.Sequence)) or node.span is None:
+        return None
+    if cap.timed or not cap.timeless or not cap.supports(OPERATOR[type(node)]):
+        return None
+    if not _reevaluable(node):
+        return None
+    target = _set_semantics(node, type(node), None)
+    if not cap.native(_setting(target)):  # type: ignore[arg-type]
+        return None
+    frame = ("|t2 − t1| ≤ T" if isinstance(node, ast.Conjunction) else "t1 < t2 ≤ t1 + T")
+    return Rewrite(target, Kind.POSITIVE, "timed_as_timeless",
+                   f"keep {frame}; re-run {node.left.dup}/{node.right.dup}/{node.pairs} on the "
+                   "visible sub-trace")
+
+
+def sequence_as_conjunction(node: ast.Expr, cap: Capability) -> Rewrite | None:
+    """The service has no sequence (CG-1): ask for the conjunction, keep the pairs with
+    t(e1) < t(e2). Positive (EVA §5.2, 'timeless sequence')."""
+    if not isinstance(node, ast.Sequence) or cap.supports(SEQUENCE):
+        return None
+    if not cap.supports(CONJUNCTION) or not _reevaluable(node):
+        return None
+    span = node.span if cap.timed and (node.span is None or _frame_fits(node, cap)) else None
+    if span is None and not cap.timeless:
+        return None
+    target = _set_semantics(node, ast.Conjunction, span)
+    if not cap.native(_setting(target)):  # type: ignore[arg-type]
+        return None
+    return Rewrite(target, Kind.POSITIVE, "sequence_as_conjunction",
+                   f"keep t1 < t2 ≤ t1 + T; re-run {node.left.dup}/{node.right.dup}/{node.pairs} "
+                   "on the visible sub-trace")
+
+
+CATALOGUE: tuple[Rule, ...] = (
+    native_operator, native_negation, native_selection,
+    parameters_to_all_pairs, timed_as_timeless, sequence_as_conjunction,
+)
+"""Equivalent rules first: a positive rule is used only when no equivalent one applies."""
