@@ -127,3 +127,58 @@ def test_explain_shows_rules_kinds_and_post_filters() -> None:
     assert plans[0]["kind"] == "decompose" and plans[5]["kind"] == "equivalent"
     bad = runner.invoke(app, [*args, "--group", "cg9"])
     assert bad.exit_code == 2 and "no group 'cg9'" in bad.output
+
+
+def test_time_classes_are_injected_into_a_service_that_evaluates_their_subtree() -> None:
+    """P5 on CG-5: the whole profile at the peer, the mediator publishing the Shift ticks
+    (transferring); on CG-0 the ticks come from the mediator's clock."""
+    from pathlib import Path
+
+    from mediator.eva.parser import parse
+
+    doc = parse(Path("examples/logistics/profiles.eva").read_text())
+    p5 = doc.profile("P5")
+    on_peer = plan(p5, doc, CG5)
+    assert on_peer.kind is Kind.TRANSFERRING and isinstance(on_peer.root, Remote)
+    assert on_peer.root.auxiliary == ("publish the ticks of Shift to the service",)
+    on_broker = plan(p5, doc, PRESETS["cg0"])
+    assert on_broker.kind is Kind.DECOMPOSE
+    assert not any(isinstance(n, Remote) and n.auxiliary for n in nodes(on_broker.root))
+
+
+# ------------------------------------------------------------------ Table 2
+
+from hypothesis import strategies as st  # noqa: E402
+
+from transforms.parameters import positive, relation, settings_of  # noqa: E402
+
+SETTINGS = settings_of([ast.FIRST, ast.LAST, ast.ALL, ast.nth(2)])
+POSITIVE_PAIRS = [(s, t) for s in SETTINGS for t in SETTINGS if positive(s, t)]
+
+
+def test_table2_relations_of_the_paper_hold() -> None:
+    """transforms.md §7.2: all/all/all_pairs is the universal positive target; different EIS
+    are never positive; F/U → F/A is positive and the reverse negative."""
+    top = (ast.ALL, ast.ALL, ast.Pairs.ALL)
+    assert all(relation(s, top) == "positive" for s in SETTINGS if s != top)
+    fu, fa = (ast.FIRST, ast.FIRST, ast.Pairs.UNIQUE), (ast.FIRST, ast.FIRST, ast.Pairs.ALL)
+    assert relation(fu, fa) == "positive" and relation(fa, fu) == "negative"
+    assert relation((ast.FIRST, ast.FIRST, ast.Pairs.ALL), (ast.LAST, ast.FIRST, ast.Pairs.ALL)) == "mixed"
+
+
+@settings(max_examples=1500)
+@given(pair=st.sampled_from(POSITIVE_PAIRS), op=st.sampled_from(["conjunction", "sequence"]),
+       span=st.sampled_from([2, 5, None]), evaluation=st.sampled_from(["", " evaluate end_of_interval"]),
+       trace=traces(types="ab"))
+def test_every_positive_parameter_change_returns_a_superset(
+        pair: tuple[tuple[ast.Dup, ast.Dup, ast.Pairs], tuple[ast.Dup, ast.Dup, ast.Pairs]],
+        op: str, span: int | None, evaluation: str, trace: list[Event]) -> None:
+    def answer(setting: tuple[ast.Dup, ast.Dup, ast.Pairs]) -> set[frozenset[str]]:
+        left, right, pairs = setting
+        sep = "," if op == "conjunction" else ";"
+        text = f"(({left}(A){sep} {right}(B))_{'inf' if span is None else f'{span}us'})_{pairs}"
+        doc = profile_doc(f"{evaluation} = {text}")
+        return {frozenset(n.occ.events) for n in evaluate(doc, trace, tick=1)}
+
+    source, target = pair
+    assert answer(source) <= answer(target)

@@ -48,6 +48,8 @@ class Capability:
     settings: frozenset[Setting] | None = field(default=SET_SEMANTICS)
     window: str = "point"
     timeless: bool = True
+    accepts_events: bool = True
+    """The mediator may publish events to it (ticks of a time class, for transferring rules)."""
     description: str = ""
 
     def supports(self, operator: str) -> bool:
@@ -59,7 +61,7 @@ class Capability:
         return self.settings is None or setting in self.settings
 
 
-CG0 = Capability("CG-0", frozenset(), timed=False, settings=frozenset(),
+CG0 = Capability("CG-0", frozenset(), timed=False, settings=frozenset(), accepts_events=False,
                  description="primitive filters only (MQTT, Redis Streams)")
 CG1 = Capability("CG-1", frozenset({CONJUNCTION, DISJUNCTION}), timed=False, negation="logical",
                  description="boolean composite filters: AND, OR, untimed NOT")

@@ -46,7 +46,7 @@ def root_stream(p: Plan, ctx: ref._Context) -> Stream:
     eoi = p.profile.evaluation is ast.Evaluation.END_OF_INTERVAL
     if eoi and isinstance(root, Remote) and isinstance(
             root.original, (ast.Disjunction, ast.Conjunction, ast.Sequence)):
-        if root.kind is Kind.EQUIVALENT:
+        if root.kind is not Kind.POSITIVE:
             assert isinstance(root.target, (ast.Disjunction, ast.Conjunction, ast.Sequence))
             return ref.eval_end_of_interval(root.target, ctx)
         return ref.eval_end_of_interval(root.original, _visible(root, ctx))
@@ -61,8 +61,9 @@ def stream(node: PlanNode, ctx: ref._Context, anchors: Stream | None = None) -> 
     if isinstance(node, Subscribe):
         return ref.eval_prim(ast.Prim(node.name), ctx)
     if isinstance(node, Remote):
-        if node.kind is Kind.EQUIVALENT:
-            return ref.eval_expr(node.target, ctx)  # the service's answer is the EVA answer
+        if node.kind is not Kind.POSITIVE:
+            # The service's answer is the EVA answer (with the ticks the mediator published).
+            return ref.eval_expr(node.target, ctx)
         return ref.eval_expr(node.original, _visible(node, ctx))
     expr = node.node
     if isinstance(expr, ast.Selection):

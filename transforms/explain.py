@@ -24,6 +24,8 @@ def _label(node: PlanNode) -> str:
         text += f"  [dim]({', '.join(dict.fromkeys(node.rules))})[/]"
         if node.post_filter:
             text += f"\n  post-filter at the mediator: {node.post_filter}"
+        for aux in node.auxiliary:
+            text += f"\n  auxiliary: {aux}"
         if node.target != node.original:
             text += f"\n  for: {expr_text(node.original)}"
         return text
@@ -79,7 +81,7 @@ def _node_json(node: PlanNode) -> dict[str, Any]:
     if isinstance(node, Remote):
         return {"node": "service", "kind": str(node.kind), "rules": list(node.rules),
                 "evaluates": expr_text(node.target), "for": expr_text(node.original),
-                "post_filter": node.post_filter}
+                "post_filter": node.post_filter, "auxiliary": list(node.auxiliary)}
     return {"node": "mediator", "kind": str(Kind.DECOMPOSE), "rule": node.rule,
             "operator": _shape(node.node),
             "children": [_node_json(c) for c in node.children]}

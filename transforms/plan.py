@@ -43,6 +43,7 @@ class Remote:
     kind: Kind
     rules: tuple[str, ...]
     post_filter: str  # "" when the target's answer is the EVA answer
+    auxiliary: tuple[str, ...] = ()  # what the mediator feeds the service (transferring rules)
 
 
 @dataclass(frozen=True)
@@ -63,12 +64,15 @@ class Plan:
 
     @property
     def kind(self) -> Kind:
-        """↔∘↔ = ↔; anything positive = positive; decomposed parts are exact."""
+        """↔∘↔ = ↔; anything positive = positive; decomposed parts are exact; ⇝ is exact once
+        its auxiliary streams are complete."""
         kinds = {n.kind for n in nodes(self.root) if isinstance(n, Remote)}
         if Kind.POSITIVE in kinds:
             return Kind.POSITIVE
         if any(isinstance(n, Local) for n in nodes(self.root)):
             return Kind.DECOMPOSE
+        if Kind.TRANSFERRING in kinds:
+            return Kind.TRANSFERRING
         return Kind.EQUIVALENT
 
 

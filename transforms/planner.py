@@ -20,6 +20,10 @@ def plan(profile: ast.Profile, doc: ast.Document, cap: Capability) -> Plan:
 
 
 def plan_expr(expr: ast.Expr, classes: dict[str, ast.ClassDef], cap: Capability) -> PlanNode:
+    if isinstance(expr, ast.Prim) and isinstance(classes[expr.name].body, ast.Every):
+        # Alone, a time class comes from the mediator's clock; ticks are injected into a
+        # service only as part of a subtree the service evaluates.
+        return decompose(expr, classes, cap)
     remote = push(expr, classes, cap)
     if remote is not None:
         return remote
@@ -50,7 +54,7 @@ def push(expr: ast.Expr, classes: dict[str, ast.ClassDef], cap: Capability,
     """The whole subtree at the service, or None."""
     if isinstance(expr, ast.Prim):
         if isinstance(classes[expr.name].body, ast.Every):
-            return None  # the service has no clock of ours (⇝ tick injection is future work)
+            return inject_ticks(expr, cap)
         return Remote(expr, expr, Kind.EQUIVALENT, ("primitive_filter",), "")
     if isinstance(expr, ast.Sequence) and isinstance(expr.right.expr, ast.Negation):
         return _push_anchored(expr, classes, cap)
@@ -61,11 +65,30 @@ def push(expr: ast.Expr, classes: dict[str, ast.ClassDef], cap: Capability,
         rewrite: Rewrite | None = rule(expr, cap)
         if rewrite is None:
             continue
-        if exact_only and rewrite.kind is not Kind.EQUIVALENT:
+        if exact_only and rewrite.kind is Kind.POSITIVE:
             continue
-        rules = (*(r for o in operands if o is not None for r in o.rules), rewrite.rule)
-        return Remote(expr, rewrite.target, rewrite.kind, rules, rewrite.post_filter)
+        return _combine(expr, rewrite, [o for o in operands if o is not None])
     return None
+
+
+def _combine(expr: ast.Expr, rewrite: Rewrite, operands: list[Remote]) -> Remote:
+    """A node's rewrite over its operands' remotes: rules and auxiliaries accumulate; a node
+    over a transferring operand is transferring (exact once the auxiliary streams are)."""
+    rules = (*(r for o in operands for r in o.rules), rewrite.rule)
+    auxiliary = tuple(dict.fromkeys(a for o in operands for a in o.auxiliary))
+    kind = rewrite.kind
+    if kind is Kind.EQUIVALENT and any(o.kind is Kind.TRANSFERRING for o in operands):
+        kind = Kind.TRANSFERRING
+    return Remote(expr, rewrite.target, kind, rules, rewrite.post_filter, auxiliary)
+
+
+def inject_ticks(expr: ast.Prim, cap: Capability) -> Remote | None:
+    """A time class at a service: the mediator publishes the class's ticks to it as events, so
+    the service composes them like any other. Transferring (auxiliary: the tick stream)."""
+    if not cap.accepts_events:
+        return None
+    return Remote(expr, expr, Kind.TRANSFERRING, ("inject_ticks",), "",
+                  (f"publish the ticks of {expr.name} to the service",))
 
 
 def _push_anchored(expr: ast.Sequence, classes: dict[str, ast.ClassDef],
@@ -80,5 +103,7 @@ def _push_anchored(expr: ast.Sequence, classes: dict[str, ast.ClassDef],
     rewrite = CATALOGUE[0](expr, cap)
     if rewrite is None or CATALOGUE[1](negation, cap) is None:
         return None
-    return Remote(expr, expr, Kind.EQUIVALENT,
-                  (*anchor.rules, *negated.rules, "native_negation", rewrite.rule), "")
+    combined = _combine(expr, rewrite, [anchor, negated])
+    return Remote(expr, expr, combined.kind,
+                  (*anchor.rules, *negated.rules, "native_negation", rewrite.rule), "",
+                  combined.auxiliary)
