@@ -10,7 +10,8 @@ original operator on the *visible sub-trace*, the events the service's notificat
 every event between two candidate constituents is itself a constituent of some candidate
 (the window-closure lemma, transforms.md §7.3), which settles `last` and `all` selection on the
 anterior operand. `first` and `<i>` on the anterior operand would need a witness subscription,
-so those nodes are decomposed instead.
+so those nodes are decomposed instead. A conjunction is relaxed only with all pairs: its
+unique pairs depend on the parity of every earlier list (tests/test_transforms.py).
 """
 
 from __future__ import annotations
@@ -83,7 +84,11 @@ def _reevaluable(node: ast.Binary) -> bool:
     if isinstance(node, ast.Sequence):
         return node.left.dup.kind in exact_sides
     if isinstance(node, ast.Conjunction):
-        return node.left.dup.kind in exact_sides and node.right.dup.kind in exact_sides
+        # Unique pairs combine blocks of lists (1,2), (3,4), …: an invisible earlier list
+        # shifts the blocks (b0 c1 b2 with T = 1: only (c1, b2) is a candidate, b0 is unseen,
+        # and the re-run pairs them). Only all pairs is free of that structure.
+        return (node.pairs is ast.Pairs.ALL and node.left.dup.kind in exact_sides
+                and node.right.dup.kind in exact_sides)
     return True  # a disjunction at all|all returns every event of both classes
 
 
