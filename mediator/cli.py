@@ -43,6 +43,17 @@ def _load(path: Path) -> ast.Document:
         raise typer.Exit(2) from None
 
 
+def _known_profiles(doc: ast.Document, wanted: list[str] | None, path: Path) -> list[str]:
+    """The document's profile names; exit 2 if ``--profile`` names one it does not have."""
+    names = [p.name for p in doc.profiles]
+    for name in wanted or []:
+        if name not in names:
+            err.print(f"[red]error:[/] no profile {name!r} in {path}; "
+                      f"expected one of: {', '.join(names)}")
+            raise typer.Exit(2)
+    return names
+
+
 def _classes_of(doc: ast.Document, profile: ast.Profile) -> list[str]:
     used = {n.name for n in ast.walk(profile.expr) if isinstance(n, ast.Prim)}
     return [c.name for c in doc.classes if c.name in used]
@@ -110,12 +121,7 @@ def replay(
 ) -> None:
     """Evaluate profiles over a trace; composites go to stdout as CloudEvents JSON lines."""
     doc = _load(profiles)
-    names = [p.name for p in doc.profiles]
-    for name in profile or []:
-        if name not in names:
-            err.print(f"[red]error:[/] no profile {name!r} in {profiles}; "
-                      f"expected one of: {', '.join(names)}")
-            raise typer.Exit(2)
+    names = _known_profiles(doc, profile, profiles)
     tick_us = _span_option(tick, "tick") or 0
     if tick_us <= 0:
         err.print(f"[red]error:[/] --tick {tick!r}: expected a positive span such as 1s")
@@ -188,12 +194,7 @@ def explain(
     from transforms.planner import plan
 
     doc = _load(profiles)
-    names = [p.name for p in doc.profiles]
-    for name in profile or []:
-        if name not in names:
-            err.print(f"[red]error:[/] no profile {name!r} in {profiles}; "
-                      f"expected one of: {', '.join(names)}")
-            raise typer.Exit(2)
+    _known_profiles(doc, profile, profiles)
     for g in group or []:
         if g not in PRESETS:
             err.print(f"[red]error:[/] no group {g!r}; expected one of: {', '.join(PRESETS)}")
