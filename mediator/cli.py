@@ -185,6 +185,7 @@ def explain(
     profile: Annotated[list[str] | None, typer.Option(help="Only this profile (repeatable).")] = None,
     group: Annotated[list[str] | None, typer.Option(
         help="Language group cg0 … cg5 (repeatable); default: all groups.")] = None,
+    all_groups: Annotated[bool, typer.Option(help="Every group (the default).")] = False,
     format: Annotated[str, typer.Option(help="text or json.")] = "text",
 ) -> None:
     """Show how each profile is planned for each language group: rules, kinds, post-filters,
@@ -201,6 +202,9 @@ def explain(
             raise typer.Exit(2)
     if format not in ("text", "json"):
         err.print(f"[red]error:[/] --format {format!r}: expected text or json")
+        raise typer.Exit(2)
+    if group and all_groups:
+        err.print("[red]error:[/] --group and --all-groups exclude each other")
         raise typer.Exit(2)
     caps = [PRESETS[g] for g in (group or list(PRESETS))]
     plans = [plan(p, doc, cap) for p in doc.profiles if not profile or p.name in profile

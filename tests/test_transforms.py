@@ -128,6 +128,8 @@ def test_explain_shows_rules_kinds_and_post_filters() -> None:
     assert plans[0]["kind"] == "decompose" and plans[5]["kind"] == "equivalent"
     bad = runner.invoke(app, [*args, "--group", "cg9"])
     assert bad.exit_code == 2 and "no group 'cg9'" in bad.output
+    every = runner.invoke(app, [*args, "--all-groups", "--format", "json"])
+    assert every.exit_code == 0 and len(__import__("json").loads(every.stdout)) == 6
 
 
 def test_time_classes_are_injected_into_a_service_that_evaluates_their_subtree() -> None:
