@@ -12,7 +12,7 @@ from __future__ import annotations
 from mediator.eva import ast
 from transforms.capability import Capability
 from transforms.plan import Kind, Local, Plan, PlanNode, Remote, Subscribe
-from transforms.rules import CATALOGUE, Rewrite
+from transforms.rules import CATALOGUE, Rewrite, native_negation, native_operator
 
 
 def plan(profile: ast.Profile, doc: ast.Document, cap: Capability) -> Plan:
@@ -100,8 +100,8 @@ def _push_anchored(expr: ast.Sequence, classes: dict[str, ast.ClassDef],
     negated = push(negation.expr, classes, cap, exact_only=True)
     if anchor is None or negated is None:
         return None
-    rewrite = CATALOGUE[0](expr, cap)
-    if rewrite is None or CATALOGUE[1](negation, cap) is None:
+    rewrite = native_operator(expr, cap)
+    if rewrite is None or native_negation(negation, cap) is None:
         return None
     combined = _combine(expr, rewrite, [anchor, negated])
     return Remote(expr, expr, combined.kind,

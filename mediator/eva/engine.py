@@ -64,7 +64,6 @@ class _Partition:
     value: Any
     root: nd.Node
     created: Key | None
-    budget: nd.Budget
     order: int  # creation order within its profile: same-key clock steps run in this order
 
 
@@ -110,7 +109,6 @@ class Engine:
         self._max_time: int | None = None
         self._timers: list[tuple[Key, int, Hashable]] = []
         self._out: list[Notification] = []
-        self.events_in = 0
 
     # ---------------------------------------------------------------- registration
 
@@ -184,7 +182,6 @@ class Engine:
     def push(self, event: Event) -> list[Notification]:
         """Accept one event (its arrival order becomes its ``seq``); returns whatever the
         watermark now lets the engine report."""
-        self.events_in += 1
         t = event.time
         late = self.config.allowed_lateness
         source_max = self._source_max
@@ -416,7 +413,7 @@ class Engine:
         first = created[0] if created is not None else p.start + 1
         root = build(p.profile, self._class_maps[p.doc_id], self._docs[p.doc_id], self.config,
                      p.budget, first, p.doc_id, self.index)
-        partition = _Partition(value, root, created, p.budget, len(p.partitions))
+        partition = _Partition(value, root, created, len(p.partitions))
         if p.timed:
             part_key = partition_key(value) if p.profile.per is not None else None
             self._schedule(p, part_key, partition)
