@@ -10,15 +10,16 @@ import sys
 from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Annotated, TextIO
+from typing import Annotated, Any, TextIO
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from adapters.registry import GROUPS
 from mediator.eva import ast
 from mediator.eva.engine import DeadLetter, Engine, EngineConfig
-from mediator.eva.events import EventError, from_json_line, to_cloudevent
+from mediator.eva.events import Event, EventError, format_time, from_json_line, to_cloudevent
 from mediator.eva.notify import to_cloudevent as composite_event
 from mediator.eva.parser import ProfileError, parse
 from mediator.eva.reference import Notification
@@ -108,8 +109,8 @@ def _time_option(text: str | None, name: str) -> int | None:
 
 @app.command()
 def replay(
-    profiles: Annotated[Path, typer.Option(help="Profile file.")],
     events: Annotated[Path, typer.Option(help="CloudEvents, one JSON object per line ('-': stdin).")],
+    profiles: Annotated[Path | None, typer.Option(help="Profile file.")] = None,
     profile: Annotated[list[str] | None, typer.Option(help="Only this profile (repeatable).")] = None,
     dead_letter: Annotated[Path | None, typer.Option(help="Write dead letters here (JSON lines) "
                                                           "instead of stderr.")] = None,
@@ -118,22 +119,50 @@ def replay(
     until: Annotated[str | None, typer.Option(help="End of the trace (RFC 3339); default: the "
                                                    "last event's time.")] = None,
     summary: Annotated[bool, typer.Option(help="Print a count per profile to stderr.")] = False,
+    via: Annotated[str | None, typer.Option(
+        help="Through the whole transformation path to group cg0 … cg5's base service: plan, "
+             "render, native evaluation, post-filter (prints what plain replay prints).")] = None,
+    native: Annotated[str | None, typer.Option(
+        help="Evaluate a native query (--query) with group cg0 … cg5's own semantics.")] = None,
+    query: Annotated[Path | None, typer.Option(help="The native query for --native.")] = None,
+    service: Annotated[str | None, typer.Option(
+        help="With --via/--native: a running base service (host:port) instead of the in-process "
+             "one.")] = None,
 ) -> None:
-    """Evaluate profiles over a trace; composites go to stdout as CloudEvents JSON lines."""
-    doc = _load(profiles)
-    names = _known_profiles(doc, profile, profiles)
+    """Evaluate profiles over a trace; composites go to stdout as CloudEvents JSON lines.
+
+    With --native G --query FILE, evaluate one native query of group G's language instead;
+    its notifications go to stdout as JSON lines."""
     tick_us = _span_option(tick, "tick") or 0
     if tick_us <= 0:
         err.print(f"[red]error:[/] --tick {tick!r}: expected a positive span such as 1s")
         raise typer.Exit(2)
-    config = EngineConfig(tick=tick_us, allowed_lateness=_span_option(lateness, "lateness") or 0)
     end = _time_option(until, "until")
+    for option, value in (("via", via), ("native", native)):
+        if value is not None and value not in GROUPS:
+            err.print(f"[red]error:[/] --{option} {value!r}: expected one of {', '.join(GROUPS)}")
+            raise typer.Exit(2)
+    if native is not None:
+        if query is None or profiles is not None or via is not None:
+            err.print("[red]error:[/] --native takes --query (and no --profiles or --via)")
+            raise typer.Exit(2)
+        _replay_native(native, query, events, end, tick_us, service)
+        return
+    if profiles is None:
+        err.print("[red]error:[/] --profiles is required (or --native G --query FILE)")
+        raise typer.Exit(2)
+    doc = _load(profiles)
+    names = _known_profiles(doc, profile, profiles)
+    config = EngineConfig(tick=tick_us, allowed_lateness=_span_option(lateness, "lateness") or 0)
     letters = 0
+    late: set[int] = set()
     sink: TextIO = sys.stderr
 
     def on_dead(letter: DeadLetter) -> None:
         nonlocal letters
         letters += 1
+        if letter.reason == "late" and letter.event is not None:
+            late.add(id(letter.event))
         record: dict[str, object] = {"reason": letter.reason, "detail": letter.detail}
         if letter.event is not None:
             record["event"] = to_cloudevent(letter.event)
@@ -144,8 +173,11 @@ def replay(
     engine = Engine(config, on_dead)
     engine.add_document(doc, profile or None)
     counts: Counter[str] = Counter()
+    admitted: list[Event] = []
 
     def emit(notifications: list[Notification]) -> None:
+        if via is not None:
+            return  # the engine only admits events (watermarks, dead letters) for --via
         for n in notifications:
             counts[n.profile] += 1
             sys.stdout.write(json.dumps(composite_event(n)) + "\n")
@@ -163,12 +195,18 @@ def replay(
             if not line.strip():
                 continue
             try:
-                event = from_json_line(line)
+                event = from_json_line(line, seq=len(admitted))
             except EventError as exc:
                 engine.malformed(f"line {number}: {exc}", line.rstrip("\n"))
                 continue
             emit(engine.push(event))
+            if id(event) not in late:
+                admitted.append(event)
         emit(engine.close(end))
+    if via is not None:
+        for n in _replay_via(via, doc, profile or None, admitted, config, end, service):
+            counts[n.profile] += 1
+            sys.stdout.write(json.dumps(composite_event(n)) + "\n")
     if summary:
         table = Table(title="composites per profile")
         table.add_column("profile")
@@ -177,6 +215,80 @@ def replay(
             table.add_row(name, str(counts[name]))
         table.add_row("dead letters", str(letters))
         err.print(table)
+
+
+def _transport(group: str, tick: int, address: str | None) -> Any:
+    from adapters.registry import language
+    from mediator.federation import in_process
+
+    if address is None:
+        return in_process(language(group, tick))
+    from adapters.client import remote_transport
+
+    return remote_transport(address, group)
+
+
+def _replay_via(group: str, doc: ast.Document, profiles: list[str] | None, events: list[Event],
+                config: EngineConfig, end: int | None, address: str | None) -> list[Notification]:
+    from adapters.registry import language
+    from mediator.federation import via
+
+    # The engine's clock starts just before the first admitted event, less the lateness.
+    start = events[0].time - config.allowed_lateness - 1 if events else None
+    try:
+        out, _, _ = via(language(group, config.tick), doc, events, profiles=profiles, start=start,
+                        end=end, tick=config.tick,
+                        transport=_transport(group, config.tick, address))
+    except ConnectionError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    return out
+
+
+def _replay_native(group: str, query_file: Path, events_file: Path, end: int | None, tick: int,
+                   address: str | None) -> None:
+    from adapters.native import NativeQueryError
+    from adapters.registry import language
+
+    try:
+        text = query_file.read_text(encoding="utf-8")
+    except OSError as exc:
+        err.print(f"[red]error:[/] cannot read {query_file}: {exc.strerror}")
+        raise typer.Exit(2) from None
+    try:
+        language(group, tick).parse(text)
+    except NativeQueryError as exc:
+        print(str(exc).replace(" query:", f" query {query_file}:", 1), file=sys.stderr)
+        raise typer.Exit(2) from None
+    trace: list[Event] = []
+    with ExitStack() as stack:
+        try:
+            handle = sys.stdin if str(events_file) == "-" else stack.enter_context(
+                open(events_file, encoding="utf-8"))
+        except OSError as exc:
+            err.print(f"[red]error:[/] cannot read {events_file}: {exc.strerror}")
+            raise typer.Exit(2) from None
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                trace.append(from_json_line(line, seq=len(trace)))
+            except EventError as exc:
+                sys.stderr.write(json.dumps({"reason": "malformed", "detail": f"line {number}: {exc}",
+                                             "raw": line.rstrip("\n")}) + "\n")
+    trace.sort(key=lambda e: e.key)
+    last = end if end is not None else (trace[-1].time if trace else 0)
+    try:
+        detections = _transport(group, tick, address)(text, trace, last)
+    except ConnectionError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    for d in detections:
+        record: dict[str, Any] = {"group": group, "time": format_time(d.time), "detection": d.text,
+                                  "constituents": [e.id for e in d.constituents]}
+        if d.extra:
+            record["extra"] = d.extra
+        sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
 @app.command()
@@ -215,6 +327,39 @@ def explain(
     console = Console()
     for p in plans:
         console.print(tree(p))
+
+
+@app.command("base-service")
+def base_service(
+    group: Annotated[str, typer.Option(help="Language group cg0 … cg5.")],
+    listen: Annotated[str, typer.Option(help="host:port to serve gRPC on (port 0: any).")]
+        = "127.0.0.1:50051",
+    tick: Annotated[str, typer.Option(help="A peer mediator's (cg5) default clock.")] = "1s",
+    queue_size: Annotated[int, typer.Option(help="Notifications buffered per subscriber.")] = 1024,
+) -> None:
+    """Run the reference base service of a language group: eva.base.v1.BaseService (native
+    queries in, native notifications out) and standard health checking."""
+    import signal
+    import threading
+
+    from adapters.service import serve
+
+    if group not in GROUPS:
+        err.print(f"[red]error:[/] --group {group!r}: expected one of {', '.join(GROUPS)}")
+        raise typer.Exit(2)
+    tick_us = _span_option(tick, "tick") or 1_000_000
+    try:
+        server, port = serve(group, listen, tick_us, queue_size=queue_size)
+    except (OSError, RuntimeError) as exc:
+        err.print(f"[red]error:[/] cannot listen on {listen}: {exc}")
+        raise typer.Exit(2) from None
+    host = listen.rsplit(":", 1)[0]
+    print(f"serving {group} on {host}:{port}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    server.stop(grace=2).wait()
 
 
 def main() -> None:

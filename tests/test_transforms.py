@@ -4,6 +4,8 @@ pitfalls of research/transforms.md §6.5."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 
@@ -73,11 +75,13 @@ def test_anterior_first_is_not_relaxed_because_it_would_need_a_witness() -> None
 
 def test_negation_is_never_relaxed_inside_the_service() -> None:
     """Pitfall 2: a positive operand under a service-side negation makes it fire too rarely;
-    CG-4 gets the negation only with an exact operand, otherwise it is composed here."""
+    a service with timed negation but set semantics only gets the negation with an exact
+    operand, otherwise it is composed here."""
+    timed = replace(CG3, name="CG-3+neg", negation="timed")
     exact = profile_doc(" = ((not ((all_dup(A), all_dup(B))_3us)_all_pairs)_5us)_all_pairs")
     relaxed = profile_doc(" = ((not ((first_dup(A), last_dup(B))_3us)_unique_pairs)_5us)_all_pairs")
-    assert isinstance(plan(exact.profiles[0], exact, CG4).root, Remote)
-    p = plan(relaxed.profiles[0], relaxed, CG4)
+    assert isinstance(plan(exact.profiles[0], exact, timed).root, Remote)
+    p = plan(relaxed.profiles[0], relaxed, timed)
     assert isinstance(p.root, Local) and p.root.rule == "absence_at_mediator"
 
 
@@ -133,17 +137,22 @@ def test_explain_shows_rules_kinds_and_post_filters() -> None:
 
 
 def test_time_classes_are_injected_into_a_service_that_evaluates_their_subtree() -> None:
-    """P5 on CG-5: the whole profile at the peer, the mediator publishing the Shift ticks
-    (transferring); on CG-0 the ticks come from the mediator's clock."""
+    """A time class inside a subtree pushed to a service without a clock: the mediator
+    publishes its ticks (transferring). A peer mediator (CG-5) has time classes itself, so P5
+    goes there whole and equivalent; on CG-0 the ticks come from the mediator's clock."""
     from pathlib import Path
 
     from mediator.eva.parser import parse
 
+    ticked = profile_doc(" = ((all_dup(T); all_dup(A))_5us)_all_pairs")
+    on_sql = plan(ticked.profiles[0], ticked, CG3)
+    assert on_sql.kind is Kind.TRANSFERRING and isinstance(on_sql.root, Remote)
+    assert on_sql.root.auxiliary == ("publish the ticks of T to the service",)
     doc = parse(Path("examples/logistics/profiles.eva").read_text())
     p5 = doc.profile("P5")
     on_peer = plan(p5, doc, CG5)
-    assert on_peer.kind is Kind.TRANSFERRING and isinstance(on_peer.root, Remote)
-    assert on_peer.root.auxiliary == ("publish the ticks of Shift to the service",)
+    assert on_peer.kind is Kind.EQUIVALENT and isinstance(on_peer.root, Remote)
+    assert "native_time_class" in on_peer.root.rules
     on_broker = plan(p5, doc, PRESETS["cg0"])
     assert on_broker.kind is Kind.DECOMPOSE
     assert not any(isinstance(n, Remote) and n.auxiliary for n in nodes(on_broker.root))

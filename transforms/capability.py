@@ -21,24 +21,33 @@ SET_SEMANTICS: frozenset[Setting] = frozenset(
     (op, "all", "all", "all_pairs") for op in (DISJUNCTION, CONJUNCTION, SEQUENCE))
 """Every combination within the frame, nothing consumed: what joins and boolean filters do."""
 
-SNOOP_CONTEXTS: frozenset[Setting] = SET_SEMANTICS | {
-    # Verified on every trace up to length 7 (research/snoop.md §5.3, tests/test_snoop_contexts.py).
-    (SEQUENCE, "last", "all", "unique_pairs"),       # recent
-    (SEQUENCE, "first", "first", "repeated_pairs"),  # chronicle
-    (SEQUENCE, "all", "first", "unique_pairs"),      # continuous
-    (CONJUNCTION, "first", "first", "repeated_pairs"),  # chronicle
+SNOOP_SETTINGS: dict[str, frozenset[Setting]] = {
+    # Verified for a flat operator over distinct event types (research/snoop.md §5.3) and
+    # re-checked against the Snoop service on traces with simultaneous events
+    # (tests/test_backends.py). Chronicle and continuous SEQ match (first, first, repeated) and
+    # (all, first, unique) only when no two operand events share an instant: with a0@10 b1@10
+    # b2@11, EVA's first posterior b1 fails t1 < t2 and nothing is reported, while Snoop
+    # pairs a0 with b2. A mediator cannot promise that of a stream, so they are not used.
+    "unrestricted": SET_SEMANTICS,
+    "recent": frozenset({(SEQUENCE, "last", "all", "unique_pairs")}),
+    "chronicle": frozenset({(CONJUNCTION, "first", "first", "repeated_pairs")}),
 }
+"""Snoop context → the EVA settings it evaluates exactly (cumulative aggregates: none)."""
+
+SNOOP_CONTEXTS: frozenset[Setting] = frozenset().union(*SNOOP_SETTINGS.values())
 
 
 @dataclass(frozen=True)
 class Capability:
     """What a target language can evaluate, and how.
 
-    ``negation``: ``none``, ``logical`` (untimed NOT), ``event_bounded`` (NOT(E)[S, F]) or
-    ``timed`` (EVA's (not E)_T, absence over a span). ``settings``: the EIS/EIC combinations it
-    evaluates natively (``None``: all of them). ``window``: ``point`` when a time frame bounds
-    the distance of the operands' occurrence times (EVA), ``span`` when it bounds the whole
-    span of all constituents (XChange ``within``) — the two agree only on primitive operands.
+    ``negation``: ``none``, ``logical`` (untimed NOT: the complement of a single-event filter),
+    ``event_bounded`` (Snoop's NOT(E)[S, F]), ``during`` (XChange's exclusion within the span
+    of another answer) or ``timed`` (EVA's (not E)_T on a clock or anchored; only this one
+    states an EVA negation). ``settings``: the EIS/EIC combinations it evaluates natively
+    (``None``: all of them). ``window``: ``point`` when a time frame bounds the distance of the
+    operands' occurrence times (EVA), ``span`` when it bounds the whole span of all
+    constituents (XChange ``within``) — the two agree only on primitive operands.
     """
 
     name: str
@@ -50,6 +59,21 @@ class Capability:
     timeless: bool = True
     accepts_events: bool = True
     """The mediator may publish events to it (ticks of a time class, for transferring rules)."""
+    predicates: str = "full"
+    """``full``: any EVA class predicate can be stated; ``type``: only the event type (Snoop) —
+    a class naming no type cannot be subscribed there, other tests are re-applied by the
+    mediator, which is exact only at set semantics."""
+    strict_sequence: bool = True
+    """False when a sequence also matches two events of the same instant (XChange's andthen is
+    ``end(s1) ≤ begin(s2)``): the sequence is then positive, the mediator keeps t1 < t2."""
+    clock: bool = False
+    """The service has EVA's time classes and clock itself (a peer mediator): no ticks to inject."""
+    context_scope: str = "node"
+    """``expression`` when one parameter setting applies to the whole native query (Snoop's
+    contexts): a non-set setting is then used only on a flat operator over distinct types."""
+    partitions: bool = True
+    """Whether a ``per`` partition can be stated; without it only set semantics is pushed (the
+    mediator re-runs the operator per partition on what comes back)."""
     description: str = ""
 
     def supports(self, operator: str) -> bool:
@@ -66,15 +90,16 @@ CG0 = Capability("CG-0", frozenset(), timed=False, settings=frozenset(), accepts
 CG1 = Capability("CG-1", frozenset({CONJUNCTION, DISJUNCTION}), timed=False, negation="logical",
                  description="boolean composite filters: AND, OR, untimed NOT")
 CG2 = Capability("CG-2", frozenset({CONJUNCTION, DISJUNCTION, SEQUENCE}), timed=False,
-                 negation="event_bounded", settings=SNOOP_CONTEXTS,
+                 negation="event_bounded", settings=SNOOP_CONTEXTS, predicates="type",
+                 context_scope="expression", partitions=False,
                  description="Snoop: sequence, event-bounded negation, parameter contexts")
 CG3 = Capability("CG-3", frozenset({CONJUNCTION, DISJUNCTION, SEQUENCE}), timed=True,
                  description="streaming-SQL interval joins (all pairs within the interval)")
 CG4 = Capability("CG-4", frozenset({CONJUNCTION, DISJUNCTION, SEQUENCE}), timed=True,
-                 negation="timed", window="span",
+                 negation="during", window="span", timeless=False, strict_sequence=False,
                  description="XChange: and, andthen, or, without … during, whole-span within")
 CG5 = Capability("CG-5", frozenset({CONJUNCTION, DISJUNCTION, SEQUENCE, SELECTION}), timed=True,
-                 negation="timed", settings=None,
+                 negation="timed", settings=None, clock=True,
                  description="EVA itself (a peer mediator): every operator and parameter")
 
 PRESETS: dict[str, Capability] = {c.name.lower().replace("-", ""): c

@@ -9,13 +9,22 @@ mediator sees its operand's exact, post-filtered stream, so anything goes below 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from mediator.eva import ast
-from transforms.capability import Capability
+from mediator.eva.classes import required_types, type_only
+from transforms.capability import SET_SEMANTICS, Capability
 from transforms.plan import Kind, Local, Plan, PlanNode, Remote, Subscribe
-from transforms.rules import CATALOGUE, Rewrite, native_negation, native_operator
+from transforms.rules import CATALOGUE, OPERATOR, Rewrite, native_negation, native_operator
 
 
 def plan(profile: ast.Profile, doc: ast.Document, cap: Capability) -> Plan:
+    if profile.per is not None and not cap.partitions:
+        # The service cannot keep partitions apart: only set semantics, which the mediator
+        # re-runs per partition on the events that come back, is pushed.
+        settings = SET_SEMANTICS if cap.settings is None else cap.settings & SET_SEMANTICS
+        planning = replace(cap, settings=settings)
+        return Plan(profile, cap, plan_expr(profile.expr, doc.class_map(), planning))
     return Plan(profile, cap, plan_expr(profile.expr, doc.class_map(), cap))
 
 
@@ -53,8 +62,11 @@ def push(expr: ast.Expr, classes: dict[str, ast.ClassDef], cap: Capability,
          exact_only: bool = False) -> Remote | None:
     """The whole subtree at the service, or None."""
     if isinstance(expr, ast.Prim):
-        if isinstance(classes[expr.name].body, ast.Every):
+        body = classes[expr.name].body
+        if isinstance(body, ast.Every):
             return inject_ticks(expr, cap)
+        if cap.predicates == "type" and required_types(body, classes) is None:
+            return None  # the service knows events by type only, and this class names none
         return Remote(expr, expr, Kind.EQUIVALENT, ("primitive_filter",), "")
     if isinstance(expr, ast.Sequence) and isinstance(expr.right.expr, ast.Negation):
         return _push_anchored(expr, classes, cap)
@@ -67,8 +79,46 @@ def push(expr: ast.Expr, classes: dict[str, ast.ClassDef], cap: Capability,
             continue
         if exact_only and rewrite.kind is Kind.POSITIVE:
             continue
-        return _combine(expr, rewrite, [o for o in operands if o is not None])
+        remotes = [o for o in operands if o is not None]
+        if cap.context_scope == "expression" and not _one_context(rewrite.target, remotes, classes):
+            continue
+        return _combine(expr, rewrite, remotes)
     return None
+
+
+def has_context(expr: ast.Expr) -> bool:
+    """Whether some operator of the expression is evaluated at other than set semantics."""
+    for node in ast.walk(expr):
+        if isinstance(node, (ast.Conjunction, ast.Sequence)):
+            setting = (OPERATOR[type(node)], node.left.dup.kind, node.right.dup.kind,
+                       str(node.pairs))
+            if setting not in SET_SEMANTICS:
+                return True
+    return False
+
+
+def _one_context(target: ast.Expr, operands: list[Remote],
+                 classes: dict[str, ast.ClassDef]) -> bool:
+    """A Snoop-like service applies one context to the whole query, and the context↔EVA
+    mapping is verified for a flat operator over distinct event types (snoop.md §5.3):
+    a non-set setting only there, and nothing above it."""
+    if any(has_context(o.target) for o in operands):
+        return False
+    if not has_context(target):
+        return True
+    assert isinstance(target, (ast.Conjunction, ast.Sequence))
+    sides = [target.left.expr, target.right.expr]
+    types = []
+    for side in sides:
+        if not isinstance(side, ast.Prim):
+            return False
+        body = classes[side.name].body
+        exact = (frozenset([f"eva.tick.{side.name}"]) if isinstance(body, ast.Every)
+                 else type_only(body, classes))
+        if exact is None:
+            return False
+        types.append(exact)
+    return not types[0] & types[1]
 
 
 def _combine(expr: ast.Expr, rewrite: Rewrite, operands: list[Remote]) -> Remote:
@@ -85,6 +135,8 @@ def _combine(expr: ast.Expr, rewrite: Rewrite, operands: list[Remote]) -> Remote
 def inject_ticks(expr: ast.Prim, cap: Capability) -> Remote | None:
     """A time class at a service: the mediator publishes the class's ticks to it as events, so
     the service composes them like any other. Transferring (auxiliary: the tick stream)."""
+    if cap.clock:
+        return Remote(expr, expr, Kind.EQUIVALENT, ("native_time_class",), "")
     if not cap.accepts_events:
         return None
     return Remote(expr, expr, Kind.TRANSFERRING, ("inject_ticks",), "",

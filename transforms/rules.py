@@ -103,6 +103,8 @@ def native_operator(node: ast.Expr, cap: Capability) -> Rewrite | None:
         return None
     if isinstance(node, (ast.Conjunction, ast.Sequence)) and not _frame_fits(node, cap):
         return None
+    if isinstance(node, ast.Sequence) and not cap.strict_sequence:
+        return None  # also matches same-instant pairs: parameters_to_all_pairs keeps t1 < t2
     return Rewrite(node, Kind.EQUIVALENT, "native_operator")
 
 

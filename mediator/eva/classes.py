@@ -92,6 +92,25 @@ def required_types(pred: ast.Predicate, classes: dict[str, ast.ClassDef]) -> fro
     return None
 
 
+def type_only(pred: ast.Predicate, classes: dict[str, ast.ClassDef]) -> frozenset[str] | None:
+    """The set of types when the predicate tests nothing but ``type`` (== / in / or), else None."""
+    if isinstance(pred, ast.ClassRef):
+        body = classes[pred.name].body
+        return None if isinstance(body, ast.Every) else type_only(body, classes)
+    if isinstance(pred, ast.Compare) and pred.path == "type":
+        if pred.op == "==" and isinstance(pred.value, str):
+            return frozenset([pred.value])
+        if pred.op == "in" and isinstance(pred.value, tuple) and all(
+                isinstance(v, str) for v in pred.value):
+            return frozenset(pred.value)
+        return None
+    if isinstance(pred, ast.Or):
+        a, b = type_only(pred.left, classes), type_only(pred.right, classes)
+        return None if a is None or b is None else a | b
+    return None
+
+
+
 class ClassIndex:
     """Shared primitive-class matching for any number of documents' classes.
 

@@ -50,10 +50,11 @@ class _Context:
     end: int
     tick: int
     matchers: dict[str, Callable[[Event], bool]]
+    partition: Any = None
 
     def with_events(self, events: list[Event]) -> _Context:
         return _Context(events, self.doc, self.admit, self.start, self.end, self.tick,
-                        self.matchers)
+                        self.matchers, self.partition)
 
 
 # ------------------------------------------------------------------ nodes
@@ -247,7 +248,7 @@ def evaluate_profile(profile: ast.Profile, doc: ast.Document, events: list[Event
         def admit(key: Key, created: Key | None = created) -> bool:
             return key[0] > start and (created is None or key >= created)
 
-        ctx = _Context(group, doc, admit, start, end, tick, matchers)
+        ctx = _Context(group, doc, admit, start, end, tick, matchers, value)
         stream = root(profile, ctx)
         out.extend(Notification(profile.name, value, occ, emit) for emit, occ in stream)
     return out

@@ -5,13 +5,13 @@ from __future__ import annotations
 from mediator.eva import ast
 
 
-def _refs(pred: ast.Predicate) -> list[str]:
+def refs(pred: ast.Predicate) -> list[str]:
     if isinstance(pred, ast.ClassRef):
         return [pred.name]
     if isinstance(pred, (ast.And, ast.Or)):
-        return _refs(pred.left) + _refs(pred.right)
+        return refs(pred.left) + refs(pred.right)
     if isinstance(pred, ast.Not):
-        return _refs(pred.operand)
+        return refs(pred.operand)
     return []
 
 
@@ -32,7 +32,7 @@ def validate(doc: ast.Document) -> tuple[str, int, int] | None:
             if problem:
                 return (problem, cls.line, cls.column)
             continue
-        for ref in _refs(cls.body):
+        for ref in refs(cls.body):
             if ref not in classes:
                 return (f"found unknown class {ref!r}, expected a defined event class",
                         cls.line, cls.column)
@@ -57,7 +57,7 @@ def _cyclic(name: str, classes: dict[str, ast.ClassDef], path: tuple[str, ...]) 
     body = classes[name].body
     if isinstance(body, ast.Every):
         return False
-    return any(_cyclic(r, classes, (*path, name)) for r in _refs(body) if r in classes)
+    return any(_cyclic(r, classes, (*path, name)) for r in refs(body) if r in classes)
 
 
 def anchor_problem(anchor: str | None) -> str | None:

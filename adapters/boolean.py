@@ -1,0 +1,252 @@
+"""CG-1: boolean composite filters — ``AND(a, b)``, ``OR(a, b)``, ``NOT(a)``, untimed.
+
+Language (docs/backends.md §CG-1)::
+
+    query  := AND(query, query) | OR(query, query) | NOT(query) | filter
+    filter := [ condition ]        e.g. [type = "traffic.jam" & data.area = "A"]
+
+Semantics — all combinations, nothing consumed, no time:
+
+* a filter detects every single event it matches;
+* ``OR(q1, q2)`` detects what either detects (a detection of both is reported once);
+* ``AND(q1, q2)`` detects every pair of a q1 detection and a q2 detection that share no event,
+  reported when the later one completes, time = the later time, constituents q1's then q2's;
+* ``NOT(q)`` is **untimed**, so there is no span in which an absence could be observed: it is
+  the complement of a single-event query — it detects every event that ``q`` does not. ``q``
+  must be single-event (a filter, or OR/NOT of single-event queries); ``NOT`` of an ``AND`` is
+  rejected. The mediator uses it only through class predicates (``not`` in an EVA class).
+
+State is every detection so far (untimed: nothing ever becomes irrelevant); the service keeps
+it per subscription until the subscription ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from lark import Lark
+from lark.exceptions import UnexpectedInput, VisitError
+
+from adapters.filters import FILTER_GRAMMAR, FILTER_TERMINALS, TICK_TYPE, FilterBuild, filter_text
+from adapters.native import Detection, NativeQueryError, Unrenderable, syntax_error
+from mediator.eva import ast
+from mediator.eva.classes import compile_predicate
+from mediator.eva.events import Event
+from transforms.capability import CG0, CG1, Capability
+
+_GRAMMAR = r"""
+start: query
+?query: "AND" "(" query "," query ")" -> q_and
+      | "OR" "(" query "," query ")" -> q_or
+      | "NOT" "(" query ")" -> q_not
+      | filter
+""" + FILTER_GRAMMAR + r"""
+%import common.WS
+%ignore WS
+"""
+
+_PARSER = Lark(_GRAMMAR, parser="lalr", propagate_positions=True)
+
+
+@dataclass(frozen=True)
+class Filter:
+    predicate: ast.Predicate
+
+
+@dataclass(frozen=True)
+class And:
+    left: Node
+    right: Node
+
+
+@dataclass(frozen=True)
+class Or:
+    left: Node
+    right: Node
+
+
+@dataclass(frozen=True)
+class Not:
+    operand: Node
+
+
+Node = Filter | And | Or | Not
+
+
+class _Build(FilterBuild):
+    def start(self, items: list[Any]) -> Node:
+        return items[0]
+
+    def filter(self, items: list[Any]) -> Filter:  # type: ignore[override]
+        return Filter(items[0])
+
+    def q_and(self, items: list[Any]) -> Node:
+        return And(items[0], items[1])
+
+    def q_or(self, items: list[Any]) -> Node:
+        return Or(items[0], items[1])
+
+    def q_not(self, items: list[Any]) -> Node:
+        return Not(items[0])
+
+
+def single_event(node: Node) -> bool:
+    if isinstance(node, Filter):
+        return True
+    if isinstance(node, Or):
+        return single_event(node.left) and single_event(node.right)
+    if isinstance(node, Not):
+        return single_event(node.operand)
+    return False
+
+
+def _check(node: Node, text: str) -> None:
+    if isinstance(node, Not):
+        if not single_event(node.operand):
+            raise NativeQueryError("boolean", "NOT applies to a single-event query (a filter, or "
+                                   "OR/NOT of filters): an untimed NOT has no span in which an "
+                                   "absence could be observed", 1, text.find("NOT") + 1, text)
+        _check(node.operand, text)
+    elif isinstance(node, (And, Or)):
+        _check(node.left, text)
+        _check(node.right, text)
+
+
+def parse_node(text: str, language: str = "boolean") -> Node:
+    try:
+        tree = _PARSER.parse(text)
+    except UnexpectedInput as exc:
+        raise syntax_error(language, exc, text, {**FILTER_TERMINALS}, _PARSER) from None
+    try:
+        node: Node = _Build().transform(tree)
+    except VisitError as exc:
+        raise NativeQueryError(language, str(exc.orig_exc), 1, 1, text) from None
+    _check(node, text)
+    return node
+
+
+# ------------------------------------------------------------------ evaluation
+
+_Det = tuple[Event, ...]
+
+
+class _Eval:
+    """Per node: every detection so far; a step returns the detections containing the new event."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.kids = [_Eval(k) for k in _kids(node)]
+        self.seen: list[_Det] = []
+        self.matcher = compile_predicate(_as_predicate(node), {}) if single_event(node) else None
+
+    def step(self, event: Event) -> list[_Det]:
+        new: list[_Det]
+        if self.matcher is not None:  # single-event queries reduce to one predicate
+            new = [(event,)] if self.matcher(event) else []
+        elif isinstance(self.node, Or):
+            new = []
+            for d in self.kids[0].step(event) + self.kids[1].step(event):
+                if d not in new:
+                    new.append(d)
+        else:
+            left, right = self.kids
+            old_left, old_right = list(left.seen), list(right.seen)
+            new_left, new_right = left.step(event), right.step(event)
+            new = [a + b for a in new_left for b in old_right if _disjoint(a, b)]
+            new += [a + b for a in old_left for b in new_right if _disjoint(a, b)]
+        self.seen.extend(new)
+        return new
+
+
+def _kids(node: Node) -> list[Node]:
+    if isinstance(node, (And, Or)):
+        return [node.left, node.right]
+    if isinstance(node, Not):
+        return [node.operand]
+    return []
+
+
+def _as_predicate(node: Node) -> ast.Predicate:
+    if isinstance(node, Filter):
+        return node.predicate
+    if isinstance(node, Not):
+        return ast.Not(_as_predicate(node.operand))
+    if isinstance(node, Or):
+        return ast.Or(_as_predicate(node.left), _as_predicate(node.right))
+    raise AssertionError("AND is not a single-event query")
+
+
+def _disjoint(a: _Det, b: _Det) -> bool:
+    ids = {(e.source, e.id) for e in a}
+    return not any((e.source, e.id) in ids for e in b)
+
+
+class Evaluator:
+    def __init__(self, node: Node) -> None:
+        self._root = _Eval(node)
+
+    def push(self, event: Event) -> list[Detection]:
+        return [Detection(event.time, d, "{" + ", ".join(e.id for e in d) + "}")
+                for d in self._root.step(event)]
+
+    def advance(self, time: int) -> list[Detection]:
+        return []  # untimed: nothing happens without an event
+
+
+@dataclass(frozen=True)
+class BooleanQuery:
+    text: str
+    node: Node
+
+    def evaluator(self) -> Evaluator:
+        return Evaluator(self.node)
+
+
+# ------------------------------------------------------------------ the dialect
+
+
+def leaf_text(expr: ast.Prim, doc: ast.Document) -> str:
+    body = doc.class_map()[expr.name].body
+    if isinstance(body, ast.Every):
+        return f'[type = "{TICK_TYPE}{expr.name}"]'
+    return filter_text(body, doc.class_map())
+
+
+class BooleanLanguage:
+    name = "boolean"
+    group = "cg1"
+    capability: Capability = CG1
+
+    def parse(self, text: str) -> BooleanQuery:
+        return BooleanQuery(text, parse_node(text, self.name))
+
+    def render(self, expr: ast.Expr, doc: ast.Document) -> str:
+        if isinstance(expr, ast.Prim):
+            return leaf_text(expr, doc)
+        if isinstance(expr, ast.Disjunction):
+            return f"OR({self.render(expr.left.expr, doc)}, {self.render(expr.right.expr, doc)})"
+        if isinstance(expr, ast.Conjunction) and expr.span is None:
+            return f"AND({self.render(expr.left.expr, doc)}, {self.render(expr.right.expr, doc)})"
+        raise Unrenderable(f"CG-1 cannot state {type(expr).__name__.lower()} with a time frame "
+                           "or parameters")
+
+
+class FilterLanguage:
+    """CG-0: one filter per subscription (what an MQTT or Redis adapter can select on)."""
+
+    name = "filter"
+    group = "cg0"
+    capability: Capability = CG0
+
+    def parse(self, text: str) -> BooleanQuery:
+        node = parse_node(text, self.name)
+        if not isinstance(node, Filter):
+            raise NativeQueryError(self.name, "a primitive-filter service takes one [filter], "
+                                   "no AND/OR/NOT", 1, 1, text)
+        return BooleanQuery(text, node)
+
+    def render(self, expr: ast.Expr, doc: ast.Document) -> str:
+        if not isinstance(expr, ast.Prim):
+            raise Unrenderable("CG-0 states primitive filters only")
+        return leaf_text(expr, doc)

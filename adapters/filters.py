@@ -1,0 +1,128 @@
+"""Single-event filter conditions, the atoms of the boolean language (CG-1) and the whole
+language of primitive-filter services (CG-0): ``[type = "traffic.jam" & data.area = "A"]``.
+
+Conditions compare one attribute path (``type``, ``source``, ``subject``, ``data.x.y``, …) with a
+JSON literal: ``=  !=  <  <=  >  >=  in [...]``, joined by ``&``, ``|``, ``!`` and parentheses.
+They compile to the profile language's predicate AST, so comparisons mean exactly what they
+mean in an EVA class (a number never equals a string; ordering only within numbers or strings).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from lark import Transformer
+
+from mediator.eva import ast
+
+FILTER_GRAMMAR = r"""
+filter: "[" cond "]"
+?cond: cond "|" conj -> c_or
+     | conj
+?conj: conj "&" neg -> c_and
+     | neg
+?neg: "!" neg -> c_not
+    | atom
+?atom: PATH CMP value -> c_cmp
+     | PATH "in" "[" value ("," value)* "]" -> c_in
+     | "(" cond ")"
+value: ESCAPED_STRING | SIGNED_NUMBER | TRUE | FALSE | NULL
+PATH: /[a-z_][a-zA-Z0-9_]*(\.[a-zA-Z0-9_\-]+)*/
+CMP: "!=" | "<=" | ">=" | "=" | "<" | ">"
+TRUE.2: "true"
+FALSE.2: "false"
+NULL.2: "null"
+%import common.ESCAPED_STRING
+%import common.SIGNED_NUMBER
+"""
+
+FILTER_TERMINALS = {"PATH": "an attribute path (type, source, data.x …)",
+                    "CMP": "a comparison (= != < <= > >=)", "ESCAPED_STRING": "a string",
+                    "SIGNED_NUMBER": "a number"}
+
+
+class FilterBuild(Transformer[Any, Any]):
+    """Parse tree of a filter → :mod:`mediator.eva.ast` predicate."""
+
+    def filter(self, items: list[Any]) -> ast.Predicate:
+        return items[0]
+
+    def value(self, items: list[Any]) -> object:
+        return json.loads(str(items[0]))
+
+    def c_or(self, items: list[Any]) -> ast.Predicate:
+        return ast.Or(items[0], items[1])
+
+    def c_and(self, items: list[Any]) -> ast.Predicate:
+        return ast.And(items[0], items[1])
+
+    def c_not(self, items: list[Any]) -> ast.Predicate:
+        return ast.Not(items[0])
+
+    def c_cmp(self, items: list[Any]) -> ast.Predicate:
+        op = "==" if str(items[1]) == "=" else str(items[1])
+        return ast.Compare(str(items[0]), op, items[2])
+
+    def c_in(self, items: list[Any]) -> ast.Predicate:
+        return ast.Compare(str(items[0]), "in", tuple(items[1:]))
+
+
+def inline(pred: ast.Predicate, classes: dict[str, ast.ClassDef]) -> ast.Predicate:
+    """Class references replaced by their definitions (a service knows no EVA class names)."""
+    if isinstance(pred, ast.ClassRef):
+        body = classes[pred.name].body
+        assert not isinstance(body, ast.Every)
+        return inline(body, classes)
+    if isinstance(pred, ast.Not):
+        return ast.Not(inline(pred.operand, classes))
+    if isinstance(pred, (ast.And, ast.Or)):
+        return type(pred)(inline(pred.left, classes), inline(pred.right, classes))
+    return pred
+
+
+def _literal(value: object) -> str:
+    return json.dumps(value)
+
+
+def condition_text(pred: ast.Predicate) -> str:
+    """An inlined predicate in filter notation (fully parenthesised below the top)."""
+    if isinstance(pred, ast.Compare):
+        if pred.op == "in":
+            assert isinstance(pred.value, tuple)
+            return f"{pred.path} in [{', '.join(_literal(v) for v in pred.value)}]"
+        op = "=" if pred.op == "==" else pred.op
+        return f"{pred.path} {op} {_literal(pred.value)}"
+    if isinstance(pred, ast.Not):
+        return f"!({condition_text(pred.operand)})"
+    if isinstance(pred, ast.And):
+        return f"({condition_text(pred.left)} & {condition_text(pred.right)})"
+    if isinstance(pred, ast.Or):
+        return f"({condition_text(pred.left)} | {condition_text(pred.right)})"
+    raise AssertionError(f"not inlined: {pred!r}")
+
+
+def filter_text(pred: ast.Predicate, classes: dict[str, ast.ClassDef]) -> str:
+    text = condition_text(inline(pred, classes))
+    if text.startswith("(") and text.endswith(")") and _balanced(text[1:-1]):
+        text = text[1:-1]
+    return f"[{text}]"
+
+
+def _balanced(text: str) -> bool:
+    depth = 0
+    in_string = False
+    for i, ch in enumerate(text):
+        if ch == '"' and (i == 0 or text[i - 1] != "\\"):
+            in_string = not in_string
+        elif not in_string and ch == "(":
+            depth += 1
+        elif not in_string and ch == ")":
+            depth -= 1
+            if depth < 0:
+                return False
+    return depth == 0
+
+
+TICK_TYPE = "eva.tick."
+"""Ticks of a time class published to a service (transferring rule) have type eva.tick.<Class>."""

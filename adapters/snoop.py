@@ -1,0 +1,393 @@
+"""CG-2: Snoop (Chakravarthy et al., VLDB 1994) with its parameter contexts.
+
+Language (docs/backends.md §CG-2)::
+
+    query   := expr [CONTEXT unrestricted|recent|chronicle|continuous|cumulative]
+    expr    := expr ; expr | expr AND expr | expr OR expr      (one precedence, left-associative)
+             | NOT(expr)[expr, expr] | ( expr ) | TYPE
+    TYPE    := an event type name (the CloudEvents ``type``), bare or "quoted"
+
+Semantics are the normative node rules of research/snoop.md §3.2 (SEQ, AND, with the
+same-instant batch rule) and §3.3 (OR, NOT). Every operator node keeps a store per child in the
+layout of its context; a primitive event enters at the leaves of its type and the nodes'
+output batches flow upward, children in index order. A detection's time is its terminator's
+time; its constituents are the operands' constituents concatenated as in §3.4 (AND: the stored
+one first; cumulative: every accumulated initiator first, in arrival order).
+
+Snoop has no time frames and knows events only by type: the mediator applies any data test of
+an EVA class itself (capability ``predicates="type"``) and uses a context only where the
+verified mapping of research/snoop.md §5.3 holds (a flat operator over distinct types).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from lark import Lark, Transformer
+from lark.exceptions import UnexpectedInput
+
+from adapters.filters import TICK_TYPE
+from adapters.native import Detection, Unrenderable, syntax_error
+from mediator.eva import ast
+from mediator.eva.classes import required_types, type_only
+from mediator.eva.events import Event
+from transforms.capability import CG2, SET_SEMANTICS, SNOOP_SETTINGS, Capability
+
+CONTEXTS = ("unrestricted", "recent", "chronicle", "continuous", "cumulative")
+
+_GRAMMAR = r"""
+start: expr context?
+context: "CONTEXT" CONTEXT_NAME
+?expr: expr ";" term -> seq
+     | expr "AND" term -> conj
+     | expr "OR" term -> disj
+     | term
+?term: "NOT" "(" expr ")" "[" expr "," expr "]" -> neg
+     | "(" expr ")"
+     | TYPE -> leaf
+     | ESCAPED_STRING -> quoted
+CONTEXT_NAME.2: "unrestricted" | "recent" | "chronicle" | "continuous" | "cumulative"
+TYPE: /(?!(AND|OR|NOT|CONTEXT)\b)[A-Za-z_][A-Za-z0-9_.:\-]*/
+%import common.ESCAPED_STRING
+%import common.WS
+%ignore WS
+"""
+
+_PARSER = Lark(_GRAMMAR, parser="lalr", propagate_positions=True)
+_DESCRIBE = {"TYPE": "an event type", "ESCAPED_STRING": "a quoted event type",
+             "CONTEXT_NAME": "a context (unrestricted, recent, chronicle, continuous, cumulative)",
+             "SEMICOLON": "';'", "LPAR": "'('", "RPAR": "')'"}
+_BARE = re.compile(r"(?!(AND|OR|NOT|CONTEXT)\b)[A-Za-z_][A-Za-z0-9_.:\-]*\Z")
+
+
+@dataclass(frozen=True)
+class Leaf:
+    type: str
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: str  # "seq", "and", "or", "not"
+    children: tuple[Expr, ...]  # NOT(E2)[E1, E3] is stored as (E2, E1, E3)
+
+
+Expr = Leaf | Op
+
+
+class _Build(Transformer[Any, Any]):
+    def start(self, items: list[Any]) -> tuple[Expr, str]:
+        return items[0], (items[1] if len(items) > 1 else "unrestricted")
+
+    def context(self, items: list[Any]) -> str:
+        return str(items[0])
+
+    def seq(self, items: list[Any]) -> Expr:
+        return Op("seq", (items[0], items[1]))
+
+    def conj(self, items: list[Any]) -> Expr:
+        return Op("and", (items[0], items[1]))
+
+    def disj(self, items: list[Any]) -> Expr:
+        return Op("or", (items[0], items[1]))
+
+    def neg(self, items: list[Any]) -> Expr:
+        return Op("not", (items[0], items[1], items[2]))
+
+    def leaf(self, items: list[Any]) -> Expr:
+        return Leaf(str(items[0]))
+
+    def quoted(self, items: list[Any]) -> Expr:
+        return Leaf(str(items[0])[1:-1].replace('\\"', '"'))
+
+
+# ------------------------------------------------------------------ occurrences and nodes
+
+
+@dataclass(frozen=True)
+class Occ:
+    time: int
+    constituents: tuple[Event, ...]
+
+    @property
+    def start(self) -> int:
+        return min(e.time for e in self.constituents)
+
+
+def _join(*parts: Occ | list[Occ]) -> tuple[Event, ...]:
+    out: tuple[Event, ...] = ()
+    for p in parts:
+        for o in p if isinstance(p, list) else [p]:
+            out += o.constituents
+    return out
+
+
+class _Node:
+    def feed(self, event: Event) -> list[Occ]:
+        raise NotImplementedError
+
+
+class _Leaf(_Node):
+    def __init__(self, type_: str) -> None:
+        self.type = type_
+
+    def feed(self, event: Event) -> list[Occ]:
+        return [Occ(event.time, (event,))] if event.type == self.type else []
+
+
+class _Or(_Node):
+    def __init__(self, left: _Node, right: _Node) -> None:
+        self.kids = (left, right)
+
+    def feed(self, event: Event) -> list[Occ]:
+        return self.kids[0].feed(event) + self.kids[1].feed(event)
+
+
+class _Seq(_Node):
+    """E1 ; E2 — E1 is stored (the initiator), E2 triggers (§3.2, first table)."""
+
+    def __init__(self, left: _Node, right: _Node, context: str) -> None:
+        self.kids = (left, right)
+        self.context = context
+        self.store: list[Occ] = []
+
+    def feed(self, event: Event) -> list[Occ]:
+        initiators = self.kids[0].feed(event)
+        terminators = self.kids[1].feed(event)
+        if initiators:
+            if self.context == "recent":
+                self.store = [initiators[-1]]
+            else:
+                self.store.extend(initiators)
+        out: list[Occ] = []
+        if not terminators:
+            return out
+        ctx = self.context
+        if ctx == "continuous":
+            # Batch rule: every terminator pairs with the initiators present before the batch;
+            # the used ones are deleted after it.
+            before = list(self.store)
+            used: set[int] = set()
+            for x in terminators:
+                for i, y in enumerate(before):
+                    if y.time < x.time:
+                        out.append(Occ(x.time, _join(y, x)))
+                        used.add(i)
+            self.store = [y for i, y in enumerate(before) if i not in used]
+            return out
+        for x in terminators:
+            eligible = [y for y in self.store if y.time < x.time]
+            if not eligible:
+                continue
+            if ctx in ("unrestricted", "recent"):
+                out.extend(Occ(x.time, _join(y, x)) for y in eligible)
+            elif ctx == "chronicle":
+                y = eligible[0]
+                self.store.remove(y)
+                out.append(Occ(x.time, _join(y, x)))
+            else:  # cumulative
+                out.append(Occ(x.time, _join(eligible, x)))
+                self.store = [y for y in self.store if y not in eligible]
+        return out
+
+
+class _And(_Node):
+    """E1 AND E2 — symmetric: an arrival on one side meets the other side's store (§3.2)."""
+
+    def __init__(self, left: _Node, right: _Node, context: str) -> None:
+        self.kids = (left, right)
+        self.context = context
+        self.sides: tuple[list[Occ], list[Occ]] = ([], [])
+
+    def feed(self, event: Event) -> list[Occ]:
+        batches = (self.kids[0].feed(event), self.kids[1].feed(event))
+        out: list[Occ] = []
+        for s in (0, 1):  # children in index order
+            if batches[s]:
+                out.extend(self._arrive(s, batches[s]))
+        return out
+
+    def _arrive(self, s: int, batch: list[Occ]) -> list[Occ]:
+        mine, other = self.sides[s], self.sides[1 - s]
+        ctx = self.context
+        out: list[Occ] = []
+        if ctx == "continuous":
+            before = list(other)
+            used: set[int] = set()
+            for x in batch:
+                for i, y in enumerate(before):
+                    if y != x:
+                        out.append(Occ(x.time, _join(y, x)))
+                        used.add(i)
+            other[:] = [y for i, y in enumerate(before) if i not in used]
+            mine.extend(batch)  # a terminator that can initiate is kept
+            return out
+        for x in batch:
+            partners = [y for y in other if y != x]
+            if ctx == "unrestricted":
+                out.extend(Occ(x.time, _join(y, x)) for y in partners)
+                mine.append(x)
+            elif ctx == "recent":
+                if partners:
+                    out.append(Occ(x.time, _join(partners[-1], x)))
+                mine[:] = [x]
+            elif ctx == "chronicle":
+                if partners:
+                    other.remove(partners[0])
+                    out.append(Occ(x.time, _join(partners[0], x)))
+                else:
+                    mine.append(x)
+            elif partners:  # cumulative
+                out.append(Occ(x.time, _join(partners, x)))
+                other[:] = [y for y in other if y not in partners]
+            else:
+                mine.append(x)
+        return out
+
+
+class _Not(_Node):
+    """NOT(E2)[E1, E3]: E1 opens an interval, E2 cancels the open ones, E3 closes them all and
+    reports (e1, e3) for those still open (§3.3, close policy 'all')."""
+
+    def __init__(self, negated: _Node, opener: _Node, closer: _Node, context: str) -> None:
+        self.negated, self.opener, self.closer = negated, opener, closer
+        self.context = context
+        self.open: list[Occ] = []
+
+    def feed(self, event: Event) -> list[Occ]:
+        cancels = self.negated.feed(event)
+        closes = self.closer.feed(event)
+        opens = self.opener.feed(event)
+        for c in cancels:
+            self.open = [o for o in self.open if o.time > c.time]
+        out: list[Occ] = []
+        for x in closes:
+            live = [o for o in self.open if o.time <= x.time and o != x]
+            if live:
+                if self.context in ("unrestricted", "continuous"):
+                    out.extend(Occ(x.time, _join(o, x)) for o in live)
+                elif self.context == "recent":
+                    out.append(Occ(x.time, _join(live[-1], x)))
+                elif self.context == "chronicle":
+                    out.append(Occ(x.time, _join(live[0], x)))
+                else:
+                    out.append(Occ(x.time, _join(live, x)))
+            self.open = []
+        if opens:
+            self.open = [opens[-1]] if self.context == "recent" else self.open + opens
+        return out
+
+
+def _build(expr: Expr, context: str) -> _Node:
+    if isinstance(expr, Leaf):
+        return _Leaf(expr.type)
+    kids = [_build(k, context) for k in expr.children]
+    if expr.kind == "or":
+        return _Or(kids[0], kids[1])
+    if expr.kind == "seq":
+        return _Seq(kids[0], kids[1], context)
+    if expr.kind == "and":
+        return _And(kids[0], kids[1], context)
+    return _Not(kids[0], kids[1], kids[2], context)
+
+
+class Evaluator:
+    def __init__(self, expr: Expr, context: str) -> None:
+        self._root = _build(expr, context)
+
+    def push(self, event: Event) -> list[Detection]:
+        return [Detection(o.time, o.constituents,
+                          "{" + ", ".join(e.id for e in o.constituents) + f"}}@{o.time}")
+                for o in self._root.feed(event)]
+
+    def advance(self, time: int) -> list[Detection]:
+        return []
+
+
+@dataclass(frozen=True)
+class SnoopQuery:
+    text: str
+    expr: Expr
+    context: str
+
+    def evaluator(self) -> Evaluator:
+        return Evaluator(self.expr, self.context)
+
+
+# ------------------------------------------------------------------ the dialect
+
+SETTING_CONTEXT: dict[tuple[str, str, str, str], str] = {
+    setting: context for context, settings in SNOOP_SETTINGS.items() for setting in settings}
+
+
+def _name(type_: str) -> str:
+    if _BARE.match(type_):
+        return type_
+    return '"' + type_.replace('"', '\\"') + '"'
+
+
+def leaf_types(expr: ast.Prim, doc: ast.Document) -> frozenset[str] | None:
+    """The types a class is rendered as; None when the class names no type at all."""
+    classes = doc.class_map()
+    body = classes[expr.name].body
+    if isinstance(body, ast.Every):
+        return frozenset([TICK_TYPE + expr.name])
+    return required_types(body, classes)
+
+
+def context_of(expr: ast.Expr) -> str:
+    """The one context a rendered expression runs in (set semantics → unrestricted)."""
+    contexts = set()
+    for node in ast.walk(expr):
+        if isinstance(node, (ast.Conjunction, ast.Sequence)):
+            setting = (type(node).__name__.lower(), node.left.dup.kind, node.right.dup.kind,
+                       str(node.pairs))
+            if setting not in SET_SEMANTICS:
+                contexts.add(SETTING_CONTEXT.get(setting, "?"))
+    if not contexts:
+        return "unrestricted"
+    if len(contexts) > 1 or "?" in contexts:
+        raise Unrenderable("one Snoop context applies to the whole expression")
+    return contexts.pop()
+
+
+class SnoopLanguage:
+    name = "snoop"
+    group = "cg2"
+    capability: Capability = CG2
+
+    def parse(self, text: str) -> SnoopQuery:
+        try:
+            tree = _PARSER.parse(text)
+        except UnexpectedInput as exc:
+            raise syntax_error(self.name, exc, text, _DESCRIBE, _PARSER) from None
+        expr, context = _Build().transform(tree)
+        return SnoopQuery(text, expr, context)
+
+    def render(self, expr: ast.Expr, doc: ast.Document) -> str:
+        return f"{self._expr(expr, doc, top=True)} CONTEXT {context_of(expr)}"
+
+    def _expr(self, expr: ast.Expr, doc: ast.Document, top: bool = False) -> str:
+        if isinstance(expr, ast.Prim):
+            types = leaf_types(expr, doc)
+            if not types:
+                raise Unrenderable(f"class {expr.name} names no event type")
+            names = [_name(t) for t in sorted(types)]
+            return names[0] if len(names) == 1 else "(" + " OR ".join(names) + ")"
+        if isinstance(expr, ast.Disjunction):
+            op = "OR"
+        elif isinstance(expr, (ast.Conjunction, ast.Sequence)) and expr.span is None:
+            op = "AND" if isinstance(expr, ast.Conjunction) else ";"
+        else:
+            raise Unrenderable(f"Snoop cannot state {type(expr).__name__.lower()} with a frame")
+        text = f"{self._expr(expr.left.expr, doc)} {op} {self._expr(expr.right.expr, doc)}"
+        return text if top else f"({text})"
+
+
+def exact_types(expr: ast.Prim, doc: ast.Document) -> frozenset[str] | None:
+    """The types when the class tests nothing but its type (Snoop states it exactly)."""
+    body = doc.class_map()[expr.name].body
+    if isinstance(body, ast.Every):
+        return frozenset([TICK_TYPE + expr.name])
+    return type_only(body, doc.class_map())

@@ -1,0 +1,477 @@
+"""CG-4: XChange composite event queries (Bry & Eckert; research/bry_eckert.md §1.3).
+
+Language (docs/backends.md §CG-4)::
+
+    query := and{query, …} | andthen[query, …] | or{query, …}
+           | without query during query | query within DURATION | term
+    term  := label | label{{child, …}} (partial) | label{child, …} (total)
+    child := var X | "string" | number | true | false | term
+    label := an event type, bare or "quoted", or * (any type)
+
+An event term matches a CloudEvent of its label's type; its children are matched against the
+event's ``data`` as a term tree (an object's fields are children ``key{value}``, an array's
+elements are children, a scalar is a leaf) by unordered simulation — partial ``{{ }}`` allows
+extra data children, total ``{ }`` does not — giving a set of substitutions Σ for the variables.
+
+Semantics ([XC], all combinations, nothing consumed; reception order = the service's total
+order of events, reception time = CloudEvents ``time``):
+
+* ``and{q1, q2}``: answers of each with compatible substitutions (Σ1 ⋈ Σ2 ≠ ∅); the events are
+  the union (the s_i need not be distinct);
+* ``andthen[q1, q2]``: as ``and``, and every event of q1's answer is received no later than the
+  first of q2's (``end(s1) ≤ begin(s2)``, non-strict);
+* ``or{…}``: any answer of any operand;
+* ``q within d``: answers whose whole span, last − first reception time, is ≤ d (inclusive);
+* ``without q during q'``: answers of q' for which no answer of q with a compatible
+  substitution lies within the span of the q' answer ([XC]'s exclusion, closed span).
+
+Answers are reported when their last event arrives. Stored answers below a ``within d`` are
+released once ``begin(s) < now − d`` (the [XC] garbage-collection rule, TV-11).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from lark import Lark, Transformer
+from lark.exceptions import UnexpectedInput, VisitError
+
+from adapters.filters import TICK_TYPE, inline
+from adapters.native import Detection, NativeQueryError, Unrenderable, syntax_error
+from mediator.eva import ast
+from mediator.eva.classes import required_types
+from mediator.eva.events import Event
+from mediator.eva.units import UNITS, format_span
+from transforms.capability import CG4, Capability
+
+_GRAMMAR = r"""
+start: query
+?query: "without" query "during" wq -> without
+      | wq
+?wq: wq "within" DURATION -> within
+   | atom
+?atom: "and" "{" query ("," query)* "}" -> q_and
+     | "andthen" "[" query ("," query)* "]" -> q_andthen
+     | "andthen" "[" "[" query ("," query)* "]" "]" -> q_partial
+     | "or" "{" query ("," query)* "}" -> q_or
+     | "(" query ")"
+     | term
+?term: braced
+     | label -> bare
+?braced: label "{" "{" [child ("," child)*] "}" "}" -> partial
+       | label "{" [child ("," child)*] "}" -> total
+label: LABEL | ESCAPED_STRING | STAR
+?child: "var" VAR -> var
+      | ESCAPED_STRING -> text
+      | SIGNED_NUMBER -> number
+      | "true" -> true
+      | "false" -> false
+      | braced
+      | (LABEL | STAR) -> bare_child
+STAR: "*"
+DURATION.2: /\d+\s*(weeks?|days?|d|hours?|h|minutes?|min|seconds?|s|ms|us)\b/
+LABEL: /(?!(and|andthen|or|without|within|during|var|true|false)\b)[A-Za-z_][A-Za-z0-9_.\-]*/
+VAR: /[A-Z][A-Za-z0-9_]*/
+%import common.ESCAPED_STRING
+%import common.SIGNED_NUMBER
+%import common.WS
+%ignore WS
+"""
+
+_PARSER = Lark(_GRAMMAR, parser="lalr", propagate_positions=True)
+_DESCRIBE = {"LABEL": "an event term", "ESCAPED_STRING": "a string", "STAR": "'*'",
+             "DURATION": "a duration (e.g. 2h, 30 min)", "VAR": "a variable (capitalised)",
+             "SIGNED_NUMBER": "a number", "LBRACE": "'{'", "RBRACE": "'}'", "LSQB": "'['",
+             "RSQB": "']'", "COMMA": "','", "LPAR": "'('", "RPAR": "')'"}
+_WORDS = {"week": "weeks", "weeks": "weeks", "day": "d", "days": "d", "d": "d", "hour": "h",
+          "hours": "h", "h": "h", "minute": "min", "minutes": "min", "min": "min",
+          "second": "s", "seconds": "s", "s": "s", "ms": "ms", "us": "us"}
+
+
+# ------------------------------------------------------------------ query AST
+
+
+@dataclass(frozen=True)
+class Var:
+    name: str
+
+
+@dataclass(frozen=True)
+class Scalar:
+    value: object
+
+
+@dataclass(frozen=True)
+class Term:
+    label: str  # "*" matches any type
+    children: tuple[Child, ...]
+    partial: bool
+
+
+Child = Var | Scalar | Term
+
+
+@dataclass(frozen=True)
+class Composite:
+    kind: str  # "and", "andthen", "or"
+    operands: tuple[Query, ...]
+
+
+@dataclass(frozen=True)
+class Within:
+    query: Query
+    span: int
+
+
+@dataclass(frozen=True)
+class Without:
+    excluded: Query
+    during: Query
+
+
+Query = Term | Composite | Within | Without
+
+
+def _duration(text: str) -> int:
+    m = re.fullmatch(r"(\d+)\s*([a-z]+)", text)
+    assert m is not None
+    return int(m.group(1)) * UNITS[_WORDS[m.group(2)]]
+
+
+class _Build(Transformer[Any, Any]):
+    def start(self, items: list[Any]) -> Query:
+        return items[0]
+
+    def without(self, items: list[Any]) -> Query:
+        return Without(items[0], items[1])
+
+    def within(self, items: list[Any]) -> Query:
+        return Within(items[0], _duration(str(items[1])))
+
+    def q_and(self, items: list[Any]) -> Query:
+        return Composite("and", tuple(items))
+
+    def q_andthen(self, items: list[Any]) -> Query:
+        return Composite("andthen", tuple(items))
+
+    def q_partial(self, items: list[Any]) -> Query:
+        raise ValueError("partial andthen[[…]] (with the events in between) is not supported; "
+                         "use andthen[…]")
+
+    def q_or(self, items: list[Any]) -> Query:
+        return Composite("or", tuple(items))
+
+    def label(self, items: list[Any]) -> str:
+        token = items[0]
+        return str(json.loads(str(token))) if token.type == "ESCAPED_STRING" else str(token)
+
+    def partial(self, items: list[Any]) -> Term:
+        return Term(items[0], tuple(i for i in items[1:] if i is not None), True)
+
+    def total(self, items: list[Any]) -> Term:
+        return Term(items[0], tuple(i for i in items[1:] if i is not None), False)
+
+    def bare(self, items: list[Any]) -> Term:
+        return Term(items[0], (), True)
+
+    def bare_child(self, items: list[Any]) -> Term:
+        return Term(str(items[0]), (), True)
+
+    def var(self, items: list[Any]) -> Var:
+        return Var(str(items[0]))
+
+    def text(self, items: list[Any]) -> Scalar:
+        return Scalar(json.loads(str(items[0])))
+
+    def number(self, items: list[Any]) -> Scalar:
+        return Scalar(json.loads(str(items[0])))
+
+    def true(self, items: list[Any]) -> Scalar:
+        return Scalar(True)
+
+    def false(self, items: list[Any]) -> Scalar:
+        return Scalar(False)
+
+
+# ------------------------------------------------------------------ simulation unification
+
+Binding = frozenset[tuple[str, str]]  # variable → JSON text of its value
+Subst = frozenset[Binding]
+
+
+def _data_children(value: Any) -> list[tuple[str | None, Any]]:
+    """A JSON value as term children: fields as (key, value), elements and scalars as (None, v)."""
+    if isinstance(value, dict):
+        return [(k, v) for k, v in value.items()]
+    if isinstance(value, list):
+        return [(None, v) for v in value]
+    if value is None:
+        return []
+    return [(None, value)]
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    return a == b and (isinstance(a, (int, float)) == isinstance(b, (int, float)))
+
+
+def _match_child(q: Child, key: str | None, value: Any, binding: dict[str, str]) -> list[dict[str, str]]:
+    if isinstance(q, Var):
+        text = json.dumps({key: value} if key is not None else value, sort_keys=True)
+        if q.name in binding and binding[q.name] != text:
+            return []
+        return [{**binding, q.name: text}]
+    if isinstance(q, Scalar):
+        return [binding] if key is None and not isinstance(value, (dict, list)) and _same(
+            value, q.value) else []
+    if key != q.label and q.label != "*":
+        return []
+    return _match_children(q.children, _data_children(value), q.partial, binding)
+
+
+def _match_children(queries: tuple[Child, ...], data: list[tuple[str | None, Any]], partial: bool,
+                    binding: dict[str, str]) -> list[dict[str, str]]:
+    """Injective, unordered: each query child to a distinct data child (all used if total)."""
+    if not partial and len(queries) != len(data):
+        return []
+    out: list[dict[str, str]] = []
+
+    def assign(i: int, used: frozenset[int], b: dict[str, str]) -> None:
+        if i == len(queries):
+            out.append(b)
+            return
+        for j, (key, value) in enumerate(data):
+            if j not in used:
+                for b2 in _match_child(queries[i], key, value, b):
+                    assign(i + 1, used | {j}, b2)
+
+    assign(0, frozenset(), binding)
+    return out
+
+
+def match_term(term: Term, event: Event) -> Subst:
+    if term.label != "*" and term.label != event.type:
+        return frozenset()
+    found = _match_children(term.children, _data_children(event.data), term.partial, {})
+    return frozenset(frozenset(b.items()) for b in found)
+
+
+def _join(a: Subst, b: Subst) -> Subst:
+    out = set()
+    for x in a:
+        dx = dict(x)
+        for y in b:
+            if all(dx.get(k, v) == v for k, v in y):
+                out.add(x | y)
+    return frozenset(out)
+
+
+# ------------------------------------------------------------------ evaluation
+
+
+@dataclass(frozen=True)
+class Answer:
+    events: tuple[Event, ...]  # sorted by reception
+    subst: Subst
+
+    @property
+    def begin(self) -> Event:
+        return self.events[0]
+
+    @property
+    def end(self) -> Event:
+        return self.events[-1]
+
+
+def _union(a: tuple[Event, ...], b: tuple[Event, ...]) -> tuple[Event, ...]:
+    merged = {(e.key, e.source, e.id): e for e in a + b}
+    return tuple(merged[k] for k in sorted(merged, key=lambda k: k[0]))
+
+
+class _Node:
+    def __init__(self, query: Query, horizon: int | None) -> None:
+        self.query = query
+        self.horizon = horizon
+        span = query.span if isinstance(query, Within) else None
+        inner = horizon if span is None else span if horizon is None else min(span, horizon)
+        if isinstance(query, Composite):
+            self.kids = [_Node(q, inner) for q in query.operands]
+        elif isinstance(query, Within):
+            self.kids = [_Node(query.query, inner)]
+        elif isinstance(query, Without):
+            # Excluded answers must be kept as long as the span they could fall into.
+            self.kids = [_Node(query.excluded, inner), _Node(query.during, inner)]
+        else:
+            self.kids = []
+        self.stored: list[Answer] = []
+
+    def step(self, event: Event) -> list[Answer]:
+        q = self.query
+        if isinstance(q, Term):
+            subst = match_term(q, event)
+            new = [Answer((event,), subst)] if subst else []
+        elif isinstance(q, Within):
+            new = [a for a in self.kids[0].step(event) if a.end.time - a.begin.time <= q.span]
+        elif isinstance(q, Without):
+            excluded = self.kids[0]
+            excluded.step(event)
+            new = []
+            for a in self.kids[1].step(event):
+                kept = frozenset(s for s in a.subst if not any(
+                    a.begin.key <= x.begin.key and x.end.key <= a.end.key and _join(
+                        frozenset([s]), x.subst) for x in excluded.stored))
+                if kept:
+                    new.append(Answer(a.events, kept))
+        elif q.kind == "or":
+            new = []
+            for kid in self.kids:
+                new.extend(a for a in kid.step(event) if a not in new)
+        else:
+            new = self._conjoin(event, q.kind == "andthen")
+        self.stored.extend(new)
+        if self.horizon is not None:
+            limit = event.time - self.horizon
+            self.stored = [a for a in self.stored if a.begin.time >= limit]
+        return new
+
+    def _conjoin(self, event: Event, ordered: bool) -> list[Answer]:
+        """n-ary and/andthen as a left fold of binary ones over the operands' answers."""
+        olds = [list(k.stored) for k in self.kids]
+        news = [k.step(event) for k in self.kids]
+        # Every combination with at least one new answer: the prefix folds of old and all.
+        acc_old: list[Answer] = olds[0]
+        acc_new: list[Answer] = news[0]
+        for old, new in zip(olds[1:], news[1:], strict=True):
+            both = [*old, *new]
+            fresh = [c for a in acc_old for b in new if (c := _combine(a, b, ordered))]
+            fresh += [c for a in acc_new for b in both if (c := _combine(a, b, ordered))]
+            acc_old = [c for a in acc_old for b in old if (c := _combine(a, b, ordered))]
+            acc_new = []
+            for c in fresh:
+                if c not in acc_new:
+                    acc_new.append(c)
+        return acc_new
+
+
+def _combine(a: Answer, b: Answer, ordered: bool) -> Answer | None:
+    if ordered and not a.end.key <= b.begin.key:
+        return None
+    subst = _join(a.subst, b.subst)
+    if not subst:
+        return None
+    return Answer(_union(a.events, b.events), subst)
+
+
+class Evaluator:
+    def __init__(self, query: Query) -> None:
+        self._root = _Node(query, None)
+
+    def push(self, event: Event) -> list[Detection]:
+        out = []
+        for a in self._root.step(event):
+            bindings = [dict(b) for b in sorted(a.subst, key=sorted)]
+            extra = {"substitutions": [{k: json.loads(v) for k, v in b.items()} for b in bindings]}
+            text = "⟨" + ", ".join(e.id for e in a.events) + "⟩"
+            out.append(Detection(a.end.time, a.events, text, extra))
+        return out
+
+    def advance(self, time: int) -> list[Detection]:
+        return []
+
+
+@dataclass(frozen=True)
+class XChangeQuery:
+    text: str
+    query: Query
+
+    def evaluator(self) -> Evaluator:
+        return Evaluator(self.query)
+
+
+# ------------------------------------------------------------------ the dialect
+
+_BARE = re.compile(r"(?!(and|andthen|or|without|within|during|var|true|false)\b)"
+                   r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")
+
+
+def _label(text: str) -> str:
+    return text if _BARE.match(text) else json.dumps(text)
+
+
+def _equalities(pred: ast.Predicate) -> list[tuple[str, object]] | None:
+    """The predicate's top-level conjuncts that are equalities (others are widened away)."""
+    if isinstance(pred, ast.And):
+        return (_equalities(pred.left) or []) + (_equalities(pred.right) or [])
+    if isinstance(pred, ast.Compare) and pred.op == "==" and (
+            pred.path == "type" or pred.path.startswith("data.")) and not isinstance(
+            pred.value, (dict, list)) and pred.value is not None:
+        return [(pred.path, pred.value)]
+    return []
+
+
+def _data_term(fields: list[tuple[list[str], object]]) -> list[str]:
+    """Nested partial terms for data-field equalities, grouped by their first key."""
+    groups: dict[str, list[tuple[list[str], object]]] = {}
+    for path, value in fields:
+        groups.setdefault(path[0], []).append((path[1:], value))
+    out = []
+    for key, rest in groups.items():
+        leaves = [json.dumps(v) for p, v in rest if not p]
+        nested = _data_term([(p, v) for p, v in rest if p])
+        if len(leaves) == 1 and not nested:
+            out.append(f"{_label(key)}{{{leaves[0]}}}")  # total: the field is that value
+        else:
+            out.append(f"{_label(key)}{{{{{', '.join(leaves + nested)}}}}}")
+    return out
+
+
+def term_text(expr: ast.Prim, doc: ast.Document) -> str:
+    """A class as event terms: its type(s) and data equalities; other tests are widened away
+    (the mediator re-applies the class to what comes back)."""
+    classes = doc.class_map()
+    body = classes[expr.name].body
+    if isinstance(body, ast.Every):
+        return _label(TICK_TYPE + expr.name)
+    pred = inline(body, classes)
+    types = required_types(pred, classes)
+    fields = [(p[len("data."):].split("."), v) for p, v in _equalities(pred) or []
+              if p.startswith("data.")]
+    inner = _data_term(fields)
+    labels = ["*"] if types is None else [_label(t) for t in sorted(types)]
+    terms = [f"{lab}{{{{{', '.join(inner)}}}}}" if inner else lab for lab in labels]
+    return terms[0] if len(terms) == 1 else "or{" + ", ".join(terms) + "}"
+
+
+class XChangeLanguage:
+    name = "xchange"
+    group = "cg4"
+    capability: Capability = CG4
+
+    def parse(self, text: str) -> XChangeQuery:
+        try:
+            tree = _PARSER.parse(text)
+        except UnexpectedInput as exc:
+            raise syntax_error(self.name, exc, text, _DESCRIBE, _PARSER) from None
+        try:
+            query: Query = _Build().transform(tree)
+        except VisitError as exc:
+            raise NativeQueryError(self.name, str(exc.orig_exc), 1, 1, text) from None
+        return XChangeQuery(text, query)
+
+    def render(self, expr: ast.Expr, doc: ast.Document) -> str:
+        if isinstance(expr, ast.Prim):
+            return term_text(expr, doc)
+        if not isinstance(expr, (ast.Disjunction, ast.Conjunction, ast.Sequence)):
+            raise Unrenderable(f"XChange cannot state EVA's {type(expr).__name__.lower()}")
+        left, right = self.render(expr.left.expr, doc), self.render(expr.right.expr, doc)
+        if isinstance(expr, ast.Disjunction):
+            return f"or{{{left}, {right}}}"
+        if not isinstance(expr, (ast.Conjunction, ast.Sequence)) or expr.span is None:
+            raise Unrenderable("XChange needs a temporal restriction on every composite query")
+        body = f"and{{{left}, {right}}}" if isinstance(expr, ast.Conjunction) else \
+            f"andthen[{left}, {right}]"
+        return f"{body} within {format_span(expr.span)}"
