@@ -66,11 +66,17 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
         self._subs: dict[str, _Subscription] = {}
         self._lock = threading.Lock()  # one event at a time, in publish order
         self._seq = 0
+        self.subscribed = threading.Event()  # set at each registration (tests wait on it)
+
+    @property
+    def subscriptions(self) -> list[str]:
+        with self._lock:
+            return list(self._subs)
 
     # ---------------------------------------------------------------- RPCs
 
     def Capabilities(self, request: Any, context: grpc.ServicerContext) -> Any:
-        cap = asdict(self.language.capability)  # type: ignore[call-overload]
+        cap = asdict(self.language.capability)
         cap = {k: sorted(v) if isinstance(v, frozenset) else v for k, v in cap.items()}
         return base_pb2.CapabilitiesReply(group=self.group, language=self.language.name,
                                           capability_json=json.dumps(cap, default=list))
@@ -93,6 +99,7 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
                 self._subs.pop(sub_id, None)
 
         context.add_callback(gone)
+        self.subscribed.set()
         log.info("subscribed %s: %s", sub_id, request.query)
         yield base_pb2.NativeNotification(subscription_id=sub_id, ready=True)
         while True:
@@ -130,10 +137,10 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
                         continue
                     self._seq += 1
                     accepted += 1
-                    self._deliver(lambda ev: ev.push(event))
+                    self._deliver(lambda ev, event=event: ev.push(event))
             else:
                 with self._lock:
-                    self._deliver(lambda ev: ev.advance(request.advance_to_us))
+                    self._deliver(lambda ev, t=request.advance_to_us: ev.advance(t))
         return base_pb2.PublishReply(accepted=accepted, rejected=rejected, errors=errors)
 
     # ---------------------------------------------------------------- internals
@@ -165,12 +172,20 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
         sub.outbox.put(_END)
 
 
+@dataclass
+class Running:
+    server: grpc.Server
+    port: int
+    service: BaseService
+
+
 def serve(group: str, listen: str, tick: int = 1_000_000, max_workers: int = 16,
-          queue_size: int = 1024) -> tuple[grpc.Server, int]:
-    """Start a base service; returns the server and the bound port (``listen`` may use :0)."""
+          queue_size: int = 1024, stall_timeout: float = 30.0) -> Running:
+    """Start a base service (``listen`` may use port 0: any free port)."""
     lang = language_of(group, tick)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers))
-    base_pb2_grpc.add_BaseServiceServicer_to_server(BaseService(group, lang, queue_size), server)
+    service = BaseService(group, lang, queue_size, stall_timeout)
+    base_pb2_grpc.add_BaseServiceServicer_to_server(service, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_insecure_port(listen)
@@ -179,4 +194,4 @@ def serve(group: str, listen: str, tick: int = 1_000_000, max_workers: int = 16,
     server.start()
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return server, port
+    return Running(server, port, service)

@@ -347,7 +347,9 @@ def context_of(expr: ast.Expr) -> str:
                 contexts.add(SETTING_CONTEXT.get(setting, "?"))
     if not contexts:
         return "unrestricted"
-    if len(contexts) > 1 or "?" in contexts:
+    if "?" in contexts:
+        raise Unrenderable("no Snoop context evaluates these EVA parameters")
+    if len(contexts) > 1:
         raise Unrenderable("one Snoop context applies to the whole expression")
     return contexts.pop()
 

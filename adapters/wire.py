@@ -18,6 +18,6 @@ if str(PROTO_ROOT) not in sys.path:
 
 base_pb2: Any
 base_pb2_grpc: Any
-base_pb2, base_pb2_grpc = grpc.protos_and_services("eva/base/v1/base.proto")  # type: ignore[attr-defined]
+base_pb2, base_pb2_grpc = grpc.protos_and_services("eva/base/v1/base.proto")
 
 SERVICE_NAME = "eva.base.v1.BaseService"

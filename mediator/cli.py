@@ -349,17 +349,17 @@ def base_service(
         raise typer.Exit(2)
     tick_us = _span_option(tick, "tick") or 1_000_000
     try:
-        server, port = serve(group, listen, tick_us, queue_size=queue_size)
+        running = serve(group, listen, tick_us, queue_size=queue_size)
     except (OSError, RuntimeError) as exc:
         err.print(f"[red]error:[/] cannot listen on {listen}: {exc}")
         raise typer.Exit(2) from None
     host = listen.rsplit(":", 1)[0]
-    print(f"serving {group} on {host}:{port}", flush=True)
+    print(f"serving {group} on {host}:{running.port}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    server.stop(grace=2).wait()
+    running.server.stop(grace=2).wait()
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
 """Snoop's parameter contexts as EVA parameter settings (research/snoop.md §5.3), checked
-exhaustively on every E1/E2 trace up to length 7 against Snoop's SEQ node rules (§3.2).
+exhaustively on every E1/E2 trace up to length 7 (one event per instant) against the SEQ node
+of the Snoop base service (adapters/snoop.py, the node rules of §3.2).
 
 EVA's printed Table 4 is partly wrong; these are the verified settings DESIGN §3 adopts.
 """
@@ -11,36 +12,20 @@ from collections import defaultdict
 
 import pytest
 
+from adapters.native import run
+from adapters.snoop import SnoopLanguage
 from mediator.eva.events import Event
 from mediator.eva.reference import evaluate
 from tests.helpers import profile_doc
 
 
 def snoop_seq(trace: list[str], context: str) -> list[tuple[tuple[str, ...], str]]:
-    """Snoop's SEQ (E1;E2) node (snoop.md §3.2): E1 occurrences are stored, E2 triggers.
-    Returns (initiators, terminator) per detection."""
-    store: list[str] = []
-    out: list[tuple[tuple[str, ...], str]] = []
-    for ident in trace:
-        if ident.startswith("a"):
-            if context == "recent":
-                store = [ident]
-            else:
-                store.append(ident)
-            continue
-        if not store:
-            continue
-        if context in ("unrestricted", "recent"):
-            out.extend(((y,), ident) for y in store)
-        elif context == "chronicle":
-            out.append(((store.pop(0),), ident))
-        elif context == "continuous":
-            out.extend(((y,), ident) for y in store)
-            store = []
-        elif context == "cumulative":
-            out.append((tuple(store), ident))
-            store = []
-    return out
+    """The CG-2 base service's SEQ (E1;E2) in a context (snoop.md §3.2): (initiators,
+    terminator) per detection."""
+    query = SnoopLanguage().parse(f"a ; b CONTEXT {context}")
+    events = [Event(ident, "s", ident[0], i + 1, i) for i, ident in enumerate(trace)]
+    return [(tuple(e.id for e in d.constituents[:-1]), d.constituents[-1].id)
+            for d in run(query, events)]
 
 
 SETTINGS = {

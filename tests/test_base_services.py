@@ -1,0 +1,137 @@
+"""Base services as real gRPC servers (issue 4): a separate `evamed base-service` process on
+the whole transformation path, health checking, and robustness — bad queries, malformed
+events, disconnecting subscribers, back-pressure."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from adapters.client import BaseClient, remote_transport
+from adapters.registry import language
+from adapters.service import Running, serve
+from mediator.eva.events import Event, to_cloudevent
+from mediator.eva.notify import to_cloudevent as composite_event
+from mediator.eva.reference import evaluate
+from mediator.federation import via
+from tests.strategies import trace_of
+from tests.test_backends import logistics
+
+EVAMED = str(Path(sys.executable).with_name("evamed"))
+
+
+@pytest.fixture
+def cg1() -> Iterator[Running]:
+    running = serve("cg1", "127.0.0.1:0", queue_size=2, stall_timeout=0.5)
+    yield running
+    running.server.stop(grace=0).wait()
+
+
+def wait_until(condition: object, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_base_service_process_serves_the_whole_path() -> None:
+    """`evamed base-service --group cg3` as its own process: healthy, describes its language,
+    and `--via cg3` through it equals plain replay on the paper's profiles."""
+    proc = subprocess.Popen([EVAMED, "base-service", "--group", "cg3", "--listen", "127.0.0.1:0"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("serving cg3 on 127.0.0.1:"), line
+        address = line.split()[-1]
+        with BaseClient(address) as client:
+            client.wait_ready()
+            assert client.health() == "SERVING"
+            caps = client.capabilities()
+            assert caps["language"] == "sql" and caps["capability"]["name"] == "CG-3"
+        doc, trace = logistics()
+        want = [composite_event(n) for n in evaluate(doc, trace)]
+        got, _, rendered = via(language("cg3"), doc, trace,
+                               transport=remote_transport(address, "cg3"))
+        assert [composite_event(n) for n in got] == want and rendered
+        with pytest.raises(ConnectionError, match="serves cg3, not cg2"):
+            remote_transport(address, "cg2")
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0
+
+
+def test_a_bad_query_is_invalid_argument_with_the_parsers_message(cg1: Running) -> None:
+    with BaseClient(f"127.0.0.1:{cg1.port}") as client:
+        with pytest.raises(grpc.RpcError) as info:
+            next(client.subscribe('AND([type = "a"])'))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "1:17: error: found ')', expected ','" in info.value.details()
+        assert client.health() == "SERVING"
+
+
+def test_malformed_events_are_rejected_and_the_service_goes_on(cg1: Running) -> None:
+    with BaseClient(f"127.0.0.1:{cg1.port}") as client:
+        stream = client.subscribe('[type = "a"]', "s1")
+        assert next(stream).ready
+        good = [json.dumps(to_cloudevent(e)) for e in trace_of("a1@1 a2@2")]
+        from adapters.wire import base_pb2
+
+        messages = [base_pb2.PublishRequest(cloudevent=good[0]),
+                    base_pb2.PublishRequest(cloudevent="{not json"),
+                    base_pb2.PublishRequest(cloudevent=json.dumps({"specversion": "1.0"})),
+                    base_pb2.PublishRequest(cloudevent=good[1])]
+        reply = client.stub.Publish(iter(messages))
+        assert (reply.accepted, reply.rejected) == (2, 2)
+        assert "message 2: not JSON" in reply.errors[0]
+        assert "missing required attribute" in reply.errors[1]
+        client.unsubscribe("s1")
+        assert [json.loads(m.constituents[0])["id"] for m in stream] == ["a1", "a2"]
+
+
+def test_a_subscriber_that_disconnects_is_cleaned_up(cg1: Running) -> None:
+    with BaseClient(f"127.0.0.1:{cg1.port}") as client:
+        call = client.subscribe('[type = "a"]', "leaving")
+        assert next(call).ready
+        assert cg1.service.subscriptions == ["leaving"]
+        call.cancel()
+        assert wait_until(lambda: cg1.service.subscriptions == [])
+        client.publish(trace_of("a1@1"))  # nobody to deliver to: no error
+        assert client.health() == "SERVING"
+
+
+def test_publish_is_back_pressured_and_a_stalled_subscriber_is_dropped(cg1: Running) -> None:
+    """Queues hold 2 notifications: a subscriber that stops reading blocks publishing until
+    the stall timeout drops it (RESOURCE_EXHAUSTED); one that reads gets everything. (The
+    events are large so that gRPC's own flow-control window fills first.)"""
+    pad = "x" * 4096
+    events = [Event(f"a{i}", "s", "a", i + 1, i, {"pad": pad}) for i in range(2000)]
+    with BaseClient(f"127.0.0.1:{cg1.port}") as client:
+        stalled = client.subscribe('[type = "a"]', "stalled")
+        assert next(stalled).ready
+        reader = client.subscribe('[type = "a"]', "reader")
+        assert next(reader).ready
+        got: list[str] = []
+        thread = threading.Thread(target=lambda: got.extend(
+            json.loads(m.constituents[0])["id"] for m in reader))
+        thread.start()
+        reply = client.publish(events)
+        assert reply.accepted == 2000
+        assert cg1.service.subscriptions == ["reader"]
+        client.unsubscribe("reader")
+        thread.join(timeout=10)
+        assert got == [e.id for e in events]
+        with pytest.raises(grpc.RpcError) as info:
+            list(stalled)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "did not read" in info.value.details()
