@@ -64,12 +64,19 @@ class BaseClient:
         request = base_pb2.UnsubscribeRequest(subscription_id=subscription_id)
         return bool(self.stub.Unsubscribe(request, timeout=self.timeout).found)
 
-    def publish(self, events: Iterable[Event], advance_to: int | None = None) -> Any:
+    def publish(self, events: Iterable[Event], advance_to: int | None = None,
+                batch: int = 256) -> Any:
+        """Publish in order, ``batch`` events per message; then let the clock run."""
+
         def messages() -> Iterator[Any]:
+            pending: list[str] = []
             for e in events:
-                yield base_pb2.PublishRequest(cloudevent=json.dumps(to_cloudevent(e)))
-            if advance_to is not None:
-                yield base_pb2.PublishRequest(advance_to_us=advance_to)
+                pending.append(json.dumps(to_cloudevent(e)))
+                if len(pending) == batch:
+                    yield base_pb2.PublishRequest(cloudevents=pending)
+                    pending = []
+            if pending or advance_to is not None:
+                yield base_pb2.PublishRequest(cloudevents=pending, advance_to_us=advance_to or 0)
 
         return self.stub.Publish(messages())
 

@@ -125,21 +125,22 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
     def Publish(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Any:
         accepted = rejected = 0
         errors: list[str] = []
-        for number, request in enumerate(request_iterator, start=1):
-            if request.cloudevent:
-                with self._lock:
+        number = 0
+        for request in request_iterator:
+            with self._lock:
+                for text in request.cloudevents:
+                    number += 1
                     try:
-                        event = from_json_line(request.cloudevent, seq=self._seq)
+                        event = from_json_line(text, seq=self._seq)
                     except EventError as exc:
                         rejected += 1
                         if len(errors) < MAX_ERRORS:
-                            errors.append(f"message {number}: {exc}")
+                            errors.append(f"event {number}: {exc}")
                         continue
                     self._seq += 1
                     accepted += 1
                     self._deliver(lambda ev, event=event: ev.push(event))
-            else:
-                with self._lock:
+                if request.advance_to_us:
                     self._deliver(lambda ev, t=request.advance_to_us: ev.advance(t))
         return base_pb2.PublishReply(accepted=accepted, rejected=rejected, errors=errors)
 

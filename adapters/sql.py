@@ -17,8 +17,9 @@ Semantics: an inner join over the stream — every combination of events that sa
 conditions (all pairs; an event may be used in any number of rows). A row is emitted when its
 last event arrives; its constituents are the projected ids in order, its time the latest of
 theirs. ``UNION ALL`` concatenates (no duplicate elimination). The service keeps every event
-that can still join (all of them: the reference service does not derive retention from the
-ON conditions).
+that can still join: the time conditions, read as difference constraints, bound how far apart
+the events of one row can be; older events are released (events are expected in time order,
+as a watermark with no lateness). Without such a bound (a timeless join) every event is kept.
 """
 
 from __future__ import annotations
@@ -237,6 +238,8 @@ class _Branch:
     streams: list[str | None]  # None: every event
     checks: list[list[Value]]
     projection: list[int | None]
+    horizon: int | None = None
+    """No row spans more than this (µs) — derived from the time conditions; None: unbounded."""
 
 
 def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
@@ -295,7 +298,91 @@ def _branch(select: exp.Select) -> _Branch:
             raise _Reject("the projection lists alias.id (the constituents) or NULL", item)
     if not any(p is not None for p in projection):
         raise _Reject("the projection names no constituent", select)
-    return _Branch(names, streams, checks, projection)
+    return _Branch(names, streams, checks, projection, _horizon(conditions, aliases))
+
+
+# ------------------------------------------------------------------ retention
+
+
+def _time_term(node: exp.Expression, aliases: dict[str, int]) -> frozenset[int] | None:
+    """``a.time`` → {a}; ``GREATEST(a.time, b.time, …)`` → {a, b, …}; else None."""
+    if isinstance(node, exp.Paren):
+        return _time_term(node.this, aliases)
+    if isinstance(node, exp.Column) and node.name == "time" and node.table in aliases:
+        return frozenset([aliases[node.table]])
+    if isinstance(node, exp.Greatest):
+        parts = [_time_term(e, aliases) for e in [node.this, *node.expressions]]
+        if any(p is None for p in parts):
+            return None
+        return frozenset().union(*parts)  # type: ignore[arg-type]
+    return None
+
+
+def _offset(node: exp.Expression, aliases: dict[str, int]) -> tuple[frozenset[int], int] | None:
+    """A time term plus or minus a constant interval."""
+    if isinstance(node, exp.Paren):
+        return _offset(node.this, aliases)
+    if isinstance(node, (exp.Add, exp.Sub)) and isinstance(node.expression, exp.Interval):
+        inner = _offset(node.this, aliases)
+        amount = _Compiler(aliases).value(node.expression)([])
+        if inner is None or not isinstance(amount, int):
+            return None
+        return inner[0], inner[1] + (amount if isinstance(node, exp.Add) else -amount)
+    term = _time_term(node, aliases)
+    return None if term is None else (term, 0)
+
+
+def _horizon(conditions: list[exp.Expression], aliases: dict[str, int]) -> int | None:
+    """The largest time distance two events of one row can have, from the conditions read as
+    difference constraints (x − y ≤ d) over alias times and GREATEST terms; None if some pair
+    is unbounded. What an interval join needs to keep: events older than now − horizon can
+    join nothing new (the service assumes events are published in time order)."""
+    INF = float("inf")
+    edges: dict[tuple[frozenset[int], frozenset[int]], float] = {}
+
+    def bound(x: frozenset[int], y: frozenset[int], d: float) -> None:  # x − y ≤ d
+        edges[(y, x)] = min(edges.get((y, x), INF), d)
+
+    for cond in conditions:
+        kind = type(cond)
+        if kind not in (exp.LT, exp.LTE, exp.GT, exp.GTE, exp.EQ):
+            continue
+        left, right = _offset(cond.this, aliases), _offset(cond.expression, aliases)
+        if left is None or right is None:
+            continue
+        (lx, a), (rx, b) = left, right  # lx + a  op  rx + b
+        if kind in (exp.LT, exp.LTE, exp.EQ):
+            bound(lx, rx, b - a)
+        if kind in (exp.GT, exp.GTE, exp.EQ):
+            bound(rx, lx, a - b)
+    nodes = {frozenset([i]) for i in aliases.values()} | {n for pair in edges for n in pair}
+    groups = [g for g in nodes if len(g) > 1]
+    for g in groups:
+        for m in g:
+            bound(frozenset([m]), g, 0)  # every member is at most the greatest
+    dist: dict[tuple[frozenset[int], frozenset[int]], float] = {}
+    for _ in range(len(nodes) + 1):
+        dist = {(u, v): 0.0 if u == v else edges.get((u, v), INF) for u in nodes for v in nodes}
+        for k in nodes:
+            for u in nodes:
+                duk = dist[(u, k)]
+                if duk == INF:
+                    continue
+                for v in nodes:
+                    if duk + dist[(k, v)] < dist[(u, v)]:
+                        dist[(u, v)] = duk + dist[(k, v)]
+        changed = False
+        for g in groups:  # greatest − y ≤ max over members of (member − y)
+            for y in nodes:
+                via_members = max(dist[(y, frozenset([m]))] for m in g)
+                if via_members < edges.get((y, g), INF):
+                    edges[(y, g)] = via_members
+                    changed = True
+        if not changed:
+            break
+    singles = [frozenset([i]) for i in aliases.values()]
+    worst = max((dist[(y, x)] for x in singles for y in singles), default=0.0)
+    return None if worst == INF else int(max(worst, 0))
 
 
 def _selects(node: exp.Expression) -> list[exp.Expression]:
@@ -339,7 +426,17 @@ class Evaluator:
             for i in range(len(branch.names)):
                 if fits[i]:
                     pools[i].append(event)
+            if branch.horizon is not None:
+                limit = event.time - branch.horizon
+                for pool in pools:
+                    expired = 0
+                    while expired < len(pool) and pool[expired].time < limit:
+                        expired += 1
+                    del pool[:expired]
         return out
+
+    def stored(self) -> int:
+        return sum(len(pool) for pools in self.pools for pool in pools)
 
     @staticmethod
     def _fits(branch: _Branch, i: int, event: Event) -> bool:

@@ -373,3 +373,20 @@ def test_native_text_round_trips_through_the_dialects() -> None:
     assert "JOIN" in sql and "INTERVAL '5' MINUTE" in sql and SqlLanguage().parse(sql)
     assert FilterLanguage().render(ast.Prim("Jam"), doc) == (
         '[type = "traffic.jam" & data.area = "A"]')
+
+
+def test_sql_interval_join_state_stays_bounded() -> None:
+    """The time conditions bound a row's span (here 8 µs: a–b within 5, c up to 3 after the
+    later), so the service keeps a window, not the stream; a timeless join keeps everything."""
+    doc = parse(CLASSES + "profile P = ((all_dup(((all_dup(A), all_dup(B))_5us)_all_pairs); "
+                "all_dup(C))_3us)_all_pairs\n")
+    query = SqlLanguage().parse(SqlLanguage().render(doc.profiles[0].expr, doc))
+    assert [b.horizon for b in query.branches] == [8]
+    evaluator = query.evaluator()
+    peak = 0
+    for i in range(3000):
+        evaluator.push(Event(f"e{i}", "s", "abc"[i % 3], i, i))
+        peak = max(peak, evaluator.stored())
+    assert peak <= 3 * 9
+    timeless = SqlLanguage().parse("SELECT x.id, y.id FROM a AS x JOIN b AS y ON y.time > x.time")
+    assert timeless.branches[0].horizon is None

@@ -87,13 +87,12 @@ def test_malformed_events_are_rejected_and_the_service_goes_on(cg1: Running) -> 
         good = [json.dumps(to_cloudevent(e)) for e in trace_of("a1@1 a2@2")]
         from adapters.wire import base_pb2
 
-        messages = [base_pb2.PublishRequest(cloudevent=good[0]),
-                    base_pb2.PublishRequest(cloudevent="{not json"),
-                    base_pb2.PublishRequest(cloudevent=json.dumps({"specversion": "1.0"})),
-                    base_pb2.PublishRequest(cloudevent=good[1])]
+        messages = [base_pb2.PublishRequest(cloudevents=[good[0], "{not json"]),
+                    base_pb2.PublishRequest(cloudevents=[json.dumps({"specversion": "1.0"}),
+                                                         good[1]])]
         reply = client.stub.Publish(iter(messages))
         assert (reply.accepted, reply.rejected) == (2, 2)
-        assert "message 2: not JSON" in reply.errors[0]
+        assert "event 2: not JSON" in reply.errors[0]
         assert "missing required attribute" in reply.errors[1]
         client.unsubscribe("s1")
         assert [json.loads(m.constituents[0])["id"] for m in stream] == ["a1", "a2"]

@@ -133,3 +133,53 @@ def test_replay_of_the_logistics_day_equals_the_reference(tmp_path: Path) -> Non
     expected = [to_cloudevent(n) for n in evaluate(parse(profiles.read_text()), trace)]
     assert got == expected
     assert {g["subject"] for g in got} == {f"P{i}" for i in range(1, 8)}
+
+
+# ------------------------------------------------------------------ --via and --native
+
+
+@pytest.mark.parametrize("group", ["cg0", "cg1", "cg2", "cg3", "cg4", "cg5"])
+def test_replay_via_a_group_prints_what_plain_replay_prints(files: tuple[Path, Path],
+                                                            group: str) -> None:
+    """Including dead letters: malformed and late events are refused before any service sees
+    them, and out-of-order events within the allowed lateness still count."""
+    profiles, events = files
+    lines = [cloud("a1", "a", 1), cloud("b1", "b", 3), cloud("a0", "a", 0), cloud("a2", "a", 10),
+             cloud("b0", "b", 2), cloud("b2", "b", 12)]
+    events.write_text("\n".join(json.dumps(e) for e in lines) + "\n{broken\n")
+    for lateness in ("0s", "2s"):
+        args = ["replay", "--profiles", str(profiles), "--events", str(events),
+                "--lateness", lateness]
+        plain = runner.invoke(app, args)
+        via = runner.invoke(app, [*args, "--via", group])
+        assert plain.exit_code == via.exit_code == 0, via.output
+        assert via.stdout == plain.stdout and plain.stdout
+        assert via.stderr == plain.stderr
+
+
+def test_replay_native_prints_the_services_own_notifications(files: tuple[Path, Path],
+                                                             tmp_path: Path) -> None:
+    _, events = files
+    query = tmp_path / "q.snoop"
+    query.write_text("a ; b CONTEXT recent")
+    result = runner.invoke(app, ["replay", "--native", "cg2", "--query", str(query),
+                                 "--events", str(events)])
+    assert result.exit_code == 0, result.output
+    assert [json.loads(x)["constituents"] for x in result.stdout.splitlines()] == [["a1", "b1"]]
+
+
+def test_replay_native_and_via_refuse_bad_input(files: tuple[Path, Path], tmp_path: Path) -> None:
+    profiles, events = files
+    query = tmp_path / "q.sql"
+    query.write_text("SELECT a.id FROM a AS a\n  LEFT JOIN b AS b ON TRUE")
+    bad = runner.invoke(app, ["replay", "--native", "cg3", "--query", str(query),
+                              "--events", str(events)])
+    assert bad.exit_code == 2 and f"sql query {query}:2:3: error: only inner joins" in bad.output
+    assert "Traceback" not in bad.output
+    for args in (["--native", "cg9", "--query", str(query)], ["--via", "snoop"],
+                 ["--native", "cg2"]):
+        result = runner.invoke(app, ["replay", "--profiles", str(profiles), "--events",
+                                     str(events), *args])
+        assert result.exit_code == 2 and "Traceback" not in result.output, args
+    unknown = runner.invoke(app, ["base-service", "--group", "cg7"])
+    assert unknown.exit_code == 2 and "expected one of cg0" in unknown.output
