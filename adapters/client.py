@@ -54,11 +54,11 @@ class BaseClient:
         return {"group": reply.group, "language": reply.language,
                 "capability": json.loads(reply.capability_json)}
 
-    def subscribe(self, query: str, subscription_id: str = "") -> Iterator[Any]:
-        """The stream of native notifications; the first message says the query is registered."""
+    def subscribe(self, query: str, subscription_id: str = "") -> Any:
+        """The stream of native notifications (an iterator that is also a gRPC call: ``cancel()``
+        ends it); the first message says the query is registered."""
         request = base_pb2.SubscribeRequest(query=query, subscription_id=subscription_id)
-        stream: Iterator[Any] = self.stub.Subscribe(request)
-        return stream
+        return self.stub.Subscribe(request)
 
     def unsubscribe(self, subscription_id: str) -> bool:
         request = base_pb2.UnsubscribeRequest(subscription_id=subscription_id)

@@ -345,11 +345,13 @@ class _Node:
         # Every combination with at least one new answer: the prefix folds of old and all.
         acc_old: list[Answer] = olds[0]
         acc_new: list[Answer] = news[0]
-        for old, new in zip(olds[1:], news[1:], strict=True):
+        last = len(self.kids) - 1
+        for position, (old, new) in enumerate(zip(olds[1:], news[1:], strict=True), start=1):
             both = [*old, *new]
             fresh = [c for a in acc_old for b in new if (c := _combine(a, b, ordered))]
             fresh += [c for a in acc_new for b in both if (c := _combine(a, b, ordered))]
-            acc_old = [c for a in acc_old for b in old if (c := _combine(a, b, ordered))]
+            if position < last:  # old × old is needed only to combine with later operands
+                acc_old = [c for a in acc_old for b in old if (c := _combine(a, b, ordered))]
             acc_new = []
             for c in fresh:
                 if c not in acc_new:

@@ -262,7 +262,7 @@ def canonical(notifications: list) -> list[dict]:
 
 def check_via(group: str, doc: ast.Document, trace: list[Event]) -> None:
     want = canonical(evaluate(doc, trace))
-    got, plans, rendered = via(language(group), doc, trace)
+    got, _, rendered = via(language(group), doc, trace)
     assert canonical(got) == want, (group, rendered)
     lang = language(group)
     for text in rendered:
@@ -313,7 +313,7 @@ def test_via_snoop_contexts_equal_replay(setting: tuple[str, ...]) -> None:
     """The two Snoop contexts the planner uses (recent SEQ, chronicle AND), on traces with
     simultaneous events, both in continuous and end-of-interval evaluation."""
     _, first, second, pairs, symbol = setting
-    used = []
+    used: list[bool] = []
 
     @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
     @given(st.sampled_from([("A", "B"), ("B", "A"), ("A", "C"), ("T", "A"), ("A", "T")]),

@@ -44,28 +44,30 @@ def wait_until(condition: object, seconds: float = 10.0) -> bool:
     return False
 
 
-def test_a_base_service_process_serves_the_whole_path() -> None:
-    """`evamed base-service --group cg3` as its own process: healthy, describes its language,
-    and `--via cg3` through it equals plain replay on the paper's profiles."""
-    proc = subprocess.Popen([EVAMED, "base-service", "--group", "cg3", "--listen", "127.0.0.1:0"],
+@pytest.mark.parametrize(("group", "name"), [("cg2", "snoop"), ("cg3", "sql"), ("cg5", "eva")])
+def test_a_base_service_process_serves_the_whole_path(group: str, name: str) -> None:
+    """`evamed base-service --group G` as its own process: healthy, describes its language,
+    and `--via G` through it equals plain replay on the paper's profiles."""
+    proc = subprocess.Popen([EVAMED, "base-service", "--group", group, "--listen", "127.0.0.1:0"],
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
-        assert line.startswith("serving cg3 on 127.0.0.1:"), line
+        assert line.startswith(f"serving {group} on 127.0.0.1:"), line
         address = line.split()[-1]
         with BaseClient(address) as client:
             client.wait_ready()
             assert client.health() == "SERVING"
             caps = client.capabilities()
-            assert caps["language"] == "sql" and caps["capability"]["name"] == "CG-3"
+            assert caps["language"] == name and caps["capability"]["name"] == group.upper().replace(
+                "CG", "CG-")
         doc, trace = logistics()
         want = [composite_event(n) for n in evaluate(doc, trace)]
-        got, _, rendered = via(language("cg3"), doc, trace,
-                               transport=remote_transport(address, "cg3"))
+        got, _, rendered = via(language(group), doc, trace,
+                               transport=remote_transport(address, group))
         assert [composite_event(n) for n in got] == want and rendered
-        with pytest.raises(ConnectionError, match="serves cg3, not cg2"):
-            remote_transport(address, "cg2")
+        with pytest.raises(ConnectionError, match=f"serves {group}, not cg1"):
+            remote_transport(address, "cg1")
     finally:
         proc.terminate()
         assert proc.wait(timeout=10) == 0
