@@ -26,10 +26,15 @@ pure:
 	rm -f mediator/eva/*.so $(NATIVE_STAMP)
 
 demo: native
+	mkdir -p build
 	$(BIN)/evamed check examples/logistics/profiles.eva
 	$(BIN)/python examples/logistics/generate.py --out examples/logistics/day.jsonl
 	$(BIN)/evamed replay --profiles examples/logistics/profiles.eva \
-		--events examples/logistics/day.jsonl --summary
+		--events examples/logistics/day.jsonl --summary > build/demo-plain.jsonl
+	$(BIN)/evamed replay --profiles examples/logistics/profiles.eva \
+		--events examples/logistics/day.jsonl --via cg3 > build/demo-via-cg3.jsonl
+	cmp build/demo-plain.jsonl build/demo-via-cg3.jsonl && \
+		echo "replay --via cg3 (plan, SQL, native evaluation, post-filter): the same $$(wc -l < build/demo-plain.jsonl) composites"
 
 test: native
 	$(BIN)/ruff check .

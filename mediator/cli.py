@@ -318,15 +318,36 @@ def explain(
     if group and all_groups:
         err.print("[red]error:[/] --group and --all-groups exclude each other")
         raise typer.Exit(2)
-    caps = [PRESETS[g] for g in (group or list(PRESETS))]
-    plans = [plan(p, doc, cap) for p in doc.profiles if not profile or p.name in profile
-             for cap in caps]
+    groups = group or list(PRESETS)
+    plans = [(g, plan(p, doc, PRESETS[g])) for p in doc.profiles
+             if not profile or p.name in profile for g in groups]
     if format == "json":
-        print(json.dumps([as_json(p) for p in plans], indent=2, ensure_ascii=False))
+        print(json.dumps([as_json(p, _renderer(g, doc)) for g, p in plans], indent=2,
+                         ensure_ascii=False))
         return
     console = Console()
-    for p in plans:
-        console.print(tree(p))
+    for g, p in plans:
+        console.print(tree(p, _renderer(g, doc)))
+
+
+def _renderer(group: str, doc: ast.Document) -> Any:
+    """A remote's target in the group's native language, as the service is asked for it."""
+    from adapters.native import Unrenderable
+    from adapters.peer import PeerLanguage
+    from adapters.registry import language
+    from transforms.plan import Remote
+
+    lang = language(group)
+
+    def render(node: Remote) -> str:
+        try:
+            if isinstance(lang, PeerLanguage):
+                return lang.render_profile(ast.Profile("R", node.target), doc)
+            return lang.render(node.target, doc)
+        except Unrenderable as exc:
+            return f"(the mediator's own feed: {exc})"
+
+    return render
 
 
 @app.command("base-service")

@@ -183,3 +183,13 @@ def test_replay_native_and_via_refuse_bad_input(files: tuple[Path, Path], tmp_pa
         assert result.exit_code == 2 and "Traceback" not in result.output, args
     unknown = runner.invoke(app, ["base-service", "--group", "cg7"])
     assert unknown.exit_code == 2 and "expected one of cg0" in unknown.output
+
+
+def test_explain_shows_the_native_query_each_service_is_asked(files: tuple[Path, Path]) -> None:
+    profiles, _ = files
+    result = runner.invoke(app, ["explain", "--profiles", str(profiles), "--profile", "S",
+                                 "--group", "cg3", "--group", "cg4", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    natives = [p["root"]["native"] for p in json.loads(result.stdout)]
+    assert natives[0].startswith('SELECT a1.id, a2.id FROM "a" AS a1 JOIN "b" AS a2')
+    assert natives[1] == "andthen[a, b] within 5s"

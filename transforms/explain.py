@@ -6,16 +6,21 @@ look up exactly what the mediator does and why it is sound.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from rich.markup import escape
 from rich.tree import Tree
 
 from mediator.eva import ast
 from mediator.eva.printer import expr_text
 from transforms.plan import Kind, Local, Plan, PlanNode, Remote, Subscribe
 
+Render = Callable[[Remote], str]
+"""A remote's target in the service's own language (the CLI passes the group's dialect)."""
 
-def _label(node: PlanNode) -> str:
+
+def _label(node: PlanNode, render: Render | None = None) -> str:
     if isinstance(node, Subscribe):
         where = "mediator clock" if node.clock else "service filter"
         return f"[bold]↔[/] {where}: {node.name}  [dim]({node.rule})[/]"
@@ -28,6 +33,8 @@ def _label(node: PlanNode) -> str:
             text += f"\n  auxiliary: {aux}"
         if node.target != node.original:
             text += f"\n  for: {expr_text(node.original)}"
+        if render is not None:
+            text += "\n  native: " + escape(render(node).strip().replace("\n", " ⏎ "))
         return text
     op = type(node.node).__name__.lower()
     return (f"[bold]{Kind.DECOMPOSE.symbol}[/] mediator evaluates the {op}: "
@@ -55,33 +62,36 @@ def _span(span: int | None) -> str:
     return format_span(span)
 
 
-def tree(p: Plan) -> Tree:
+def tree(p: Plan, render: Render | None = None) -> Tree:
     root = Tree(f"[bold]{p.profile.name}[/] on {p.capability.name} "
                 f"({p.capability.description}) — plan: {p.kind.symbol} {p.kind}")
-    _grow(root, p.root)
+    _grow(root, p.root, render)
     return root
 
 
-def _grow(parent: Tree, node: PlanNode) -> None:
-    branch = parent.add(_label(node))
+def _grow(parent: Tree, node: PlanNode, render: Render | None) -> None:
+    branch = parent.add(_label(node, render))
     if isinstance(node, Local):
         for child in node.children:
-            _grow(branch, child)
+            _grow(branch, child, render)
 
 
-def as_json(p: Plan) -> dict[str, Any]:
+def as_json(p: Plan, render: Render | None = None) -> dict[str, Any]:
     return {"profile": p.profile.name, "group": p.capability.name, "kind": str(p.kind),
-            "root": _node_json(p.root)}
+            "root": _node_json(p.root, render)}
 
 
-def _node_json(node: PlanNode) -> dict[str, Any]:
+def _node_json(node: PlanNode, render: Render | None = None) -> dict[str, Any]:
     if isinstance(node, Subscribe):
         return {"node": "subscribe", "class": node.name, "clock": node.clock, "rule": node.rule,
                 "kind": str(Kind.EQUIVALENT)}
     if isinstance(node, Remote):
-        return {"node": "service", "kind": str(node.kind), "rules": list(node.rules),
-                "evaluates": expr_text(node.target), "for": expr_text(node.original),
-                "post_filter": node.post_filter, "auxiliary": list(node.auxiliary)}
+        out = {"node": "service", "kind": str(node.kind), "rules": list(node.rules),
+               "evaluates": expr_text(node.target), "for": expr_text(node.original),
+               "post_filter": node.post_filter, "auxiliary": list(node.auxiliary)}
+        if render is not None:
+            out["native"] = render(node)
+        return out
     return {"node": "mediator", "kind": str(Kind.DECOMPOSE), "rule": node.rule,
             "operator": _shape(node.node),
-            "children": [_node_json(c) for c in node.children]}
+            "children": [_node_json(c, render) for c in node.children]}
