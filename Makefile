@@ -39,7 +39,7 @@ demo: native
 test: native
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/pytest -n 2
+	$(BIN)/pytest -n 2 --dist loadgroup
 	$(MAKE) --no-print-directory test-pure
 
 # The same source interpreted (no extensions): the central equivalence property and the

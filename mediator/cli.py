@@ -128,6 +128,10 @@ def replay(
     service: Annotated[str | None, typer.Option(
         help="With --via/--native: a running base service (host:port) instead of the in-process "
              "one.")] = None,
+    engine_name: Annotated[str, typer.Option("--engine", help="inprocess (the incremental engine) "
+                                             "or spark (the same engine in Spark tasks, local "
+                                             "mode unless --master).")] = "inprocess",
+    master: Annotated[str, typer.Option(help="Spark master for --engine spark.")] = "local[2]",
 ) -> None:
     """Evaluate profiles over a trace; composites go to stdout as CloudEvents JSON lines.
 
@@ -151,9 +155,16 @@ def replay(
     if profiles is None:
         err.print("[red]error:[/] --profiles is required (or --native G --query FILE)")
         raise typer.Exit(2)
+    if engine_name not in ("inprocess", "spark"):
+        err.print(f"[red]error:[/] --engine {engine_name!r}: expected inprocess or spark")
+        raise typer.Exit(2)
+    if engine_name == "spark" and via is not None:
+        err.print("[red]error:[/] --engine spark and --via exclude each other")
+        raise typer.Exit(2)
     doc = _load(profiles)
     names = _known_profiles(doc, profile, profiles)
     config = EngineConfig(tick=tick_us, allowed_lateness=_span_option(lateness, "lateness") or 0)
+    on_spark = engine_name == "spark"
     letters = 0
     late: set[int] = set()
     sink: TextIO = sys.stderr
@@ -171,12 +182,13 @@ def replay(
         sink.write(json.dumps(record) + "\n")
 
     engine = Engine(config, on_dead)
-    engine.add_document(doc, profile or None)
+    if not on_spark:  # on Spark this engine only admits events (watermarks, dead letters)
+        engine.add_document(doc, profile or None)
     counts: Counter[str] = Counter()
     admitted: list[Event] = []
 
     def emit(notifications: list[Notification]) -> None:
-        if via is not None:
+        if via is not None or on_spark:
             return  # the engine only admits events (watermarks, dead letters) for --via
         for n in notifications:
             counts[n.profile] += 1
@@ -207,6 +219,16 @@ def replay(
         for n in _replay_via(via, doc, profile or None, admitted, config, end, service):
             counts[n.profile] += 1
             sys.stdout.write(json.dumps(composite_event(n)) + "\n")
+    if on_spark and admitted and engine.origin is not None:
+        from spark_jobs.batch import replay as spark_replay
+        from spark_jobs.session import build_session
+
+        last = end if end is not None else max(e.time for e in admitted)
+        for line in spark_replay(build_session(master), profiles.read_text(encoding="utf-8"),
+                                 admitted, config=config, origin=engine.origin, end=last,
+                                 profiles=profile or None):
+            counts[json.loads(line)["subject"]] += 1
+            sys.stdout.write(line + "\n")
     if summary:
         table = Table(title="composites per profile")
         table.add_column("profile")

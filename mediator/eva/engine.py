@@ -109,6 +109,8 @@ class Engine:
         self._max_time: int | None = None
         self._timers: list[tuple[Key, int, Hashable]] = []
         self._out: list[Notification] = []
+        self.origin: int | None = None
+        """Where the clock started (see ``begin``); None before the first event."""
 
     # ---------------------------------------------------------------- registration
 
@@ -196,12 +198,7 @@ class Engine:
             # The clock starts just before the earliest time still acceptable once every
             # declared source has reported: profiles registered before any input see the whole
             # trace (replay), and time classes tick from there.
-            origin = min([t, *(e[0] for e in self._buffer)]) - late - 1
-            self._done_until = origin
-            for p in self._profiles.values():
-                if p.start is None:
-                    p.start = origin
-                    self._started(p)
+            self.begin(min([t, *(e[0] for e in self._buffer)]) - late - 1)
         seq = self._arrivals
         self._arrivals = seq + 1
         if not late and not self._clocked and not self._buffer and (
@@ -235,6 +232,19 @@ class Engine:
         if self._done_until is not None and bound > self._done_until:
             self._done_until = bound
         return out
+
+    def begin(self, origin: int) -> None:
+        """Start the clock just after ``origin``: profiles registered without a start see events
+        after it, time classes tick from it. Normally the first event decides; an engine that
+        evaluates part of a trace (one partition on Spark) is told the whole trace's origin."""
+        if self._done_until is not None:
+            return
+        self.origin = origin
+        self._done_until = origin
+        for p in self._profiles.values():
+            if p.start is None:
+                p.start = origin
+                self._started(p)
 
     def _started(self, p: _Profile) -> None:
         if p.profile.per is None and None not in p.partitions:
