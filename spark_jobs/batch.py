@@ -2,19 +2,25 @@
 engine, computed by Spark tasks.
 
 The trace is admitted first (watermarks, late and malformed events: the engine's own ingestion
-rules, with no profile registered). Then Spark fans every event out to the (profile, partition)
-groups it belongs to — one group per ``per`` value, one per profile without ``per`` — and each
-group runs the incremental engine over its events alone (``groupBy().applyInPandas``). Groups
-are independent by definition (a ``per`` partition sees only its own events), so the engines
-agree with one engine over the whole trace once they share its clock: every group engine is
-started at the trace's origin and closed at its end. The driver merges the groups' composites
-in the order the in-process engine reports them: report key, then profile in document order,
-then partition in order of creation.
+rules, with no profile registered). Then Spark fans every event out to the (profile, bucket)
+groups it belongs to — a ``per`` profile's partitions are hashed into ``buckets`` buckets, a
+profile without ``per`` is one group — and each group runs the incremental engine over its
+events alone (``groupBy().applyInPandas``); the engine keeps the bucket's partitions apart
+itself. Partitions are independent by definition (a ``per`` partition sees only its own
+events), so the engines agree with one engine over the whole trace once they share its clock:
+every group engine is started at the trace's origin and closed at its end. The driver merges
+the groups' composites in the order the in-process engine reports them: report key, then
+profile in document order, then partition in order of creation.
+
+Why buckets, not one group per partition: Spark's cost is per group (a Python call, a pandas
+frame, an engine), not per event — with 10⁴ keys, one group per key ran at 3k events/s
+(research/spark.md measured the same for per-key streaming state).
 """
 
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Iterator
 from dataclasses import astuple, dataclass
 from functools import lru_cache
@@ -38,6 +44,7 @@ class Job:
 
     profiles_text: str
     profile_indices: tuple[int, ...]
+    buckets: int
     config: tuple[Any, ...]  # EngineConfig as a tuple
     origin: int
     end: int
@@ -85,7 +92,7 @@ def _matchers(text: str, indices: tuple[int, ...]) -> list[tuple[int, str | None
 
 def memberships(job: Job, event: Event) -> list[tuple[int, str]]:
     """The (profile, group) pairs an event belongs to: profiles one of whose classes it
-    matches; the group is its ``per`` value, or "" for a profile without ``per``."""
+    matches; the group is the bucket of its ``per`` value, or "" for a profile without ``per``."""
     out = []
     for index, per, matchers in _matchers(job.profiles_text, job.profile_indices):
         if not any(match(event) for match in matchers):
@@ -95,7 +102,8 @@ def memberships(job: Job, event: Event) -> list[tuple[int, str]]:
             continue
         value = event.field(per)
         if value is not None:
-            out.append((index, json.dumps(partition_key(value))))
+            key = json.dumps(partition_key(value)).encode()
+            out.append((index, str(zlib.crc32(key) % job.buckets)))
     return out
 
 
@@ -103,28 +111,34 @@ def run_group(job: Job, profile_index: int, rows: list[tuple[int, str]]) -> list
     """One group's engine over its events (in trace order): (profile, partition created at,
     report key as JSON, order within the group, composite CloudEvent JSON)."""
     doc = _document(job.profiles_text)
+    per = doc.profiles[profile_index].per
     engine = Engine(EngineConfig(*job.config))
     engine.add_document(doc, [doc.profiles[profile_index].name])
     engine.begin(job.origin)
     events = sorted((seq, line) for seq, line in rows if seq != NO_EVENT)
     global_seq = [seq for seq, _ in events]
+    created: dict[Any, int] = {}  # partition → the trace position of the event that opened it
     notes = []
-    for local, (_, line) in enumerate(events):
-        notes.extend(engine.push(from_json_line(line, seq=local)))
+    for local, (seq, line) in enumerate(events):
+        event = from_json_line(line, seq=local)
+        if per is not None:
+            created.setdefault(partition_key(event.field(per)), seq)
+        notes.extend(engine.push(event))
     notes.extend(engine.close(job.end))
-    created = global_seq[0] if doc.profiles[profile_index].per is not None and global_seq else 0
-    return [(profile_index, created, json.dumps(_to_json(_remap(n.emitted, global_seq))), i,
+    return [(profile_index, created.get(partition_key(n.partition), 0) if per is not None else 0,
+             json.dumps(_to_json(_remap(n.emitted, global_seq))), i,
              json.dumps(composite_event(n))) for i, n in enumerate(notes)]
 
 
 def replay(spark: Any, profiles_text: str, events: list[Event], *, config: EngineConfig,
-           origin: int, end: int, profiles: list[str] | None = None) -> list[str]:
+           origin: int, end: int, profiles: list[str] | None = None,
+           buckets: int = 16) -> list[str]:
     """The composites (CloudEvents JSON, in report order) of admitted ``events`` on Spark."""
     import pandas as pd
 
     doc = _document(profiles_text)
     indices = tuple(i for i, p in enumerate(doc.profiles) if profiles is None or p.name in profiles)
-    job = Job(profiles_text, indices, astuple(config), origin, end)
+    job = Job(profiles_text, indices, buckets, astuple(config), origin, end)
 
     def fan_out(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for frame in frames:
