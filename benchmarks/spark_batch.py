@@ -43,12 +43,12 @@ def main() -> None:
     want += [json.dumps(to_cloudevent(n)) for n in engine.close()]
     local = time.perf_counter() - start
     spark = build_session()
-    kwargs = {"config": config, "origin": events[0].time - 1, "end": events[-1].time}
-    replay(spark, PROFILES, events[:1000], **kwargs)  # warm-up: JVM, Python workers
+    origin, end = events[0].time - 1, events[-1].time
+    replay(spark, PROFILES, events[:1000], config=config, origin=origin, end=end)  # warm-up
     times = []
     for _ in range(2):
         start = time.perf_counter()
-        got = replay(spark, PROFILES, events, **kwargs)
+        got = replay(spark, PROFILES, events, config=config, origin=origin, end=end)
         times.append(time.perf_counter() - start)
     assert got == want
     print(f"{args.events:,} events, {args.keys:,} keys, {len(want):,} composites (equal)")
