@@ -103,6 +103,19 @@ class Unrenderable(ValueError):
     """The dialect cannot state this expression (the planner should not have asked)."""
 
 
+def native_text(language: Language, expr: ast.Expr, doc: ast.Document,
+                profile: ast.Profile | None = None, root_eoi: bool = False) -> str:
+    """What the mediator subscribes at a service for a pushed subtree of ``profile``. A peer
+    mediator gets a whole profile: the subtree with the profile's ``per`` and, at the root, its
+    evaluation time; other languages get the subtree in their own notation."""
+    render_profile = getattr(language, "render_profile", None)
+    if render_profile is None:
+        return language.render(expr, doc)
+    evaluation = ast.Evaluation.END_OF_INTERVAL if root_eoi else ast.Evaluation.CONTINUOUS
+    per = profile.per if profile is not None else None
+    return str(render_profile(ast.Profile("R", expr, per, evaluation), doc))
+
+
 # ------------------------------------------------------------------ parsing helpers
 
 

@@ -354,8 +354,7 @@ def explain(
 
 def _renderer(group: str, doc: ast.Document) -> Any:
     """A remote's target in the group's native language, as the service is asked for it."""
-    from adapters.native import Unrenderable
-    from adapters.peer import PeerLanguage
+    from adapters.native import Unrenderable, native_text
     from adapters.registry import language
     from transforms.plan import Remote
 
@@ -363,9 +362,7 @@ def _renderer(group: str, doc: ast.Document) -> Any:
 
     def render(node: Remote) -> str:
         try:
-            if isinstance(lang, PeerLanguage):
-                return lang.render_profile(ast.Profile("R", node.target), doc)
-            return lang.render(node.target, doc)
+            return native_text(lang, node.target, doc)
         except Unrenderable as exc:
             return f"(the mediator's own feed: {exc})"
 

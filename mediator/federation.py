@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from adapters.filters import TICK_TYPE
-from adapters.native import Detection, Language, Unrenderable, run
+from adapters.native import Detection, Language, Unrenderable, native_text, run
 from adapters.peer import PeerLanguage, occurrence
 from mediator.eva import ast
 from mediator.eva import reference as ref
@@ -99,12 +99,9 @@ class Federation:
 
     def remote(self, node: Remote, ctx: ref._Context, root_eoi: bool) -> Stream:
         assert self.profile is not None
+        text = native_text(self.language, node.target, self.doc, self.profile, root_eoi)
         if isinstance(self.language, PeerLanguage):
-            evaluation = ast.Evaluation.END_OF_INTERVAL if root_eoi else ast.Evaluation.CONTINUOUS
-            text = self.language.render_profile(
-                ast.Profile("R", node.target, self.profile.per, evaluation), self.doc)
             return self._from_peer(self._detections(text, node.target), ctx)
-        text = self.language.render(node.target, self.doc)
         detections = self._detections(text, node.target)
         if node.kind is not Kind.POSITIVE and has_context(node.target):
             return self._pairs(node.target, detections, ctx)
@@ -117,10 +114,7 @@ class Federation:
         if node.clock:
             return ref.eval_prim(prim, ctx)  # the mediator's own clock
         try:
-            if isinstance(self.language, PeerLanguage):
-                text = self.language.render_profile(ast.Profile("R", prim), self.doc)
-            else:
-                text = self.language.render(prim, self.doc)
+            text = native_text(self.language, prim, self.doc)
         except Unrenderable:
             return ref.eval_prim(prim, ctx)  # the service cannot select it: the mediator's feed
         ids = {e.id for d in self._detections(text, prim) for e in d.constituents}

@@ -24,6 +24,7 @@ from mediator.eva.reference import evaluate
 from mediator.federation import via
 from tests.strategies import trace_of
 from tests.test_backends import logistics
+from transforms.plan import Remote
 
 EVAMED = str(Path(sys.executable).with_name("evamed"))
 
@@ -136,3 +137,47 @@ def test_publish_is_back_pressured_and_a_stalled_subscriber_is_dropped(cg1: Runn
             list(stalled)
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "did not read" in info.value.details()
+
+
+def test_the_async_adapter_interface(cg1: Running) -> None:
+    """DESIGN §5: capabilities (the record the service declares, equal to the preset),
+    render, subscribe (async), parse_notification, health — against a real gRPC service."""
+    import asyncio
+
+    from adapters.adapter import ServiceAdapter
+    from adapters.native import NativeQueryError
+    from mediator.eva.parser import parse
+    from transforms.capability import CG1
+    from transforms.planner import plan
+
+    doc = parse('class A = type == "a"\nclass B = type == "b"\n'
+                "profile P = ((all_dup(A), all_dup(B))_inf)_all_pairs\n")
+
+    async def scenario() -> None:
+        adapter = ServiceAdapter(f"127.0.0.1:{cg1.port}", "cg1")
+        try:
+            assert await adapter.health() == "SERVING"
+            assert await adapter.capabilities() == CG1
+            root = plan(doc.profiles[0], doc, CG1).root
+            assert isinstance(root, Remote)
+            native = adapter.render(root, doc)
+            assert native == 'AND([type = "a"], [type = "b"])'
+            stream = adapter.subscribe(native)
+            first = asyncio.ensure_future(stream.__anext__())
+            for _ in range(500):  # the loop must run for the subscription to be sent
+                if cg1.service.subscriptions:
+                    break
+                await asyncio.sleep(0.02)
+            assert len(cg1.service.subscriptions) == 1
+            await asyncio.to_thread(BaseClient(f"127.0.0.1:{cg1.port}").publish,
+                                    trace_of("a1@1 b1@2"))
+            got = adapter.parse_notification(await asyncio.wait_for(first, 10))
+            assert [e.id for e in got.constituents] == ["a1", "b1"]
+            await stream.aclose()
+            with pytest.raises(NativeQueryError, match="expected"):
+                await adapter.subscribe("AND(").__anext__()
+        finally:
+            await adapter.close()
+
+    asyncio.run(scenario())
+    assert wait_until(lambda: cg1.service.subscriptions == [])
