@@ -49,8 +49,8 @@ test-pure: $(STAMP)
 	tar --exclude='*.so' --exclude='__pycache__' -cf - mediator tests examples pyproject.toml \
 		| tar -xf - -C build/pure
 	cd build/pure && PYTHONPATH=. ../../$(BIN)/pytest -n 2 -p no:cacheprovider \
-		tests/test_paper_examples.py tests/test_engine_equivalence.py \
-		-k "paper or fig or tv or p1 or p2 or p5 or random_profiles_of_depth_3"
+		tests/test_paper_examples.py tests/test_engine_equivalence.py tests/test_snapshot.py \
+		-k "paper or fig or tv or p1 or p2 or p5 or random_profiles_of_depth_3 or restored"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

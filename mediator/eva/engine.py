@@ -287,6 +287,11 @@ class Engine:
             self._done_until = bound
         return out
 
+    def next_instant(self) -> int | None:
+        """The earliest instant with work pending (a buffered event, a timer, a tick), if any:
+        a caller that drives the clock (``advance``) need not come back before it."""
+        return self._next_instant() if self._clocked or self._buffer else None
+
     def _next_instant(self) -> int | None:
         candidates = []
         if self._buffer:
