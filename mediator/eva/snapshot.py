@@ -92,7 +92,7 @@ class _Pickler(pickle.Pickler):
             ordered = [pred for pred, _ in sorted(ids.items(), key=lambda kv: kv[1])]
             return (_index, (ordered, obj.tests))
         if cls in _FROZEN:
-            fields = cls.__dataclass_fields__  # type: ignore[attr-defined]
+            fields = cls.__dataclass_fields__
             return (cls, tuple(getattr(obj, name) for name in fields))
         if cls in _PLACEHOLDER:
             state = {}
