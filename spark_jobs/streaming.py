@@ -1,0 +1,250 @@
+"""The streaming composition job: profiles evaluated over a stream of primitive notifications
+inside Spark stateful processing (``transformWithState``, event time, RocksDB state store).
+
+Layout (docs/spark.md):
+
+    spool directory (CloudEvents JSON lines)
+      → fan-out (mapInPandas): each event to the (profile, bucket) keys it belongs to
+      → withWatermark(ts, lateness)
+      → groupBy(profile, bucket).transformWithState(Composer): one engine per key, kept as a
+        snapshot (mediator/eva/snapshot.py) in a ValueState; events pushed in order, the clock
+        advanced to the watermark, an event-time timer armed for the engine's next instant
+      → foreachBatch: composites and dead letters written per batch id (a re-run batch after a
+        restart overwrites its own files: no loss, no duplicates)
+
+A bucket holds many ``per`` partitions (the engine keeps them apart), so Spark's per-key cost is
+paid per bucket, not per partition (research/spark.md: per-key Python calls dominate).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import astuple, dataclass
+from functools import lru_cache
+from typing import Any
+
+from mediator.eva import ast
+from mediator.eva.engine import DeadLetter, Engine, EngineConfig
+from mediator.eva.events import EventError, from_json_line, to_cloudevent
+from mediator.eva.notify import to_cloudevent as composite_event
+from mediator.eva.parser import parse
+from mediator.eva.reference import partition_key
+from mediator.eva.snapshot import restore, snapshot
+
+ROUTED = "profile STRING, bucket INT, seq LONG, ts TIMESTAMP, line STRING"
+OUT = "kind STRING, profile STRING, ident STRING, payload STRING"
+ANCHOR = -1  # a row that only keeps a profile without `per` alive (its clock may report)
+
+
+@dataclass(frozen=True)
+class StreamJob:
+    profiles_text: str
+    config: tuple[Any, ...]  # EngineConfig as a tuple
+    origin: int  # µs: the profiles' registration; they see events after it
+    buckets: int = 16
+
+
+@lru_cache(maxsize=8)
+def _document(text: str) -> ast.Document:
+    return parse(text)
+
+
+@lru_cache(maxsize=8)
+def _routes(text: str) -> list[tuple[str, str | None, list[Any]]]:
+    from mediator.eva.classes import compile_predicate
+
+    doc = _document(text)
+    classes = doc.class_map()
+    out = []
+    for profile in doc.profiles:
+        used = sorted({n.name for n in ast.walk(profile.expr) if isinstance(n, ast.Prim)})
+        matchers = [compile_predicate(body, classes) for name in used
+                    if not isinstance(body := classes[name].body, ast.Every)]
+        out.append((profile.name, profile.per, matchers))
+    return out
+
+
+def route(job: StreamJob, line: str, seq: int) -> list[tuple[str, int]]:
+    """The (profile, bucket) keys an event line belongs to; a malformed line goes to every
+    profile's bucket 0, whose engine reports it as a dead letter."""
+    try:
+        event = from_json_line(line, seq)
+    except EventError:
+        return [(name, 0) for name, _, _ in _routes(job.profiles_text)][:1]
+    out = []
+    for name, per, matchers in _routes(job.profiles_text):
+        if not any(match(event) for match in matchers):
+            continue
+        if per is None:
+            out.append((name, 0))
+            continue
+        value = event.field(per)
+        if value is not None:
+            key = json.dumps(partition_key(value)).encode()
+            out.append((name, zlib.crc32(key) % job.buckets))
+    return out
+
+
+def _letter(letter: DeadLetter) -> str:
+    record: dict[str, Any] = {"reason": letter.reason, "detail": letter.detail}
+    if letter.event is not None:
+        record["event"] = to_cloudevent(letter.event)
+    if letter.raw is not None:
+        record["raw"] = letter.raw
+    return json.dumps(record)
+
+
+def composer_processor(job: StreamJob) -> Any:
+    """A ``StatefulProcessor`` running one engine per (profile, bucket)."""
+    from pyspark.sql import Row
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    class Composer(StatefulProcessor):
+        def init(self, handle: Any) -> None:
+            self.handle = handle
+            self.engine_state = handle.getValueState("engine", "blob BINARY")
+
+        def _engine(self, profile: str, letters: list[str]) -> Engine:
+            def dead(letter: DeadLetter) -> None:
+                letters.append(_letter(letter))
+
+            if self.engine_state.exists():
+                return restore(bytes(self.engine_state.get()[0]), dead)
+            engine = Engine(EngineConfig(*job.config), dead)
+            engine.add_document(_document(job.profiles_text), [profile])
+            engine.begin(job.origin)
+            return engine
+
+        def _finish(self, profile: str, engine: Engine, notes: list[Any], letters: list[str],
+                    watermark_ms: int) -> Iterator[Any]:
+            self.engine_state.update((snapshot(engine),))
+            for timer in self.handle.listTimers():
+                self.handle.deleteTimer(timer)
+            upcoming = engine.next_instant()
+            if upcoming is not None:
+                self.handle.registerTimer(max(-(-upcoming // 1000), watermark_ms + 1))
+            for n in notes:
+                event = composite_event(n)
+                yield Row(kind="composite", profile=profile, ident=event["id"],
+                          payload=json.dumps(event))
+            for text in letters:
+                yield Row(kind="dead_letter", profile=profile, ident="", payload=text)
+
+        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Any]:
+            profile = key[0]
+            letters: list[str] = []
+            engine = self._engine(profile, letters)
+            notes = []
+            for row in sorted(rows, key=lambda r: r.seq):
+                if row.seq == ANCHOR:
+                    continue
+                try:
+                    event = from_json_line(row.line, seq=row.seq)
+                except EventError as exc:
+                    engine.malformed(str(exc), row.line)
+                    continue
+                notes.extend(engine.push(event))
+            watermark = timerValues.getCurrentWatermarkInMs()
+            if watermark > 0:
+                notes.extend(engine.advance(watermark * 1000))
+            yield from self._finish(profile, engine, notes, letters, watermark)
+
+        def handleExpiredTimer(self, key: Any, timerValues: Any,
+                               expiredTimerInfo: Any) -> Iterator[Any]:
+            profile = key[0]
+            letters: list[str] = []
+            engine = self._engine(profile, letters)
+            watermark = timerValues.getCurrentWatermarkInMs()
+            notes = engine.advance(watermark * 1000)
+            yield from self._finish(profile, engine, notes, letters, watermark)
+
+        def close(self) -> None:
+            pass
+
+    return Composer()
+
+
+def start(spark: Any, job: StreamJob, spool: str, checkpoint: str,
+          sink: Callable[[int, list[Any]], None], *, lateness: str = "0 seconds",
+          max_files: int | None = None, trigger: dict[str, Any] | None = None) -> Any:
+    """Start the job over a spool directory of CloudEvents JSON-lines files; ``sink(batch_id,
+    rows)`` receives each micro-batch's (kind, profile, ident, payload) rows."""
+    import pandas as pd
+    import pyspark.sql.functions as F
+
+    reader = spark.readStream.format("text")
+    if max_files:
+        reader = reader.option("maxFilesPerTrigger", max_files)
+    # Arrival order: files in modification order (the order the file source takes them),
+    # lines in file order.
+    lines = reader.load(spool).select(
+        "value", F.col("_metadata.file_modification_time").alias("mtime"),
+        F.col("_metadata.file_name").alias("file"))
+    anchors = [p.name for p in _document(job.profiles_text).profiles if p.per is None]
+
+    def fan_out(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for frame in frames:
+            stamps = []
+            for line in frame["value"]:
+                try:
+                    stamps.append(pd.Timestamp(json.loads(line)["time"]))
+                except (ValueError, KeyError, TypeError):
+                    stamps.append(None)
+            valid = [t for t in stamps if t is not None]
+            if not valid:
+                continue
+            first = min(valid)
+            position: dict[str, int] = {}
+            seqs = []
+            for mtime, name in zip(frame["mtime"], frame["file"], strict=True):
+                index = position[name] = position.get(name, -1) + 1
+                seqs.append(int(pd.Timestamp(mtime).value // 1_000_000) * 1_000_000 + index)
+            out = []
+            for line, seq, stamp in zip(frame["value"], seqs, stamps, strict=True):
+                # A malformed line rides on the frame's earliest time to reach an engine,
+                # which reports it as a dead letter.
+                for profile, bucket in route(job, line, int(seq)):
+                    out.append((profile, bucket, int(seq), stamp if stamp is not None else first,
+                                line))
+            out.extend((name, 0, ANCHOR, first, "") for name in anchors)
+            frame_out = pd.DataFrame(out, columns=["profile", "bucket", "seq", "ts", "line"])
+            frame_out["ts"] = pd.to_datetime(frame_out["ts"], utc=True)
+            yield frame_out
+
+    routed = lines.mapInPandas(fan_out, ROUTED)
+    composed = (routed.withWatermark("ts", lateness)
+                .groupBy("profile", "bucket")
+                .transformWithState(statefulProcessor=composer_processor(job), outputStructType=OUT,
+                                    outputMode="Append", timeMode="EventTime"))
+
+    def each(batch: Any, batch_id: int) -> None:
+        sink(batch_id, batch.collect())
+
+    writer = composed.writeStream.foreachBatch(each).option("checkpointLocation", checkpoint)
+    writer = writer.trigger(**trigger) if trigger else writer
+    return writer.start()
+
+
+def directory_sink(out_dir: str) -> Callable[[int, list[Any]], None]:
+    """Composites and dead letters to ``out_dir`` as one file per batch id, written atomically:
+    a batch re-run after a restart replaces its own file (idempotent)."""
+    os.makedirs(out_dir, exist_ok=True)
+
+    def write(batch_id: int, rows: list[Any]) -> None:
+        for kind in ("composite", "dead_letter"):
+            chosen = sorted(r.payload for r in rows if r.kind == kind)
+            if not chosen:
+                continue
+            path = os.path.join(out_dir, f"{kind}s-{batch_id:08d}.jsonl")
+            with open(path + ".tmp", "w", encoding="utf-8") as handle:
+                handle.write("\n".join(chosen) + "\n")
+            os.replace(path + ".tmp", path)
+
+    return write
+
+
+def config_tuple(config: EngineConfig) -> tuple[Any, ...]:
+    return astuple(config)
