@@ -41,10 +41,32 @@ ANCHOR = -1  # a row that only keeps a profile without `per` alive (its clock ma
 
 @dataclass(frozen=True)
 class StreamJob:
-    profiles_text: str
+    table: str  # path of the profile table (write_table); read again whenever it changes
     config: tuple[Any, ...]  # EngineConfig as a tuple
-    origin: int  # µs: the profiles' registration; they see events after it
     buckets: int = 16
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A registered document: its text and when it was registered (µs; its profiles see
+    events after that, EVA Def. 3.5)."""
+
+    text: str
+    registered: int
+    removed: frozenset[str] = frozenset()  # profiles of the document no longer evaluated
+
+    @property
+    def token(self) -> str:
+        """Identifies this registration: a profile re-registered later gets a fresh engine."""
+        return f"{self.registered}:{zlib.crc32(self.text.encode())}"
+
+
+def write_table(path: str, registrations: list[Registration]) -> None:
+    """The profile table the running job follows: written whole and atomically."""
+    with open(path + ".tmp", "w", encoding="utf-8") as handle:
+        json.dump([{"text": r.text, "registered": r.registered, "removed": sorted(r.removed)}
+                   for r in registrations], handle)
+    os.replace(path + ".tmp", path)
 
 
 @lru_cache(maxsize=8)
@@ -52,30 +74,44 @@ def _document(text: str) -> ast.Document:
     return parse(text)
 
 
-@lru_cache(maxsize=8)
-def _routes(text: str) -> list[tuple[str, str | None, list[Any]]]:
+@lru_cache(maxsize=32)
+def _table(path: str, version: int) -> dict[str, tuple[Registration, str | None, list[Any]]]:
+    """profile name → (its registration, its per path, matchers of its event classes)."""
     from mediator.eva.classes import compile_predicate
 
-    doc = _document(text)
-    classes = doc.class_map()
-    out = []
-    for profile in doc.profiles:
-        used = sorted({n.name for n in ast.walk(profile.expr) if isinstance(n, ast.Prim)})
-        matchers = [compile_predicate(body, classes) for name in used
-                    if not isinstance(body := classes[name].body, ast.Every)]
-        out.append((profile.name, profile.per, matchers))
+    with open(path, encoding="utf-8") as handle:
+        entries = [Registration(e["text"], int(e["registered"]), frozenset(e.get("removed", ())))
+                   for e in json.load(handle)]
+    out = {}
+    for entry in entries:
+        doc = _document(entry.text)
+        classes = doc.class_map()
+        for profile in doc.profiles:
+            if profile.name in entry.removed:
+                continue
+            used = sorted({n.name for n in ast.walk(profile.expr) if isinstance(n, ast.Prim)})
+            matchers = [compile_predicate(body, classes) for name in used
+                        if not isinstance(body := classes[name].body, ast.Every)]
+            out[profile.name] = (entry, profile.per, matchers)
     return out
 
 
+def profiles(job: StreamJob) -> dict[str, tuple[Registration, str | None, list[Any]]]:
+    """The table as it is now (re-read when the file changes: profiles come and go while the
+    job runs)."""
+    return _table(job.table, os.stat(job.table).st_mtime_ns)
+
+
 def route(job: StreamJob, line: str, seq: int) -> list[tuple[str, int]]:
-    """The (profile, bucket) keys an event line belongs to; a malformed line goes to every
+    """The (profile, bucket) keys an event line belongs to; a malformed line goes to one
     profile's bucket 0, whose engine reports it as a dead letter."""
+    table = profiles(job)
     try:
         event = from_json_line(line, seq)
     except EventError:
-        return [(name, 0) for name, _, _ in _routes(job.profiles_text)][:1]
+        return [(name, 0) for name in sorted(table)][:1]
     out = []
-    for name, per, matchers in _routes(job.profiles_text):
+    for name, (_, per, matchers) in sorted(table.items()):
         if not any(match(event) for match in matchers):
             continue
         if per is None:
@@ -105,22 +141,35 @@ def composer_processor(job: StreamJob) -> Any:
     class Composer(StatefulProcessor):
         def init(self, handle: Any) -> None:
             self.handle = handle
-            self.engine_state = handle.getValueState("engine", "blob BINARY")
+            self.engine_state = handle.getValueState("engine", "blob BINARY, token STRING")
 
-        def _engine(self, profile: str, letters: list[str]) -> Engine:
+        def _engine(self, profile: str, letters: list[str]) -> Engine | None:
+            """The key's engine, or None once its profile has left the table (its state and
+            timers are dropped)."""
+
             def dead(letter: DeadLetter) -> None:
                 letters.append(_letter(letter))
 
+            found = profiles(job).get(profile)
+            if found is None:
+                self.engine_state.clear()
+                for timer in self.handle.listTimers():
+                    self.handle.deleteTimer(timer)
+                return None
+            entry = found[0]
             if self.engine_state.exists():
-                return restore(bytes(self.engine_state.get()[0]), dead)
+                blob, token = self.engine_state.get()
+                if token == entry.token:
+                    return restore(bytes(blob), dead)
             engine = Engine(EngineConfig(*job.config), dead)
-            engine.add_document(_document(job.profiles_text), [profile])
-            engine.begin(job.origin)
+            engine.add_document(_document(entry.text), [profile])
+            engine.begin(entry.registered)
             return engine
 
         def _finish(self, profile: str, engine: Engine, notes: list[Any], letters: list[str],
                     watermark_ms: int) -> Iterator[Any]:
-            self.engine_state.update((snapshot(engine),))
+            entry = profiles(job)[profile][0]
+            self.engine_state.update((snapshot(engine), entry.token))
             for timer in self.handle.listTimers():
                 self.handle.deleteTimer(timer)
             upcoming = engine.next_instant()
@@ -137,6 +186,9 @@ def composer_processor(job: StreamJob) -> Any:
             profile = key[0]
             letters: list[str] = []
             engine = self._engine(profile, letters)
+            if engine is None:
+                return
+            registered = profiles(job)[profile][0].registered
             notes = []
             for row in sorted(rows, key=lambda r: r.seq):
                 if row.seq == ANCHOR:
@@ -146,6 +198,8 @@ def composer_processor(job: StreamJob) -> Any:
                 except EventError as exc:
                     engine.malformed(str(exc), row.line)
                     continue
+                if event.time <= registered:
+                    continue  # before the profile was registered: not its event (Def. 3.5)
                 notes.extend(engine.push(event))
             watermark = timerValues.getCurrentWatermarkInMs()
             if watermark > 0:
@@ -157,6 +211,8 @@ def composer_processor(job: StreamJob) -> Any:
             profile = key[0]
             letters: list[str] = []
             engine = self._engine(profile, letters)
+            if engine is None:
+                return
             watermark = timerValues.getCurrentWatermarkInMs()
             notes = engine.advance(watermark * 1000)
             yield from self._finish(profile, engine, notes, letters, watermark)
@@ -183,7 +239,6 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str,
     lines = reader.load(spool).select(
         "value", F.col("_metadata.file_modification_time").alias("mtime"),
         F.col("_metadata.file_name").alias("file"))
-    anchors = [p.name for p in _document(job.profiles_text).profiles if p.per is None]
 
     def fan_out(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for frame in frames:
@@ -209,7 +264,8 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str,
                 for profile, bucket in route(job, line, int(seq)):
                     out.append((profile, bucket, int(seq), stamp if stamp is not None else first,
                                 line))
-            out.extend((name, 0, ANCHOR, first, "") for name in anchors)
+            anchors = [name for name, (_, per, _) in profiles(job).items() if per is None]
+            out.extend((name, 0, ANCHOR, first, "") for name in sorted(anchors))
             frame_out = pd.DataFrame(out, columns=["profile", "bucket", "seq", "ts", "line"])
             frame_out["ts"] = pd.to_datetime(frame_out["ts"], utc=True)
             yield frame_out

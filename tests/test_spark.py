@@ -97,7 +97,14 @@ def test_streaming_job_equals_the_engine_and_resumes_from_its_checkpoint(
     from examples.logistics.generate import day
     from mediator.eva.events import from_cloudevent, parse_time
     from mediator.eva.parser import parse
-    from spark_jobs.streaming import StreamJob, config_tuple, directory_sink, start
+    from spark_jobs.streaming import (
+        Registration,
+        StreamJob,
+        config_tuple,
+        directory_sink,
+        start,
+        write_table,
+    )
 
     text = Path("examples/logistics/profiles.eva").read_text()
     events = day(7)
@@ -118,7 +125,9 @@ def test_streaming_job_equals_the_engine_and_resumes_from_its_checkpoint(
         path.write_text("\n".join(json.dumps(e) for e in chunks[k]) + "\n")
         os.utime(path, (1_000_000 + k, 1_000_000 + k))
 
-    job = StreamJob(text, config_tuple(config), trace[0].time - 1)
+    table = str(tmp_path / "profiles.json")
+    write_table(table, [Registration(text, trace[0].time - 1)])
+    job = StreamJob(table, config_tuple(config))
     for k in range(2):
         drop(k)
     query = start(spark, job, str(spool), checkpoint, directory_sink(str(out)), max_files=1)
@@ -132,3 +141,55 @@ def test_streaming_job_equals_the_engine_and_resumes_from_its_checkpoint(
     got = [line for f in sorted(out.glob("composites-*.jsonl"))
            for line in f.read_text().splitlines() if line]
     assert sorted(got) == sorted(want) and len(want) > 50
+
+
+def test_composers_agree_while_profiles_come_and_go(spark: Any, tmp_path: Path) -> None:
+    """The composer interface: the Spark composer (the streaming job) and the in-process one
+    answer the same, with a profile registered mid-stream (it sees only later events) and
+    one removed mid-stream (nothing of it after the removal) — no restart of the job."""
+    import random
+
+    from mediator.eva.events import from_cloudevent
+    from spark_jobs.composer import InProcessComposer, SparkComposer
+
+    base = ('class A = type == "a"\nclass B = type == "b"\nclass C = type == "c"\n'
+            "profile S per data.k = ((all_dup(A); all_dup(B))_5s)_all_pairs\n"
+            "profile N = ((all_dup(A); all_dup(((not C)_2s)_all_pairs))_2s)_all_pairs\n")
+    later = ('class B = type == "b"\nclass C = type == "c"\n'
+             "profile Q = ((all_dup(B), all_dup(C))_3s)_all_pairs\n")
+    rng = random.Random(5)
+    events = [from_cloudevent({"specversion": "1.0", "id": f"e{i}", "source": "t",
+                               "type": rng.choice("abc"), "data": {"k": rng.randint(1, 3)},
+                               "time": f"2026-03-02T10:{i // 60:02d}:{i % 60:02d}Z"}, i)
+              for i in range(240)]
+    sentinel = from_cloudevent({"specversion": "1.0", "id": "end", "source": "t", "type": "z",
+                                "time": "2026-03-02T12:00:00Z"}, 240)
+    chunks = [events[:80], events[80:160], [*events[160:], sentinel]]
+    results = {}
+    for name, composer in (("in-process", InProcessComposer()),
+                           ("spark", SparkComposer(spark, str(tmp_path / "spark")))):
+        out = []
+        composer.register(base, at=events[0].time - 1)
+        composer.feed(chunks[0])
+        out += composer.collect()
+        assert composer.register(later) == ["Q"]
+        composer.feed(chunks[1])
+        out += composer.collect()
+        assert composer.remove("N")
+        composer.feed(chunks[2])
+        out += composer.collect()
+        composer.close()
+        results[name] = out
+    by = {k: {p: sorted(json.dumps(o[2]) for o in v if o[0] == "composite" and o[1] == p)
+              for p in "SNQ"} for k, v in results.items()}
+    only_spark = set(by["spark"]["S"]) - set(by["in-process"]["S"])
+    only_here = set(by["in-process"]["S"]) - set(by["spark"]["S"])
+    diff = (sorted(only_spark)[:3], sorted(only_here)[:3])
+    assert by["spark"]["S"] == by["in-process"]["S"] and len(by["spark"]["S"]) > 10, diff
+    assert by["spark"]["Q"] == by["in-process"]["Q"] and by["spark"]["Q"]
+    late = {e.id for e in chunks[1] + chunks[2]}
+    for composite in by["spark"]["Q"]:
+        assert set(json.loads(composite)["data"]["constituents"]) <= late
+    removed = {e.id for e in chunks[2]}
+    assert by["spark"]["N"] and not any(
+        set(json.loads(c)["data"]["constituents"]) & removed for c in by["spark"]["N"])

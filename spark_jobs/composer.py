@@ -1,0 +1,167 @@
+"""The composer: where the mediator composes primitive notifications into composites.
+
+One small protocol — register or remove profiles (the mediator-side parts of plans), feed
+primitive notifications, collect composites and dead letters — with two implementations the
+service switches between with one setting: ``SparkComposer`` (the default; the streaming job of
+``spark_jobs.streaming`` in local mode, or on a cluster) and ``InProcessComposer`` (the engine
+in this process: lowest latency, one machine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from mediator.eva.engine import DeadLetter, Engine, EngineConfig
+from mediator.eva.events import Event, to_cloudevent
+from mediator.eva.notify import to_cloudevent as composite_event
+from mediator.eva.parser import parse
+from spark_jobs.streaming import (
+    Registration,
+    StreamJob,
+    config_tuple,
+    profiles,
+    start,
+    write_table,
+)
+
+Output = tuple[str, str, dict[str, Any]]
+"""(kind, profile, payload): kind "composite" (a composite CloudEvent) or "dead_letter"."""
+
+
+class Composer(Protocol):
+    def register(self, text: str, at: int | None = None) -> list[str]:
+        """Register a profile document; its profiles see events after ``at`` (default: the
+        newest event fed so far). Returns the profile names."""
+        ...
+
+    def remove(self, name: str) -> bool: ...
+
+    def feed(self, events: Sequence[Event]) -> None: ...
+
+    def collect(self) -> list[Output]:
+        """What is ready: composites and dead letters since the last call."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def _letter(letter: DeadLetter) -> dict[str, Any]:
+    record: dict[str, Any] = {"reason": letter.reason, "detail": letter.detail}
+    if letter.event is not None:
+        record["event"] = to_cloudevent(letter.event)
+    return record
+
+
+class InProcessComposer:
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self._out: list[Output] = []
+        self._engine = Engine(config or EngineConfig(),
+                              lambda d: self._out.append(("dead_letter", "", _letter(d))))
+        self._newest: int | None = None
+
+    def register(self, text: str, at: int | None = None) -> list[str]:
+        start_at = at if at is not None else self._newest
+        return self._engine.add_document(parse(text), start=start_at)
+
+    def remove(self, name: str) -> bool:
+        return self._engine.remove_profile(name)
+
+    def feed(self, events: Sequence[Event]) -> None:
+        for event in events:
+            self._newest = max(self._newest or event.time, event.time)
+            self._out.extend(("composite", n.profile, composite_event(n))
+                             for n in self._engine.push(event))
+
+    def collect(self) -> list[Output]:
+        out, self._out = self._out, []
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+class SparkComposer:
+    """The streaming job over a spool directory in ``workdir``; the profile table is a file
+    the running job re-reads, so profiles come and go without a restart."""
+
+    def __init__(self, spark: Any, workdir: str, config: EngineConfig | None = None,
+                 buckets: int = 16, lateness: str = "0 seconds") -> None:
+        self.spark = spark
+        self.spool = os.path.join(workdir, "spool")
+        self.checkpoint = os.path.join(workdir, "checkpoint")
+        self.table = os.path.join(workdir, "profiles.json")
+        os.makedirs(self.spool, exist_ok=True)
+        self._registrations: list[Registration] = []
+        write_table(self.table, [])
+        self.job = StreamJob(self.table, config_tuple(config or EngineConfig()), buckets)
+        self.lateness = lateness
+        self._rows: list[Output] = []
+        self._lock = threading.Lock()
+        self._files = 0
+        self._stamp = time.time()
+        self._newest: int | None = None
+        self._query: Any = None
+
+    def _sink(self, batch_id: int, rows: list[Any]) -> None:
+        with self._lock:
+            self._rows.extend((r.kind, r.profile, json.loads(r.payload)) for r in rows)
+
+    def _settle(self) -> None:
+        if self._query is not None:
+            self._query.processAllAvailable()
+
+    def register(self, text: str, at: int | None = None) -> list[str]:
+        self._settle()  # what was fed before is evaluated under the table it was fed under
+        doc = parse(text)
+        start_at = at if at is not None else (self._newest if self._newest is not None else 0)
+        self._registrations.append(Registration(text, start_at))
+        write_table(self.table, self._registrations)
+        return [p.name for p in doc.profiles]
+
+    def remove(self, name: str) -> bool:
+        self._settle()
+        found = False
+        updated = []
+        for r in self._registrations:
+            if name in {p.name for p in parse(r.text).profiles} and name not in r.removed:
+                r = Registration(r.text, r.registered, r.removed | {name})
+                found = True
+            updated.append(r)
+        self._registrations = updated
+        write_table(self.table, updated)
+        return found
+
+    def feed(self, events: Sequence[Event]) -> None:
+        if not events:
+            return
+        if self._query is None:
+            self._query = start(self.spark, self.job, self.spool, self.checkpoint, self._sink,
+                                lateness=self.lateness, max_files=1)
+        path = os.path.join(self.spool, f"part-{self._files:08d}.jsonl")
+        with open(path + ".tmp", "w", encoding="utf-8") as handle:
+            handle.write("\n".join(json.dumps(to_cloudevent(e)) for e in events) + "\n")
+        os.replace(path + ".tmp", path)
+        # The file source takes files in modification order: make it the feeding order.
+        self._stamp = max(self._stamp + 1, time.time())
+        os.utime(path, (self._stamp, self._stamp))
+        self._files += 1
+        self._newest = max([e.time for e in events] + ([self._newest] if self._newest else []))
+
+    def collect(self) -> list[Output]:
+        self._settle()
+        with self._lock:
+            out, self._rows = self._rows, []
+        return out
+
+    def close(self) -> None:
+        if self._query is not None:
+            self._query.stop()
+            self._query = None
+
+    def profiles(self) -> list[str]:
+        return sorted(profiles(self.job))
