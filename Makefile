@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 NATIVE := $(addprefix mediator/eva/,events.py semantics.py classes.py nodes.py engine.py)
 NATIVE_STAMP := build/.native
 
-.PHONY: demo test test-pure native pure lint typecheck bench clean
+.PHONY: demo test test-pure native pure lint typecheck bench clean servers
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,7 +36,14 @@ demo: native
 	cmp build/demo-plain.jsonl build/demo-via-cg3.jsonl && \
 		echo "replay --via cg3 (plan, SQL, native evaluation, post-filter): the same $$(wc -l < build/demo-plain.jsonl) composites"
 
-test: native
+# The Debian servers the integration tests start for real (redis-server).
+servers:
+	@command -v redis-server >/dev/null 2>&1 || { \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server >/dev/null; }
+
+test: native servers
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/pytest -n 2 --dist loadgroup

@@ -223,22 +223,30 @@ def composer_processor(job: StreamJob) -> Any:
     return Composer()
 
 
-def start(spark: Any, job: StreamJob, spool: str, checkpoint: str,
-          sink: Callable[[int, list[Any]], None], *, lateness: str = "0 seconds",
-          max_files: int | None = None, trigger: dict[str, Any] | None = None) -> Any:
-    """Start the job over a spool directory of CloudEvents JSON-lines files; ``sink(batch_id,
-    rows)`` receives each micro-batch's (kind, profile, ident, payload) rows."""
-    import pandas as pd
+def spool_lines(spark: Any, spool: str, max_files: int | None = None) -> Any:
+    """A spool directory of CloudEvents JSON-lines files as a stream of lines. Arrival order:
+    files in modification order (the order the file source takes them), lines in file order."""
     import pyspark.sql.functions as F
 
     reader = spark.readStream.format("text")
     if max_files:
         reader = reader.option("maxFilesPerTrigger", max_files)
-    # Arrival order: files in modification order (the order the file source takes them),
-    # lines in file order.
-    lines = reader.load(spool).select(
+    return reader.load(spool).select(
         "value", F.col("_metadata.file_modification_time").alias("mtime"),
         F.col("_metadata.file_name").alias("file"))
+
+
+def start(spark: Any, job: StreamJob, spool: str, checkpoint: str,
+          sink: Callable[[int, list[Any]], None], *, lateness: str = "0 seconds",
+          max_files: int | None = None, trigger: dict[str, Any] | None = None,
+          lines: Any = None) -> Any:
+    """Start the job over a spool directory of CloudEvents JSON-lines files (or over ``lines``,
+    a stream with columns ``value`` and ``seq``, e.g. the Redis log); ``sink(batch_id, rows)``
+    receives each micro-batch's (kind, profile, ident, payload) rows."""
+    import pandas as pd
+
+    if lines is None:
+        lines = spool_lines(spark, spool, max_files)
 
     def fan_out(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for frame in frames:
@@ -252,11 +260,14 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str,
             if not valid:
                 continue
             first = min(valid)
-            position: dict[str, int] = {}
-            seqs = []
-            for mtime, name in zip(frame["mtime"], frame["file"], strict=True):
-                index = position[name] = position.get(name, -1) + 1
-                seqs.append(int(pd.Timestamp(mtime).value // 1_000_000) * 1_000_000 + index)
+            if "seq" in frame:
+                seqs = [int(s) for s in frame["seq"]]
+            else:
+                position: dict[str, int] = {}
+                seqs = []
+                for mtime, name in zip(frame["mtime"], frame["file"], strict=True):
+                    index = position[name] = position.get(name, -1) + 1
+                    seqs.append(int(pd.Timestamp(mtime).value // 1_000_000) * 1_000_000 + index)
             out = []
             for line, seq, stamp in zip(frame["value"], seqs, stamps, strict=True):
                 # A malformed line rides on the frame's earliest time to reach an engine,
@@ -264,8 +275,10 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str,
                 for profile, bucket in route(job, line, int(seq)):
                     out.append((profile, bucket, int(seq), stamp if stamp is not None else first,
                                 line))
+            # Anchors keep each profile without `per` alive and carry the frame's newest time,
+            # so that an event no profile wants (a heartbeat) still moves the watermark.
             anchors = [name for name, (_, per, _) in profiles(job).items() if per is None]
-            out.extend((name, 0, ANCHOR, first, "") for name in sorted(anchors))
+            out.extend((name, 0, ANCHOR, max(valid), "") for name in sorted(anchors))
             frame_out = pd.DataFrame(out, columns=["profile", "bucket", "seq", "ts", "line"])
             frame_out["ts"] = pd.to_datetime(frame_out["ts"], utc=True)
             yield frame_out

@@ -193,3 +193,73 @@ def test_composers_agree_while_profiles_come_and_go(spark: Any, tmp_path: Path) 
     removed = {e.id for e in chunks[2]}
     assert by["spark"]["N"] and not any(
         set(json.loads(c)["data"]["constituents"]) & removed for c in by["spark"]["N"])
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Iterator[str]:
+    """A real redis-server (Debian's), on a free port, no persistence."""
+    import shutil
+    import socket
+    import subprocess
+    import time
+
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.fail("redis-server is not installed (make test installs it)")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL)
+    import redis
+
+    client = redis.Redis(port=port)
+    for _ in range(200):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    yield f"redis://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_deployed_mode_reads_the_redis_log_and_writes_composites_back(
+        spark: Any, tmp_path: Path, redis_url: str) -> None:
+    """Deployed mode: events from the Redis notification log (a Python streaming Data Source,
+    stream ids as offsets), composites written back to Redis keyed by id. Restarted on its
+    checkpoint half-way, the job writes every composite once."""
+    import redis
+
+    from examples.logistics.generate import day
+    from mediator.eva.events import from_cloudevent, parse_time
+    from mediator.eva.parser import parse
+    from spark_jobs.redis_io import COMPOSITE_LOG, COMPOSITES, NOTIFICATIONS, redis_lines, redis_sink
+    from spark_jobs.streaming import Registration, StreamJob, config_tuple, start, write_table
+
+    text = Path("examples/logistics/profiles.eva").read_text()
+    events = day(7)
+    sentinel = {"specversion": "1.0", "id": "end", "source": "test", "type": "none",
+                "time": "2026-03-05T00:00:00Z"}
+    trace = [from_cloudevent(e, i) for i, e in enumerate(events)]
+    engine = Engine(EngineConfig())
+    engine.add_document(parse(text))
+    notes = [n for e in trace for n in engine.push(e)] + engine.close(parse_time(sentinel["time"]))
+    want = {to_cloudevent(n)["id"]: json.dumps(to_cloudevent(n)) for n in notes}
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    table = str(tmp_path / "profiles.json")
+    write_table(table, [Registration(text, trace[0].time - 1)])
+    job = StreamJob(table, config_tuple(EngineConfig()))
+    checkpoint = str(tmp_path / "ckpt")
+    half = len(events) // 2
+    for batch in (events[:half], [*events[half:], sentinel]):
+        for e in batch:
+            client.xadd(NOTIFICATIONS, {"event": json.dumps(e)})
+        query = start(spark, job, "", checkpoint, redis_sink(redis_url),
+                      lines=redis_lines(spark, redis_url))
+        query.processAllAvailable()
+        query.stop()
+    assert client.hgetall(COMPOSITES) == want and len(want) > 50
+    assert client.xlen(COMPOSITE_LOG) == len(want)
