@@ -249,6 +249,9 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str,
         lines = spool_lines(spark, spool, max_files)
 
     def fan_out(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        # Line positions run on across the Arrow frames of one task: a file is read by one
+        # task, in order, but cut into frames of at most 10,000 rows.
+        position: dict[str, int] = {}
         for frame in frames:
             stamps = []
             for line in frame["value"]:
@@ -263,7 +266,6 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str,
             if "seq" in frame:
                 seqs = [int(s) for s in frame["seq"]]
             else:
-                position: dict[str, int] = {}
                 seqs = []
                 for mtime, name in zip(frame["mtime"], frame["file"], strict=True):
                     index = position[name] = position.get(name, -1) + 1
@@ -275,10 +277,14 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str,
                 for profile, bucket in route(job, line, int(seq)):
                     out.append((profile, bucket, int(seq), stamp if stamp is not None else first,
                                 line))
-            # Anchors keep each profile without `per` alive and carry the frame's newest time,
-            # so that an event no profile wants (a heartbeat) still moves the watermark.
-            anchors = [name for name, (_, per, _) in profiles(job).items() if per is None]
-            out.extend((name, 0, ANCHOR, max(valid), "") for name in sorted(anchors))
+            # Anchors carry the frame's newest time to every profile without `per` (its one
+            # key: clock-only profiles stay alive) — and to one key at least, so that an event
+            # no profile wants (a heartbeat) still moves the watermark, which is global: every
+            # key's timer for a buffered instant then fires.
+            newest = max(valid)
+            table = sorted(profiles(job).items())
+            keys = [name for name, (_, per, _) in table if per is None] or [n for n, _ in table[:1]]
+            out.extend((name, 0, ANCHOR, newest, "") for name in keys)
             frame_out = pd.DataFrame(out, columns=["profile", "bucket", "seq", "ts", "line"])
             frame_out["ts"] = pd.to_datetime(frame_out["ts"], utc=True)
             yield frame_out

@@ -29,7 +29,10 @@ pytestmark = pytest.mark.xdist_group("spark")
 def spark() -> Iterator[Any]:
     from spark_jobs.session import build_session
 
-    session = build_session("local[2]", "evamed-tests")
+    # Small Arrow frames: the jobs must not depend on how Spark cuts a file into frames (a
+    # line numbering that restarted per frame reordered events; the benchmark found it).
+    session = build_session("local[2]", "evamed-tests",
+                            {"spark.sql.execution.arrow.maxRecordsPerBatch": "32"})
     yield session
 
 
