@@ -228,6 +228,10 @@ def spool_lines(spark: Any, spool: str, max_files: int | None = None) -> Any:
     files in modification order (the order the file source takes them), lines in file order."""
     import pyspark.sql.functions as F
 
+    # One task reads a file whole: line positions are the arrival order within a file, and a
+    # file cut into splits would number its lines twice (these are runtime SQL settings).
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "1g")
+    spark.conf.set("spark.sql.files.openCostInBytes", "1g")
     reader = spark.readStream.format("text")
     if max_files:
         reader = reader.option("maxFilesPerTrigger", max_files)
