@@ -15,6 +15,7 @@ from typing import Any
 from lark import Transformer
 
 from mediator.eva import ast
+from mediator.eva.classes import resolve
 
 FILTER_GRAMMAR = r"""
 filter: "[" cond "]"
@@ -68,25 +69,12 @@ class FilterBuild(Transformer[Any, Any]):
         return ast.Compare(str(items[0]), "in", tuple(items[1:]))
 
 
-def inline(pred: ast.Predicate, classes: dict[str, ast.ClassDef]) -> ast.Predicate:
-    """Class references replaced by their definitions (a service knows no EVA class names)."""
-    if isinstance(pred, ast.ClassRef):
-        body = classes[pred.name].body
-        assert not isinstance(body, ast.Every)
-        return inline(body, classes)
-    if isinstance(pred, ast.Not):
-        return ast.Not(inline(pred.operand, classes))
-    if isinstance(pred, (ast.And, ast.Or)):
-        return type(pred)(inline(pred.left, classes), inline(pred.right, classes))
-    return pred
-
-
 def _literal(value: object) -> str:
     return json.dumps(value)
 
 
-def condition_text(pred: ast.Predicate) -> str:
-    """An inlined predicate in filter notation (fully parenthesised below the top)."""
+def condition_text(pred: ast.Predicate, top: bool = False) -> str:
+    """An inlined predicate in filter notation, parenthesised below the top."""
     if isinstance(pred, ast.Compare):
         if pred.op == "in":
             assert isinstance(pred.value, tuple)
@@ -95,33 +83,15 @@ def condition_text(pred: ast.Predicate) -> str:
         return f"{pred.path} {op} {_literal(pred.value)}"
     if isinstance(pred, ast.Not):
         return f"!({condition_text(pred.operand)})"
-    if isinstance(pred, ast.And):
-        return f"({condition_text(pred.left)} & {condition_text(pred.right)})"
-    if isinstance(pred, ast.Or):
-        return f"({condition_text(pred.left)} | {condition_text(pred.right)})"
+    if isinstance(pred, (ast.And, ast.Or)):
+        symbol = "&" if isinstance(pred, ast.And) else "|"
+        text = f"{condition_text(pred.left)} {symbol} {condition_text(pred.right)}"
+        return text if top else f"({text})"
     raise AssertionError(f"not inlined: {pred!r}")
 
 
 def filter_text(pred: ast.Predicate, classes: dict[str, ast.ClassDef]) -> str:
-    text = condition_text(inline(pred, classes))
-    if text.startswith("(") and text.endswith(")") and _balanced(text[1:-1]):
-        text = text[1:-1]
-    return f"[{text}]"
-
-
-def _balanced(text: str) -> bool:
-    depth = 0
-    in_string = False
-    for i, ch in enumerate(text):
-        if ch == '"' and (i == 0 or text[i - 1] != "\\"):
-            in_string = not in_string
-        elif not in_string and ch == "(":
-            depth += 1
-        elif not in_string and ch == ")":
-            depth -= 1
-            if depth < 0:
-                return False
-    return depth == 0
+    return f"[{condition_text(resolve(pred, classes), top=True)}]"
 
 
 TICK_TYPE = "eva.tick."

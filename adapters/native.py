@@ -156,7 +156,3 @@ def syntax_error(language: str, exc: UnexpectedInput, source: str,
                                 len(lines), len(lines[-1]) + 1, source)
     return NativeQueryError(language, f"found {token.value!r}, expected {words(exc.expected)}",
                             exc.line, exc.column, source)
-
-
-def position(token: Any) -> tuple[int, int]:
-    return (getattr(token, "line", 1) or 1, getattr(token, "column", 1) or 1)

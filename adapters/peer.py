@@ -16,6 +16,7 @@ from adapters.native import Detection, NativeQueryError
 from mediator.eva import ast
 from mediator.eva.engine import Engine, EngineConfig
 from mediator.eva.events import Event
+from mediator.eva.notify import tuples_from_json, tuples_to_json
 from mediator.eva.parser import ProfileError, parse
 from mediator.eva.printer import to_text
 from mediator.eva.semantics import Notification, Occ
@@ -23,25 +24,12 @@ from mediator.eva.validate import refs
 from transforms.capability import CG5, Capability
 
 
-def to_json(value: Any) -> Any:
-    """Identities and keys are nested tuples; JSON carries them as nested lists."""
-    if isinstance(value, tuple):
-        return [to_json(v) for v in value]
-    return value
-
-
-def from_json(value: Any) -> Any:
-    if isinstance(value, list):
-        return tuple(from_json(v) for v in value)
-    return value
-
-
 def occurrence(extra: dict[str, Any]) -> tuple[tuple[int, int, Any], Occ]:
     """(report key, occurrence) of a peer notification."""
-    key = from_json(extra["key"])
-    occ = Occ(key[0], key, from_json(extra["ident"]), tuple(extra["events"]),
-              from_json(extra.get("anchor")))
-    return from_json(extra["emitted"]), occ
+    key = tuples_from_json(extra["key"])
+    occ = Occ(key[0], key, tuples_from_json(extra["ident"]), tuple(extra["events"]),
+              tuples_from_json(extra.get("anchor")))
+    return tuples_from_json(extra["emitted"]), occ
 
 
 class Evaluator:
@@ -54,9 +42,9 @@ class Evaluator:
         out = []
         for n in notes:
             occ = n.occ
-            extra = {"profile": n.profile, "partition": n.partition, "ident": to_json(occ.ident),
-                     "key": to_json(occ.key), "emitted": to_json(n.emitted),
-                     "events": list(occ.events), "anchor": to_json(occ.anchor)}
+            extra = {"profile": n.profile, "partition": n.partition, "ident": tuples_to_json(occ.ident),
+                     "key": tuples_to_json(occ.key), "emitted": tuples_to_json(n.emitted),
+                     "events": list(occ.events), "anchor": tuples_to_json(occ.anchor)}
             constituents = tuple(self._events[i] for i in occ.events if i in self._events)
             out.append(Detection(occ.time, constituents, f"{n.profile}{list(occ.events)}", extra))
         return out

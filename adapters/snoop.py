@@ -31,7 +31,7 @@ from lark.exceptions import UnexpectedInput
 from adapters.filters import TICK_TYPE
 from adapters.native import Detection, Unrenderable, syntax_error
 from mediator.eva import ast
-from mediator.eva.classes import required_types, type_only
+from mediator.eva.classes import required_types
 from mediator.eva.events import Event
 from transforms.capability import CG2, SET_SEMANTICS, SNOOP_SETTINGS, Capability
 
@@ -385,11 +385,3 @@ class SnoopLanguage:
             raise Unrenderable(f"Snoop cannot state {type(expr).__name__.lower()} with a frame")
         text = f"{self._expr(expr.left.expr, doc)} {op} {self._expr(expr.right.expr, doc)}"
         return text if top else f"({text})"
-
-
-def exact_types(expr: ast.Prim, doc: ast.Document) -> frozenset[str] | None:
-    """The types when the class tests nothing but its type (Snoop states it exactly)."""
-    body = doc.class_map()[expr.name].body
-    if isinstance(body, ast.Every):
-        return frozenset([TICK_TYPE + expr.name])
-    return type_only(body, doc.class_map())

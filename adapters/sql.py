@@ -34,10 +34,10 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError
 
-from adapters.filters import TICK_TYPE, inline
+from adapters.filters import TICK_TYPE
 from adapters.native import Detection, NativeQueryError, Unrenderable
 from mediator.eva import ast
-from mediator.eva.classes import type_only
+from mediator.eva.classes import resolve, type_only
 from mediator.eva.events import Event
 from transforms.capability import CG3, Capability
 
@@ -473,9 +473,6 @@ class SqlQuery:
     def evaluator(self) -> Evaluator:
         return Evaluator(list(self.branches))
 
-    def pretty(self) -> str:
-        return sqlglot.parse_one(self.text).sql(pretty=True)
-
 
 # ------------------------------------------------------------------ the dialect
 
@@ -560,7 +557,7 @@ def _parts(expr: ast.Expr, doc: ast.Document) -> list[_Part]:
         types = type_only(body, classes)
         if types is not None and len(types) == 1:
             return [_Part(((next(iter(types)), None),), (), "«0».time")]
-        return [_Part(((None, _condition(inline(body, classes), "«0»")),), (), "«0».time")]
+        return [_Part(((None, _condition(resolve(body, classes), "«0»")),), (), "«0».time")]
     if isinstance(expr, ast.Disjunction):
         return _parts(expr.left.expr, doc) + _parts(expr.right.expr, doc)
     if not isinstance(expr, (ast.Conjunction, ast.Sequence)):

@@ -39,10 +39,10 @@ from typing import Any
 from lark import Lark, Transformer
 from lark.exceptions import UnexpectedInput, VisitError
 
-from adapters.filters import TICK_TYPE, inline
+from adapters.filters import TICK_TYPE
 from adapters.native import Detection, NativeQueryError, Unrenderable, syntax_error
 from mediator.eva import ast
-from mediator.eva.classes import required_types
+from mediator.eva.classes import required_types, resolve, same
 from mediator.eva.events import Event
 from mediator.eva.units import UNITS, format_span
 from transforms.capability import CG4, Capability
@@ -213,12 +213,6 @@ def _data_children(value: Any) -> list[tuple[str | None, Any]]:
     return [(None, value)]
 
 
-def _same(a: object, b: object) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return isinstance(a, bool) and isinstance(b, bool) and a == b
-    return a == b and (isinstance(a, (int, float)) == isinstance(b, (int, float)))
-
-
 def _match_child(q: Child, key: str | None, value: Any, binding: dict[str, str]) -> list[dict[str, str]]:
     if isinstance(q, Var):
         text = json.dumps({key: value} if key is not None else value, sort_keys=True)
@@ -226,7 +220,7 @@ def _match_child(q: Child, key: str | None, value: Any, binding: dict[str, str])
             return []
         return [{**binding, q.name: text}]
     if isinstance(q, Scalar):
-        return [binding] if key is None and not isinstance(value, (dict, list)) and _same(
+        return [binding] if key is None and not isinstance(value, (dict, list)) and same(
             value, q.value) else []
     if key != q.label and q.label != "*":
         return []
@@ -438,7 +432,7 @@ def term_text(expr: ast.Prim, doc: ast.Document) -> str:
     body = classes[expr.name].body
     if isinstance(body, ast.Every):
         return _label(TICK_TYPE + expr.name)
-    pred = inline(body, classes)
+    pred = resolve(body, classes)
     types = required_types(pred, classes)
     fields = [(p[len("data."):].split("."), v) for p, v in _equalities(pred) or []
               if p.startswith("data.")]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated, Any, TextIO
@@ -19,7 +20,8 @@ from rich.table import Table
 from adapters.registry import GROUPS
 from mediator.eva import ast
 from mediator.eva.engine import DeadLetter, Engine, EngineConfig
-from mediator.eva.events import Event, EventError, format_time, from_json_line, to_cloudevent
+from mediator.eva.events import Event, EventError, format_time, from_json_line
+from mediator.eva.notify import dead_letter_record
 from mediator.eva.notify import to_cloudevent as composite_event
 from mediator.eva.parser import ProfileError, parse
 from mediator.eva.reference import Notification
@@ -174,22 +176,15 @@ def replay(
         letters += 1
         if letter.reason == "late" and letter.event is not None:
             late.add(id(letter.event))
-        record: dict[str, object] = {"reason": letter.reason, "detail": letter.detail}
-        if letter.event is not None:
-            record["event"] = to_cloudevent(letter.event)
-        if letter.raw is not None:
-            record["raw"] = letter.raw
-        sink.write(json.dumps(record) + "\n")
+        sink.write(json.dumps(dead_letter_record(letter)) + "\n")
 
     engine = Engine(config, on_dead)
-    if not on_spark:  # on Spark this engine only admits events (watermarks, dead letters)
+    if via is None and not on_spark:  # otherwise it only admits events (watermarks, letters)
         engine.add_document(doc, profile or None)
     counts: Counter[str] = Counter()
     admitted: list[Event] = []
 
     def emit(notifications: list[Notification]) -> None:
-        if via is not None or on_spark:
-            return  # the engine only admits events (watermarks, dead letters) for --via
         for n in notifications:
             counts[n.profile] += 1
             sys.stdout.write(json.dumps(composite_event(n)) + "\n")
@@ -197,15 +192,7 @@ def replay(
     with ExitStack() as stack:
         if dead_letter:
             sink = stack.enter_context(open(dead_letter, "w", encoding="utf-8"))
-        try:
-            handle = sys.stdin if str(events) == "-" else stack.enter_context(
-                open(events, encoding="utf-8"))
-        except OSError as exc:
-            err.print(f"[red]error:[/] cannot read {events}: {exc.strerror}")
-            raise typer.Exit(2) from None
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
+        for number, line in _event_lines(events, stack):
             try:
                 event = from_json_line(line, seq=len(admitted))
             except EventError as exc:
@@ -216,7 +203,8 @@ def replay(
                 admitted.append(event)
         emit(engine.close(end))
     if via is not None:
-        for n in _replay_via(via, doc, profile or None, admitted, config, end, service):
+        for n in _replay_via(via, doc, profile or None, admitted, config, engine.origin, end,
+                             service):
             counts[n.profile] += 1
             sys.stdout.write(json.dumps(composite_event(n)) + "\n")
     if on_spark and admitted and engine.origin is not None:
@@ -239,6 +227,20 @@ def replay(
         err.print(table)
 
 
+def _event_lines(path: Path, stack: ExitStack) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a JSON-lines file or stdin ('-'), blank lines skipped; exit 2 if
+    the file cannot be read."""
+    try:
+        handle = sys.stdin if str(path) == "-" else stack.enter_context(
+            open(path, encoding="utf-8"))  # noqa: SIM115 - the caller's ExitStack closes it
+    except OSError as exc:
+        err.print(f"[red]error:[/] cannot read {path}: {exc.strerror}")
+        raise typer.Exit(2) from None
+    for number, line in enumerate(handle, start=1):
+        if line.strip():
+            yield number, line
+
+
 def _transport(group: str, tick: int, address: str | None) -> Any:
     from adapters.registry import language
     from mediator.federation import in_process
@@ -251,12 +253,12 @@ def _transport(group: str, tick: int, address: str | None) -> Any:
 
 
 def _replay_via(group: str, doc: ast.Document, profiles: list[str] | None, events: list[Event],
-                config: EngineConfig, end: int | None, address: str | None) -> list[Notification]:
+                config: EngineConfig, start: int | None, end: int | None,
+                address: str | None) -> list[Notification]:
+    """``start``: where the admitting engine's clock started, so both paths share it."""
     from adapters.registry import language
     from mediator.federation import via
 
-    # The engine's clock starts just before the first admitted event, less the lateness.
-    start = events[0].time - config.allowed_lateness - 1 if events else None
     try:
         out, _, _ = via(language(group, config.tick), doc, events, profiles=profiles, start=start,
                         end=end, tick=config.tick,
@@ -284,15 +286,7 @@ def _replay_native(group: str, query_file: Path, events_file: Path, end: int | N
         raise typer.Exit(2) from None
     trace: list[Event] = []
     with ExitStack() as stack:
-        try:
-            handle = sys.stdin if str(events_file) == "-" else stack.enter_context(
-                open(events_file, encoding="utf-8"))
-        except OSError as exc:
-            err.print(f"[red]error:[/] cannot read {events_file}: {exc.strerror}")
-            raise typer.Exit(2) from None
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
+        for number, line in _event_lines(events_file, stack):
             try:
                 trace.append(from_json_line(line, seq=len(trace)))
             except EventError as exc:

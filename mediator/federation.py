@@ -70,9 +70,6 @@ class Federation:
 
     # ---------------------------------------------------------------- native evaluation
 
-    def _by_id(self) -> dict[tuple[str, str], Event]:
-        return {(e.source, e.id): e for e in self.trace}
-
     def _ticks(self, expr: ast.Expr) -> list[Event]:
         """Ticks of the time classes in a pushed subtree, published to the service as events
         (the transferring rule); after every primitive of their instant."""

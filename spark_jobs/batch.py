@@ -20,18 +20,17 @@ frame, an engine), not per event — with 10⁴ keys, one group per key ran at 3
 from __future__ import annotations
 
 import json
-import zlib
 from collections.abc import Iterator
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from mediator.eva import ast
 from mediator.eva.engine import Engine, EngineConfig
 from mediator.eva.events import PASSIVE, PRIMITIVE, Event, from_json_line, to_cloudevent
 from mediator.eva.notify import to_cloudevent as composite_event
-from mediator.eva.parser import parse
+from mediator.eva.notify import tuples_from_json, tuples_to_json
 from mediator.eva.reference import partition_key
+from spark_jobs.routing import bucket, config_tuple, document, event_matchers
 
 GROUPS_SCHEMA = "profile INT, grp STRING, seq LONG, line STRING"
 OUT_SCHEMA = "profile INT, created LONG, rkey STRING, ord INT, event STRING"
@@ -50,11 +49,6 @@ class Job:
     end: int
 
 
-@lru_cache(maxsize=8)
-def _document(text: str) -> ast.Document:
-    return parse(text)
-
-
 def _remap(key: Any, global_seq: list[int]) -> Any:
     """A group engine's report key with its arrival numbers replaced by the trace's."""
     time, phase, tiebreak = key
@@ -65,52 +59,29 @@ def _remap(key: Any, global_seq: list[int]) -> Any:
     return key
 
 
-def _to_json(value: Any) -> Any:
-    return [_to_json(v) for v in value] if isinstance(value, tuple) else value
-
-
-def _from_json(value: Any) -> Any:
-    return tuple(_from_json(v) for v in value) if isinstance(value, list) else value
-
-
 @lru_cache(maxsize=8)
-def _matchers(text: str, indices: tuple[int, ...]) -> list[tuple[int, str | None, list[Any]]]:
+def _routes(text: str, indices: tuple[int, ...]) -> list[tuple[int, str | None, list[Any]]]:
     """Per profile: its index, its ``per`` path and the matchers of its event classes."""
-    from mediator.eva.classes import compile_predicate
-
-    doc = _document(text)
-    classes = doc.class_map()
-    out = []
-    for index in indices:
-        profile = doc.profiles[index]
-        used = sorted({n.name for n in ast.walk(profile.expr) if isinstance(n, ast.Prim)})
-        matchers = [compile_predicate(body, classes) for name in used
-                    if not isinstance(body := classes[name].body, ast.Every)]
-        out.append((index, profile.per, matchers))
-    return out
+    doc = document(text)
+    return [(i, doc.profiles[i].per, event_matchers(doc.profiles[i], doc)) for i in indices]
 
 
 def memberships(job: Job, event: Event) -> list[tuple[int, str]]:
     """The (profile, group) pairs an event belongs to: profiles one of whose classes it
     matches; the group is the bucket of its ``per`` value, or "" for a profile without ``per``."""
     out = []
-    for index, per, matchers in _matchers(job.profiles_text, job.profile_indices):
-        if not any(match(event) for match in matchers):
-            continue
-        if per is None:
-            out.append((index, ""))
-            continue
-        value = event.field(per)
-        if value is not None:
-            key = json.dumps(partition_key(value)).encode()
-            out.append((index, str(zlib.crc32(key) % job.buckets)))
+    for index, per, matchers in _routes(job.profiles_text, job.profile_indices):
+        if any(match(event) for match in matchers):
+            group = bucket(event, per, job.buckets)
+            if group is not None:
+                out.append((index, "" if per is None else str(group)))
     return out
 
 
 def run_group(job: Job, profile_index: int, rows: list[tuple[int, str]]) -> list[tuple[Any, ...]]:
     """One group's engine over its events (in trace order): (profile, partition created at,
     report key as JSON, order within the group, composite CloudEvent JSON)."""
-    doc = _document(job.profiles_text)
+    doc = document(job.profiles_text)
     per = doc.profiles[profile_index].per
     engine = Engine(EngineConfig(*job.config))
     engine.add_document(doc, [doc.profiles[profile_index].name])
@@ -126,7 +97,7 @@ def run_group(job: Job, profile_index: int, rows: list[tuple[int, str]]) -> list
         notes.extend(engine.push(event))
     notes.extend(engine.close(job.end))
     return [(profile_index, created.get(partition_key(n.partition), 0) if per is not None else 0,
-             json.dumps(_to_json(_remap(n.emitted, global_seq))), i,
+             json.dumps(tuples_to_json(_remap(n.emitted, global_seq))), i,
              json.dumps(composite_event(n))) for i, n in enumerate(notes)]
 
 
@@ -136,9 +107,9 @@ def replay(spark: Any, profiles_text: str, events: list[Event], *, config: Engin
     """The composites (CloudEvents JSON, in report order) of admitted ``events`` on Spark."""
     import pandas as pd
 
-    doc = _document(profiles_text)
+    doc = document(profiles_text)
     indices = tuple(i for i, p in enumerate(doc.profiles) if profiles is None or p.name in profiles)
-    job = Job(profiles_text, indices, buckets, astuple(config), origin, end)
+    job = Job(profiles_text, indices, buckets, config_tuple(config), origin, end)
 
     def fan_out(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for frame in frames:
@@ -161,6 +132,6 @@ def replay(spark: Any, profiles_text: str, events: list[Event], *, config: Engin
     if anchors:
         grouped = grouped.unionByName(spark.createDataFrame(anchors, GROUPS_SCHEMA))
     result = grouped.groupBy("profile", "grp").applyInPandas(evaluate, OUT_SCHEMA).collect()
-    ordered = sorted(result, key=lambda r: (_from_json(json.loads(r.rkey)), r.profile, r.created,
+    ordered = sorted(result, key=lambda r: (tuples_from_json(json.loads(r.rkey)), r.profile, r.created,
                                             r.ord))
     return [r.event for r in ordered]

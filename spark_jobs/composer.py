@@ -16,8 +16,9 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from mediator.eva.engine import DeadLetter, Engine, EngineConfig
+from mediator.eva.engine import Engine, EngineConfig
 from mediator.eva.events import Event, to_cloudevent
+from mediator.eva.notify import dead_letter_record
 from mediator.eva.notify import to_cloudevent as composite_event
 from mediator.eva.parser import parse
 from spark_jobs.streaming import (
@@ -50,18 +51,11 @@ class Composer(Protocol):
     def close(self) -> None: ...
 
 
-def _letter(letter: DeadLetter) -> dict[str, Any]:
-    record: dict[str, Any] = {"reason": letter.reason, "detail": letter.detail}
-    if letter.event is not None:
-        record["event"] = to_cloudevent(letter.event)
-    return record
-
-
 class InProcessComposer:
     def __init__(self, config: EngineConfig | None = None) -> None:
         self._out: list[Output] = []
         self._engine = Engine(config or EngineConfig(),
-                              lambda d: self._out.append(("dead_letter", "", _letter(d))))
+                              lambda d: self._out.append(("dead_letter", "", dead_letter_record(d))))
         self._newest: int | None = None
 
     def register(self, text: str, at: int | None = None) -> list[str]:

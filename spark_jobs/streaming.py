@@ -22,17 +22,19 @@ import json
 import os
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from mediator.eva import ast
 from mediator.eva.engine import DeadLetter, Engine, EngineConfig
-from mediator.eva.events import EventError, from_json_line, to_cloudevent
+from mediator.eva.events import Event, EventError, from_json_line
+from mediator.eva.notify import dead_letter_record
 from mediator.eva.notify import to_cloudevent as composite_event
-from mediator.eva.parser import parse
-from mediator.eva.reference import partition_key
 from mediator.eva.snapshot import restore, snapshot
+from spark_jobs.routing import bucket, config_tuple, document, event_matchers
+
+__all__ = ["Registration", "StreamJob", "config_tuple", "directory_sink", "route", "spool_lines",
+           "start", "write_table"]
 
 ROUTED = "profile STRING, bucket INT, seq LONG, ts TIMESTAMP, line STRING"
 OUT = "kind STRING, profile STRING, ident STRING, payload STRING"
@@ -69,30 +71,18 @@ def write_table(path: str, registrations: list[Registration]) -> None:
     os.replace(path + ".tmp", path)
 
 
-@lru_cache(maxsize=8)
-def _document(text: str) -> ast.Document:
-    return parse(text)
-
-
 @lru_cache(maxsize=32)
 def _table(path: str, version: int) -> dict[str, tuple[Registration, str | None, list[Any]]]:
     """profile name → (its registration, its per path, matchers of its event classes)."""
-    from mediator.eva.classes import compile_predicate
-
     with open(path, encoding="utf-8") as handle:
         entries = [Registration(e["text"], int(e["registered"]), frozenset(e.get("removed", ())))
                    for e in json.load(handle)]
     out = {}
     for entry in entries:
-        doc = _document(entry.text)
-        classes = doc.class_map()
+        doc = document(entry.text)
         for profile in doc.profiles:
-            if profile.name in entry.removed:
-                continue
-            used = sorted({n.name for n in ast.walk(profile.expr) if isinstance(n, ast.Prim)})
-            matchers = [compile_predicate(body, classes) for name in used
-                        if not isinstance(body := classes[name].body, ast.Every)]
-            out[profile.name] = (entry, profile.per, matchers)
+            if profile.name not in entry.removed:
+                out[profile.name] = (entry, profile.per, event_matchers(profile, doc))
     return out
 
 
@@ -102,35 +92,20 @@ def profiles(job: StreamJob) -> dict[str, tuple[Registration, str | None, list[A
     return _table(job.table, os.stat(job.table).st_mtime_ns)
 
 
-def route(job: StreamJob, line: str, seq: int) -> list[tuple[str, int]]:
-    """The (profile, bucket) keys an event line belongs to; a malformed line goes to one
-    profile's bucket 0, whose engine reports it as a dead letter."""
-    table = profiles(job)
-    try:
-        event = from_json_line(line, seq)
-    except EventError:
-        return [(name, 0) for name in sorted(table)][:1]
+def route(table: list[tuple[str, tuple[Registration, str | None, list[Any]]]], buckets: int,
+          event: Event | None) -> list[tuple[str, int]]:
+    """The (profile, bucket) keys an event belongs to, by the (sorted) profile table; a
+    malformed line (None) goes to one profile's bucket 0, whose engine reports it as a dead
+    letter."""
+    if event is None:
+        return [(name, 0) for name, _ in table[:1]]
     out = []
-    for name, (_, per, matchers) in sorted(table.items()):
-        if not any(match(event) for match in matchers):
-            continue
-        if per is None:
-            out.append((name, 0))
-            continue
-        value = event.field(per)
-        if value is not None:
-            key = json.dumps(partition_key(value)).encode()
-            out.append((name, zlib.crc32(key) % job.buckets))
+    for name, (_, per, matchers) in table:
+        if any(match(event) for match in matchers):
+            group = bucket(event, per, buckets)
+            if group is not None:
+                out.append((name, group))
     return out
-
-
-def _letter(letter: DeadLetter) -> str:
-    record: dict[str, Any] = {"reason": letter.reason, "detail": letter.detail}
-    if letter.event is not None:
-        record["event"] = to_cloudevent(letter.event)
-    if letter.raw is not None:
-        record["raw"] = letter.raw
-    return json.dumps(record)
 
 
 def composer_processor(job: StreamJob) -> Any:
@@ -148,7 +123,7 @@ def composer_processor(job: StreamJob) -> Any:
             timers are dropped)."""
 
             def dead(letter: DeadLetter) -> None:
-                letters.append(_letter(letter))
+                letters.append(json.dumps(dead_letter_record(letter)))
 
             found = profiles(job).get(profile)
             if found is None:
@@ -162,7 +137,7 @@ def composer_processor(job: StreamJob) -> Any:
                 if token == entry.token:
                     return restore(bytes(blob), dead)
             engine = Engine(EngineConfig(*job.config), dead)
-            engine.add_document(_document(entry.text), [profile])
+            engine.add_document(document(entry.text), [profile])
             engine.begin(entry.registered)
             return engine
 
@@ -257,16 +232,15 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str,
         # task, in order, but cut into frames of at most 10,000 rows.
         position: dict[str, int] = {}
         for frame in frames:
-            stamps = []
+            events: list[Event | None] = []
             for line in frame["value"]:
                 try:
-                    stamps.append(pd.Timestamp(json.loads(line)["time"]))
-                except (ValueError, KeyError, TypeError):
-                    stamps.append(None)
-            valid = [t for t in stamps if t is not None]
-            if not valid:
+                    events.append(from_json_line(line))
+                except EventError:
+                    events.append(None)
+            times = [e.time for e in events if e is not None]
+            if not times:
                 continue
-            first = min(valid)
             if "seq" in frame:
                 seqs = [int(s) for s in frame["seq"]]
             else:
@@ -274,23 +248,22 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str,
                 for mtime, name in zip(frame["mtime"], frame["file"], strict=True):
                     index = position[name] = position.get(name, -1) + 1
                     seqs.append(int(pd.Timestamp(mtime).value // 1_000_000) * 1_000_000 + index)
-            out = []
-            for line, seq, stamp in zip(frame["value"], seqs, stamps, strict=True):
+            table = sorted(profiles(job).items())  # once per frame: profiles come and go
+            out: list[tuple[str, int, int, int, str]] = []
+            for line, seq, event in zip(frame["value"], seqs, events, strict=True):
                 # A malformed line rides on the frame's earliest time to reach an engine,
                 # which reports it as a dead letter.
-                for profile, bucket in route(job, line, int(seq)):
-                    out.append((profile, bucket, int(seq), stamp if stamp is not None else first,
-                                line))
+                stamp = event.time if event is not None else min(times)
+                out.extend((profile, group, seq, stamp, line)
+                           for profile, group in route(table, job.buckets, event))
             # Anchors carry the frame's newest time to every profile without `per` (its one
             # key: clock-only profiles stay alive) — and to one key at least, so that an event
             # no profile wants (a heartbeat) still moves the watermark, which is global: every
             # key's timer for a buffered instant then fires.
-            newest = max(valid)
-            table = sorted(profiles(job).items())
             keys = [name for name, (_, per, _) in table if per is None] or [n for n, _ in table[:1]]
-            out.extend((name, 0, ANCHOR, newest, "") for name in keys)
+            out.extend((name, 0, ANCHOR, max(times), "") for name in keys)
             frame_out = pd.DataFrame(out, columns=["profile", "bucket", "seq", "ts", "line"])
-            frame_out["ts"] = pd.to_datetime(frame_out["ts"], utc=True)
+            frame_out["ts"] = pd.to_datetime(frame_out["ts"], unit="us", utc=True)
             yield frame_out
 
     routed = lines.mapInPandas(fan_out, ROUTED)
@@ -323,7 +296,3 @@ def directory_sink(out_dir: str) -> Callable[[int, list[Any]], None]:
             os.replace(path + ".tmp", path)
 
     return write
-
-
-def config_tuple(config: EngineConfig) -> tuple[Any, ...]:
-    return astuple(config)

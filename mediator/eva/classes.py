@@ -21,7 +21,8 @@ _ORDER: dict[str, Callable[[Any, Any], bool]] = {
 }
 
 
-def _same(a: object, b: object) -> bool:
+def same(a: object, b: object) -> bool:
+    """Equality of JSON values as a class predicate means it (the native dialects too)."""
     # JSON has one number type: 1 == 1.0, but True is not 1.
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
@@ -31,12 +32,12 @@ def _same(a: object, b: object) -> bool:
 def _compare(pred: ast.Compare) -> Matcher:
     path, op, value = pred.path, pred.op, pred.value
     if op == "==":
-        return lambda e: _same(e.field(path), value)
+        return lambda e: same(e.field(path), value)
     if op == "!=":
-        return lambda e: not _same(e.field(path), value)
+        return lambda e: not same(e.field(path), value)
     if op == "in":
         options = tuple(value) if isinstance(value, tuple) else (value,)
-        return lambda e: any(_same(e.field(path), v) for v in options)
+        return lambda e: any(same(e.field(path), v) for v in options)
     compare = _ORDER[op]
 
     def ordered(e: Event) -> bool:
@@ -131,7 +132,7 @@ class ClassIndex:
 
     def add(self, pred: ast.Predicate, classes: dict[str, ast.ClassDef]) -> int:
         """Register a predicate; returns the id under which :meth:`match` reports it."""
-        key = _resolve(pred, classes)
+        key = resolve(pred, classes)
         found = self._ids.get(key)
         if found is not None:
             return found
@@ -179,18 +180,19 @@ def _is_type_test(pred: ast.Predicate) -> bool:
             and all(isinstance(v, str) for v in pred.value)))
 
 
-def _resolve(pred: ast.Predicate, classes: dict[str, ast.ClassDef]) -> ast.Predicate:
-    """Inline class references so structurally equal classes share one key across documents."""
+def resolve(pred: ast.Predicate, classes: dict[str, ast.ClassDef]) -> ast.Predicate:
+    """Inline class references: structurally equal classes share one key across documents, and
+    a predicate can leave its document (a native dialect knows no EVA class names)."""
     if isinstance(pred, ast.ClassRef):
         body = classes[pred.name].body
         assert not isinstance(body, ast.Every)
-        return _resolve(body, classes)
+        return resolve(body, classes)
     if isinstance(pred, ast.Not):
-        return ast.Not(_resolve(pred.operand, classes))
+        return ast.Not(resolve(pred.operand, classes))
     if isinstance(pred, ast.And):
-        return ast.And(_resolve(pred.left, classes), _resolve(pred.right, classes))
+        return ast.And(resolve(pred.left, classes), resolve(pred.right, classes))
     if isinstance(pred, ast.Or):
-        return ast.Or(_resolve(pred.left, classes), _resolve(pred.right, classes))
+        return ast.Or(resolve(pred.left, classes), resolve(pred.right, classes))
     return pred
 
 

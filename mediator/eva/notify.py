@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from mediator.eva.engine import DeadLetter
 from mediator.eva.events import format_time
+from mediator.eva.events import to_cloudevent as event_to_cloudevent
 from mediator.eva.reference import Notification
 
 SOURCE = "urn:evamed"
@@ -32,3 +34,23 @@ def to_cloudevent(n: Notification) -> dict[str, Any]:
         "datacontenttype": "application/json",
         "data": data,
     }
+
+
+def dead_letter_record(letter: DeadLetter) -> dict[str, Any]:
+    """A dead letter as the JSON record every output writes: reason, detail, the event or the
+    raw input."""
+    record: dict[str, Any] = {"reason": letter.reason, "detail": letter.detail}
+    if letter.event is not None:
+        record["event"] = event_to_cloudevent(letter.event)
+    if letter.raw is not None:
+        record["raw"] = letter.raw
+    return record
+
+
+def tuples_to_json(value: Any) -> Any:
+    """Identities and order keys are nested tuples; JSON carries them as nested lists."""
+    return [tuples_to_json(v) for v in value] if isinstance(value, tuple) else value
+
+
+def tuples_from_json(value: Any) -> Any:
+    return tuple(tuples_from_json(v) for v in value) if isinstance(value, list) else value

@@ -1,0 +1,46 @@
+"""What the batch and the streaming job share: which events a profile can see, which bucket of
+its partitions an event goes to, documents parsed once per worker."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import astuple
+from functools import lru_cache
+from typing import Any
+
+from mediator.eva import ast
+from mediator.eva.classes import Matcher, compile_predicate
+from mediator.eva.engine import EngineConfig
+from mediator.eva.events import Event
+from mediator.eva.parser import parse
+from mediator.eva.reference import partition_key
+
+
+@lru_cache(maxsize=16)
+def document(text: str) -> ast.Document:
+    return parse(text)
+
+
+def event_matchers(profile: ast.Profile, doc: ast.Document) -> list[Matcher]:
+    """The predicates of the profile's event classes: an event matching none is not its event."""
+    classes = doc.class_map()
+    used = sorted({n.name for n in ast.walk(profile.expr) if isinstance(n, ast.Prim)})
+    return [compile_predicate(body, classes) for name in used
+            if not isinstance(body := classes[name].body, ast.Every)]
+
+
+def bucket(event: Event, per: str | None, buckets: int) -> int | None:
+    """The bucket of the event's partition (0 without ``per``); None if the event has no value
+    for ``per`` (the profile does not see it). A stable hash, the same in every process."""
+    if per is None:
+        return 0
+    value: Any = event.field(per)
+    if value is None:
+        return None
+    return zlib.crc32(json.dumps(partition_key(value)).encode()) % buckets
+
+
+def config_tuple(config: EngineConfig) -> tuple[Any, ...]:
+    """An engine configuration small and plain enough to ship with every task."""
+    return astuple(config)
