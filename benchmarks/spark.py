@@ -3,6 +3,7 @@ one engine per profile × bucket (the job) against one state per partition key (
 key its own bucket), side by side on the same input. Prints events/s and micro-batch latency.
 
     .venv/bin/python benchmarks/spark.py [--keys 10000] [--batch 50000] [--batches 4]
+        [--buckets 16] [--skip-naive]
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ from typing import Any
 
 from mediator.eva.engine import EngineConfig
 from spark_jobs.session import build_session
-from spark_jobs.streaming import Registration, StreamJob, config_tuple, start, write_table
+from spark_jobs.streaming import (
+    Registration,
+    StreamJob,
+    config_tuple,
+    spool_file,
+    start,
+    write_table,
+)
 
 # A and B come from two different sources (a truck feed and a depot feed): a cross-source
 # sequence per truck, within 10 s.
@@ -61,25 +69,18 @@ def run(spark: Any, label: str, buckets: int, keys: int, batch: int, batches: in
     total = 0
     try:
         for k in range(batches + 1):  # the first batch warms the Python workers up
-            path = os.path.join(spool, f"part-{k:04d}.jsonl")
             lines = batch_lines(rng, origin + 1 + k * batch * 200, batch, keys, k * batch)
-            with open(path + ".tmp", "w") as handle:
-                handle.write("\n".join(lines) + "\n")
-            os.replace(path + ".tmp", path)
-            stamp = time.time() + k  # the file source takes files in modification order
-            os.utime(path, (stamp, stamp))
+            # The file source takes files in modification order.
+            spool_file(spool, f"part-{k:04d}.jsonl", lines, time.time() + k)
             began = time.perf_counter()
             query.processAllAvailable()
             if k:
                 latencies.append(time.perf_counter() - began)
                 total += batch
         # A heartbeat no profile wants moves the watermark past the last events.
-        path = os.path.join(spool, "part-9999.jsonl")
-        with open(path, "w") as handle:
-            handle.write(json.dumps({"specversion": "1.0", "id": "heartbeat", "source": "bench",
-                                     "type": "heartbeat", "time": "2027-01-01T00:00:00Z"}) + "\n")
-        stamp = time.time() + batches + 1
-        os.utime(path, (stamp, stamp))
+        heartbeat = {"specversion": "1.0", "id": "heartbeat", "source": "bench",
+                     "type": "heartbeat", "time": "2027-01-01T00:00:00Z"}
+        spool_file(spool, "part-9999.jsonl", [json.dumps(heartbeat)], time.time() + batches + 1)
         query.processAllAvailable()
     finally:
         query.stop()
@@ -114,16 +115,19 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=50_000)
     parser.add_argument("--batches", type=int, default=4)
     parser.add_argument("--buckets", type=int, default=16)
+    parser.add_argument("--skip-naive", action="store_true")
     args = parser.parse_args()
     spark = build_session()
     print(f"{args.batches} micro-batches of {args.batch:,} events, {args.keys:,} partition keys, "
           "local[2]")
     expected = in_process(args.keys, args.batch, args.batches)
     bucketed = run(spark, "bucketed", args.buckets, args.keys, args.batch, args.batches)
-    # Naive: every key its own state (crc32 modulo 2^31 − 1 separates the keys, bar collisions).
-    naive = run(spark, "naive", 2**31 - 1, args.keys, args.batch, args.batches)
     print(f"  in-process engine: {expected:,} composites")
-    assert bucketed == naive == expected > 0, "every job must report the engine's composites"
+    assert bucketed == expected > 0, "the job must report the engine's composites"
+    if not args.skip_naive:
+        # Naive: every key its own state (crc32 modulo 2^31 − 1 separates them, bar collisions).
+        naive = run(spark, "naive", 2**31 - 1, args.keys, args.batch, args.batches)
+        assert naive == expected, "the naive job must report the engine's composites"
 
 
 if __name__ == "__main__":

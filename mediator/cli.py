@@ -1,4 +1,5 @@
-"""The ``evamed`` command line: check profiles, replay traces.
+"""The ``evamed`` command line: check profiles, replay traces, run the composition job and
+the base services.
 
 Every user error exits with status 2 and a message that says where and what; never a traceback.
 """
@@ -21,8 +22,7 @@ from adapters.registry import GROUPS
 from mediator.eva import ast
 from mediator.eva.engine import DeadLetter, Engine, EngineConfig
 from mediator.eva.events import Event, EventError, format_time, from_json_line
-from mediator.eva.notify import dead_letter_record
-from mediator.eva.notify import to_cloudevent as composite_event
+from mediator.eva.notify import composite_line, dead_letter_record
 from mediator.eva.parser import ProfileError, parse
 from mediator.eva.reference import Notification
 from mediator.eva.retention import retention
@@ -187,7 +187,7 @@ def replay(
     def emit(notifications: list[Notification]) -> None:
         for n in notifications:
             counts[n.profile] += 1
-            sys.stdout.write(json.dumps(composite_event(n)) + "\n")
+            sys.stdout.write(composite_line(n)[1] + "\n")
 
     with ExitStack() as stack:
         if dead_letter:
@@ -206,7 +206,7 @@ def replay(
         for n in _replay_via(via, doc, profile or None, admitted, config, engine.origin, end,
                              service):
             counts[n.profile] += 1
-            sys.stdout.write(json.dumps(composite_event(n)) + "\n")
+            sys.stdout.write(composite_line(n)[1] + "\n")
     if on_spark and admitted and engine.origin is not None:
         from spark_jobs.batch import replay as spark_replay
         from spark_jobs.session import build_session
@@ -361,6 +361,92 @@ def _renderer(group: str, doc: ast.Document) -> Any:
             return f"(the mediator's own feed: {exc})"
 
     return render
+
+
+@app.command()
+def compose(
+    checkpoint: Annotated[Path, typer.Option(help="Spark checkpoint directory: a restarted job "
+                                                  "resumes from it, losing and repeating "
+                                                  "nothing.")],
+    profiles: Annotated[Path | None, typer.Option(help="Profile file, registered at --since.")]
+        = None,
+    table: Annotated[Path | None, typer.Option(help="A profile table kept by the mediator "
+                                                    "(followed while the job runs), instead "
+                                                    "of --profiles.")] = None,
+    since: Annotated[str, typer.Option(help="Registration time of --profiles (RFC 3339): "
+                                            "they see later events.")]
+        = "1970-01-01T00:00:00Z",
+    spool: Annotated[Path | None, typer.Option(help="Directory of CloudEvents JSON-lines "
+                                                    "files, taken in modification order.")]
+        = None,
+    redis: Annotated[str | None, typer.Option(help="Redis URL: read the notification log and "
+                                                   "write composites back, instead of "
+                                                   "--spool/--out.")] = None,
+    out: Annotated[Path | None, typer.Option(help="With --spool: composites and dead letters "
+                                                  "here, a file per micro-batch.")] = None,
+    tick: Annotated[str, typer.Option(help="Default clock granularity for negations.")] = "1s",
+    lateness: Annotated[str, typer.Option(help="Allowed lateness per source.")] = "0s",
+    buckets: Annotated[int, typer.Option(help="Engines per profile (hash buckets of `per` "
+                                              "partitions).")] = 16,
+    max_files: Annotated[int | None, typer.Option(help="Spool files per micro-batch.")] = None,
+    master: Annotated[str, typer.Option(help="Spark master.")] = "local[2]",
+    once: Annotated[bool, typer.Option(help="Process what is there now, then stop.")] = False,
+) -> None:
+    """Run the streaming composition job (Spark Structured Streaming): profiles over a spool
+    directory or the Redis notification log, until stopped (SIGINT/SIGTERM) or, with --once,
+    until the input present at the start is processed."""
+    import signal
+
+    from spark_jobs.redis_io import redis_lines, redis_sink
+    from spark_jobs.session import build_session
+    from spark_jobs.streaming import (
+        Registration,
+        StreamJob,
+        config_tuple,
+        directory_sink,
+        start,
+        write_table,
+    )
+
+    if (profiles is None) == (table is None):
+        err.print("[red]error:[/] give --profiles or --table (one of them)")
+        raise typer.Exit(2)
+    if (redis is None) == (spool is None) or (spool is not None and out is None):
+        err.print("[red]error:[/] give --spool with --out, or --redis")
+        raise typer.Exit(2)
+    if buckets < 1:
+        err.print(f"[red]error:[/] --buckets {buckets}: expected a positive number")
+        raise typer.Exit(2)
+    tick_us = _span_option(tick, "tick") or 1_000_000
+    late_us = _span_option(lateness, "lateness") or 0
+    config = EngineConfig(tick=tick_us, allowed_lateness=late_us)
+    delay = f"{late_us // 1000} milliseconds"  # Spark's watermark delay: the same lateness
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    if profiles is not None:
+        _load(profiles)  # exit 2 with the parser's message
+        table = checkpoint / "profiles.json"
+        registered = _time_option(since, "since") or 0
+        write_table(str(table), [Registration(profiles.read_text(encoding="utf-8"), registered)])
+    elif table is not None and not table.is_file():
+        err.print(f"[red]error:[/] no profile table at {table}")
+        raise typer.Exit(2)
+    assert table is not None
+    job = StreamJob(str(table), config_tuple(config), buckets)
+    spark = build_session(master, "evamed-compose")
+    if redis is not None:
+        query = start(spark, job, "", str(checkpoint / "spark"), redis_sink(redis),
+                      lines=redis_lines(spark, redis), lateness=delay)
+    else:
+        assert spool is not None and out is not None
+        query = start(spark, job, str(spool), str(checkpoint / "spark"),
+                      directory_sink(str(out)), lateness=delay, max_files=max_files)
+    if once:
+        query.processAllAvailable()
+        query.stop()
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: query.stop())
+    query.awaitTermination()
 
 
 @app.command("base-service")

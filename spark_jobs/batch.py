@@ -27,8 +27,7 @@ from typing import Any
 
 from mediator.eva.engine import Engine, EngineConfig
 from mediator.eva.events import PASSIVE, PRIMITIVE, Event, from_json_line, to_cloudevent
-from mediator.eva.notify import to_cloudevent as composite_event
-from mediator.eva.notify import tuples_from_json, tuples_to_json
+from mediator.eva.notify import composite_line, tuples_from_json, tuples_to_json
 from mediator.eva.reference import partition_key
 from spark_jobs.routing import bucket, config_tuple, document, event_matchers
 
@@ -98,7 +97,7 @@ def run_group(job: Job, profile_index: int, rows: list[tuple[int, str]]) -> list
     notes.extend(engine.close(job.end))
     return [(profile_index, created.get(partition_key(n.partition), 0) if per is not None else 0,
              json.dumps(tuples_to_json(_remap(n.emitted, global_seq))), i,
-             json.dumps(composite_event(n))) for i, n in enumerate(notes)]
+             composite_line(n)[1]) for i, n in enumerate(notes)]
 
 
 def replay(spark: Any, profiles_text: str, events: list[Event], *, config: EngineConfig,

@@ -26,6 +26,7 @@ from spark_jobs.streaming import (
     StreamJob,
     config_tuple,
     profiles,
+    spool_file,
     start,
     write_table,
 )
@@ -136,13 +137,10 @@ class SparkComposer:
         if self._query is None:
             self._query = start(self.spark, self.job, self.spool, self.checkpoint, self._sink,
                                 lateness=self.lateness, max_files=1)
-        path = os.path.join(self.spool, f"part-{self._files:08d}.jsonl")
-        with open(path + ".tmp", "w", encoding="utf-8") as handle:
-            handle.write("\n".join(json.dumps(to_cloudevent(e)) for e in events) + "\n")
-        os.replace(path + ".tmp", path)
         # The file source takes files in modification order: make it the feeding order.
         self._stamp = max(self._stamp + 1, time.time())
-        os.utime(path, (self._stamp, self._stamp))
+        spool_file(self.spool, f"part-{self._files:08d}.jsonl",
+                   [json.dumps(to_cloudevent(e)) for e in events], self._stamp)
         self._files += 1
         self._newest = max([e.time for e in events] + ([self._newest] if self._newest else []))
 

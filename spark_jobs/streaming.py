@@ -1,14 +1,17 @@
 """The streaming composition job: profiles evaluated over a stream of primitive notifications
-inside Spark stateful processing (``transformWithState``, event time, RocksDB state store).
+inside Spark stateful processing (``transformWithStateInPandas``, event time, RocksDB state
+store).
 
 Layout (docs/spark.md):
 
-    spool directory (CloudEvents JSON lines)
-      → fan-out (mapInPandas): each event to the (profile, bucket) keys it belongs to
-      → withWatermark(ts, lateness)
-      → groupBy(profile, bucket).transformWithState(Composer): one engine per key, kept as a
-        snapshot (mediator/eva/snapshot.py) in a ValueState; events pushed in order, the clock
-        advanced to the watermark, an event-time timer armed for the engine's next instant
+    spool directory (CloudEvents JSON lines) or the Redis log
+      → fan-out (mapInPandas): each event to the (profile, bucket) keys it belongs to; event
+        rows carry no event time, anchor rows carry each frame's newest time
+      → withWatermark(ts, lateness): moved by the anchors only
+      → groupBy(profile, bucket).transformWithStateInPandas(Composer): one engine per key,
+        cached in the Python worker and kept in the state store as snapshot + log of inputs;
+        the clock advanced to the watermark (rows behind it are late dead letters), the rows
+        pushed in arrival order, an event-time timer armed for the engine's next instant
       → foreachBatch: composites and dead letters written per batch id (a re-run batch after a
         restart overwrites its own files: no loss, no duplicates)
 
@@ -20,7 +23,10 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import uuid
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
@@ -28,13 +34,13 @@ from typing import Any
 
 from mediator.eva.engine import DeadLetter, Engine, EngineConfig
 from mediator.eva.events import Event, EventError, from_json_line
-from mediator.eva.notify import dead_letter_record
-from mediator.eva.notify import to_cloudevent as composite_event
+from mediator.eva.notify import composite_line, dead_letter_record
+from mediator.eva.semantics import Notification
 from mediator.eva.snapshot import restore, snapshot
 from spark_jobs.routing import bucket, config_tuple, document, event_matchers
 
-__all__ = ["Registration", "StreamJob", "config_tuple", "directory_sink", "route", "spool_lines",
-           "start", "write_table"]
+__all__ = ["Registration", "StreamJob", "config_tuple", "directory_sink", "route", "spool_file",
+           "spool_lines", "start", "write_table"]
 
 ROUTED = "profile STRING, bucket INT, seq LONG, ts TIMESTAMP, line STRING"
 OUT = "kind STRING, profile STRING, ident STRING, payload STRING"
@@ -46,6 +52,9 @@ class StreamJob:
     table: str  # path of the profile table (write_table); read again whenever it changes
     config: tuple[Any, ...]  # EngineConfig as a tuple
     buckets: int = 16
+    # A key's engine is written whole again once its log holds this many rows (a call with
+    # more rows writes it at once; calls with few rows, and timer calls, only log).
+    log_rows: int = 2_000
 
 
 @dataclass(frozen=True)
@@ -108,94 +117,184 @@ def route(table: list[tuple[str, tuple[Registration, str | None, list[Any]]]], b
     return out
 
 
+# Engines kept in the Python worker between micro-batches, by (profile, bucket): (stamp of the
+# state they hold, engine). Spark reuses its Python workers, so a key's engine is often still
+# here (about half the calls on local[2], where a state partition goes to whichever worker is
+# free); on a miss (another worker, a restart, a retried batch) it is rebuilt from the state
+# store.
+# The processor class is shipped to the workers by value, globals and all, so it reaches the
+# cache only through these module functions (shipped by reference).
+_ENGINES: OrderedDict[tuple[str, int], tuple[str, Engine]] = OrderedDict()
+_CACHED = 20_000
+
+
+def _cached(key: tuple[str, int], stamp: str) -> Engine | None:
+    """The worker's engine for the key if it holds the state named by ``stamp`` (taken out:
+    a call that fails half-way must not leave a half-fed engine behind)."""
+    found = _ENGINES.pop(key, None)
+    return found[1] if found is not None and found[0] == stamp else None
+
+
+def _keep(key: tuple[str, int], stamp: str, engine: Engine | None) -> None:
+    _ENGINES.pop(key, None)
+    if engine is not None:
+        _ENGINES[key] = (stamp, engine)
+        while len(_ENGINES) > _CACHED:
+            _ENGINES.popitem(last=False)
+
+
+def _step(engine: Engine, rows: list[tuple[int, str]], watermark: int | None,
+          registered: int) -> list[Notification]:
+    """One call's work on a key's engine, the same live and in a replay of the log: the
+    clock to the watermark (events behind it are then late, and dead-lettered as such), then the
+    rows in arrival order."""
+    notes = engine.advance(watermark) if watermark is not None else []
+    for seq, line in rows:
+        try:
+            event = from_json_line(line, seq=seq)
+        except EventError as exc:
+            engine.malformed(str(exc), line)
+            continue
+        if event.time <= registered:
+            continue  # before the profile was registered: not its event (Def. 3.5)
+        notes.extend(engine.push(event))
+    return notes
+
+
+def _pack(rows: list[tuple[int, str]], watermark: int | None) -> bytes:
+    return zlib.compress(pickle.dumps((watermark, rows), pickle.HIGHEST_PROTOCOL), 1)
+
+
+def _unpack(blob: bytes) -> tuple[int | None, list[tuple[int, str]]]:
+    watermark, rows = pickle.loads(zlib.decompress(blob))
+    return watermark, rows
+
+
 def composer_processor(job: StreamJob) -> Any:
-    """A ``StatefulProcessor`` running one engine per (profile, bucket)."""
-    from pyspark.sql import Row
+    """A ``StatefulProcessor`` running one engine per (profile, bucket).
+
+    State per key: ``snapshot`` (the engine at some call, with its registration token),
+    ``log`` (the input of every call since: rows and watermark, compressed) and ``head`` (a
+    stamp naming the state after the latest call, the token, the rows logged). A call takes the
+    worker's cached engine when its stamp is the head's, else restores the snapshot and replays
+    the log; it appends its own input to the log, and writes a fresh snapshot instead once the
+    log holds ``job.log_rows`` rows. Snapshots are exact and the engine deterministic, so a
+    replayed engine is the engine that was cached."""
+    import pandas as pd
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    columns = ["kind", "profile", "ident", "payload"]
 
     class Composer(StatefulProcessor):
         def init(self, handle: Any) -> None:
             self.handle = handle
-            self.engine_state = handle.getValueState("engine", "blob BINARY, token STRING")
+            self.snap = handle.getValueState("snapshot", "blob BINARY, token STRING")
+            self.log = handle.getListState("log", "entry BINARY")
+            self.head = handle.getValueState("head", "stamp STRING, token STRING, logged LONG")
 
-        def _engine(self, profile: str, letters: list[str]) -> Engine | None:
-            """The key's engine, or None once its profile has left the table (its state and
-            timers are dropped)."""
+        def _drop(self, key: tuple[str, int]) -> None:
+            """The profile left the table: its state and timers go."""
+            _keep(key, "", None)
+            for state in (self.snap, self.log, self.head):
+                state.clear()
+            for timer in self.handle.listTimers():
+                self.handle.deleteTimer(timer)
 
-            def dead(letter: DeadLetter) -> None:
-                letters.append(json.dumps(dead_letter_record(letter)))
-
-            found = profiles(job).get(profile)
-            if found is None:
-                self.engine_state.clear()
-                for timer in self.handle.listTimers():
-                    self.handle.deleteTimer(timer)
-                return None
-            entry = found[0]
-            if self.engine_state.exists():
-                blob, token = self.engine_state.get()
+        def _take(self, key: tuple[str, int], entry: Registration) -> tuple[Engine, int]:
+            """The key's engine as the state store has it, and the rows logged since its
+            snapshot."""
+            if self.head.exists():
+                stamp, token, logged = self.head.get()
                 if token == entry.token:
-                    return restore(bytes(blob), dead)
-            engine = Engine(EngineConfig(*job.config), dead)
-            engine.add_document(document(entry.text), [profile])
+                    cached = _cached(key, stamp)
+                    if cached is not None:
+                        return cached, int(logged)
+                    blob, _ = self.snap.get()
+                    engine = restore(bytes(blob))
+                    for item in self.log.get():
+                        watermark, rows = _unpack(bytes(item[0]))
+                        _step(engine, rows, watermark, entry.registered)
+                    return engine, int(logged)
+            engine = Engine(EngineConfig(*job.config))
+            engine.add_document(document(entry.text), [key[0]])
             engine.begin(entry.registered)
-            return engine
+            self.snap.update((snapshot(engine), entry.token))
+            self.log.clear()
+            return engine, 0
 
-        def _finish(self, profile: str, engine: Engine, notes: list[Any], letters: list[str],
-                    watermark_ms: int) -> Iterator[Any]:
-            entry = profiles(job)[profile][0]
-            self.engine_state.update((snapshot(engine), entry.token))
+        def _call(self, key: tuple[str, int], rows: list[tuple[int, str]],
+                  watermark_ms: int) -> Iterator[pd.DataFrame]:
+            found = profiles(job).get(key[0])
+            if found is None:
+                self._drop(key)
+                return
+            entry = found[0]
+            engine, logged = self._take(key, entry)
+            letters: list[str] = []
+            engine.dead_letter = lambda letter: letters.append(
+                json.dumps(dead_letter_record(letter)))
+            # Spark's watermark says no row at or before it is still to come; the clock stops
+            # just short of it, so an event at the newest time seen is still on time.
+            watermark = watermark_ms * 1000 - 1 if watermark_ms > 0 else None
+            notes = _step(engine, rows, watermark, entry.registered)
+            engine.dead_letter = _ignore
+            logged += len(rows) + 1
+            if logged >= job.log_rows:
+                self.snap.update((snapshot(engine), entry.token))
+                self.log.clear()
+                logged = 0
+            else:
+                self.log.appendList([(_pack(rows, watermark),)])
+            stamp = uuid.uuid4().hex
+            self.head.update((stamp, entry.token, logged))
+            _keep(key, stamp, engine)
             for timer in self.handle.listTimers():
                 self.handle.deleteTimer(timer)
             upcoming = engine.next_instant()
             if upcoming is not None:
-                self.handle.registerTimer(max(-(-upcoming // 1000), watermark_ms + 1))
-            for n in notes:
-                event = composite_event(n)
-                yield Row(kind="composite", profile=profile, ident=event["id"],
-                          payload=json.dumps(event))
-            for text in letters:
-                yield Row(kind="dead_letter", profile=profile, ident="", payload=text)
+                # A timer at T fires once the watermark reaches T; the clock then goes to
+                # T·1000 − 1 µs, which must reach the instant.
+                self.handle.registerTimer(max(-(-(upcoming + 1) // 1000), watermark_ms + 1))
+            out = [("composite", key[0], *composite_line(n)) for n in notes]
+            out += [("dead_letter", key[0], "", text) for text in letters]
+            if out:
+                yield pd.DataFrame(out, columns=columns)
 
-        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Any]:
-            profile = key[0]
-            letters: list[str] = []
-            engine = self._engine(profile, letters)
-            if engine is None:
-                return
-            registered = profiles(job)[profile][0].registered
-            notes = []
-            for row in sorted(rows, key=lambda r: r.seq):
-                if row.seq == ANCHOR:
-                    continue
-                try:
-                    event = from_json_line(row.line, seq=row.seq)
-                except EventError as exc:
-                    engine.malformed(str(exc), row.line)
-                    continue
-                if event.time <= registered:
-                    continue  # before the profile was registered: not its event (Def. 3.5)
-                notes.extend(engine.push(event))
-            watermark = timerValues.getCurrentWatermarkInMs()
-            if watermark > 0:
-                notes.extend(engine.advance(watermark * 1000))
-            yield from self._finish(profile, engine, notes, letters, watermark)
+        def handleInputRows(self, key: Any, rows: Any,
+                            timerValues: Any) -> Iterator[pd.DataFrame]:
+            batch: list[tuple[int, str]] = []
+            for frame in rows:
+                batch.extend(zip(frame["seq"].tolist(), frame["line"].tolist(), strict=True))
+            batch = sorted(row for row in batch if row[0] != ANCHOR)
+            yield from self._call((key[0], int(key[1])), batch,
+                                  timerValues.getCurrentWatermarkInMs())
 
         def handleExpiredTimer(self, key: Any, timerValues: Any,
-                               expiredTimerInfo: Any) -> Iterator[Any]:
-            profile = key[0]
-            letters: list[str] = []
-            engine = self._engine(profile, letters)
-            if engine is None:
-                return
-            watermark = timerValues.getCurrentWatermarkInMs()
-            notes = engine.advance(watermark * 1000)
-            yield from self._finish(profile, engine, notes, letters, watermark)
+                               expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:
+            yield from self._call((key[0], int(key[1])), [],
+                                  timerValues.getCurrentWatermarkInMs())
 
         def close(self) -> None:
             pass
 
     return Composer()
+
+
+def _ignore(letter: DeadLetter) -> None:
+    pass
+
+
+def spool_file(spool: str, name: str, lines: list[str], stamp: float) -> str:
+    """Drop a file of lines into the spool, whole and with modification time ``stamp`` (its
+    place in the arrival order) from the moment the file source can see it: written under a
+    hidden name (the file source skips names starting with a dot) and renamed."""
+    path = os.path.join(spool, name)
+    hidden = os.path.join(spool, f".{name}.tmp")
+    with open(hidden, "w", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+    os.utime(hidden, (stamp, stamp))
+    os.replace(hidden, path)
+    return path
 
 
 def spool_lines(spark: Any, spool: str, max_files: int | None = None) -> Any:
@@ -239,29 +338,27 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str,
                 except EventError:
                     events.append(None)
             times = [e.time for e in events if e is not None]
-            if not times:
-                continue
             if "seq" in frame:
-                seqs = [int(s) for s in frame["seq"]]
+                seqs = frame["seq"].tolist()
             else:
+                millis = frame["mtime"].to_numpy().astype("datetime64[ms]").astype("int64")
                 seqs = []
-                for mtime, name in zip(frame["mtime"], frame["file"], strict=True):
-                    index = position[name] = position.get(name, -1) + 1
-                    seqs.append(int(pd.Timestamp(mtime).value // 1_000_000) * 1_000_000 + index)
+                for ms, name in zip(millis.tolist(), frame["file"].tolist(), strict=True):
+                    at = position[name] = position.get(name, -1) + 1
+                    seqs.append(ms * 1_000_000 + at)
             table = sorted(profiles(job).items())  # once per frame: profiles come and go
-            out: list[tuple[str, int, int, int, str]] = []
+            out: list[tuple[str, int, int, int | None, str]] = []
             for line, seq, event in zip(frame["value"], seqs, events, strict=True):
-                # A malformed line rides on the frame's earliest time to reach an engine,
-                # which reports it as a dead letter.
-                stamp = event.time if event is not None else min(times)
-                out.extend((profile, group, seq, stamp, line)
+                # Event rows carry no event time: Spark would drop a row behind its watermark
+                # unseen, and the engine reports it as a late dead letter instead.
+                out.extend((profile, group, seq, None, line)
                            for profile, group in route(table, job.buckets, event))
-            # Anchors carry the frame's newest time to every profile without `per` (its one
-            # key: clock-only profiles stay alive) — and to one key at least, so that an event
-            # no profile wants (a heartbeat) still moves the watermark, which is global: every
-            # key's timer for a buffered instant then fires.
+            # Anchors carry the frame's newest time (they alone move the watermark) to every
+            # profile without `per` (its one key: clock-only profiles stay alive) — and to one
+            # key at least, so that an event no profile wants (a heartbeat) still moves the
+            # watermark, which is global: every key's timer for a buffered instant then fires.
             keys = [name for name, (_, per, _) in table if per is None] or [n for n, _ in table[:1]]
-            out.extend((name, 0, ANCHOR, max(times), "") for name in keys)
+            out.extend((name, 0, ANCHOR, max(times), "") for name in keys if times)
             frame_out = pd.DataFrame(out, columns=["profile", "bucket", "seq", "ts", "line"])
             frame_out["ts"] = pd.to_datetime(frame_out["ts"], unit="us", utc=True)
             yield frame_out
@@ -269,11 +366,13 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str,
     routed = lines.mapInPandas(fan_out, ROUTED)
     composed = (routed.withWatermark("ts", lateness)
                 .groupBy("profile", "bucket")
-                .transformWithState(statefulProcessor=composer_processor(job), outputStructType=OUT,
-                                    outputMode="Append", timeMode="EventTime"))
+                .transformWithStateInPandas(statefulProcessor=composer_processor(job),
+                                            outputStructType=OUT, outputMode="Append",
+                                            timeMode="EventTime"))
 
     def each(batch: Any, batch_id: int) -> None:
-        sink(batch_id, batch.collect())
+        # Through Arrow: collect() would build a Row per composite in the driver.
+        sink(batch_id, list(batch.toPandas().itertuples(index=False)))
 
     writer = composed.writeStream.foreachBatch(each).option("checkpointLocation", checkpoint)
     writer = writer.trigger(**trigger) if trigger else writer

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from mediator.eva import ast
 from mediator.eva.engine import EngineConfig, replay
 from mediator.eva.events import Event
@@ -37,3 +40,27 @@ def both(profile: str, trace: str | list[Event], tick: int = 1) -> list[tuple[st
         got = replay(doc, events, config=EngineConfig(tick=tick, gc=gc))
         assert signature(got) == signature(expected), (profile, gc)
     return events_of(expected)
+
+
+# The end of the logistics day for the streaming tests: an event no profile wants, late enough
+# to move the clock past every step.
+SENTINEL = {"specversion": "1.0", "id": "end", "source": "test", "type": "none",
+            "time": "2026-03-05T00:00:00Z"}
+
+
+def logistics_day() -> tuple[str, list[dict[str, Any]], list[str]]:
+    """The paper's profiles, the logistics day (seed 7) as CloudEvents, and what the in-process
+    engine reports for it — composites as JSON lines, the sentinel closing the day."""
+    from examples.logistics.generate import day
+    from mediator.eva.engine import Engine
+    from mediator.eva.events import from_cloudevent, parse_time
+    from mediator.eva.notify import composite_line
+
+    text = Path("examples/logistics/profiles.eva").read_text()
+    events = day(7)
+    engine = Engine(EngineConfig())
+    engine.add_document(parse(text))
+    trace = [from_cloudevent(e, i) for i, e in enumerate(events)]
+    notes = [n for e in trace for n in engine.push(e)]
+    notes += engine.close(parse_time(SENTINEL["time"]))
+    return text, events, [composite_line(n)[1] for n in notes]

@@ -57,3 +57,35 @@ def test_time_formatting_round_trips_at_microsecond_precision(micros: int) -> No
 
 def test_events_compare_by_identity_fields_not_attributes() -> None:
     assert Event("a", "s", "t", 1, 0, None, {"x": 1}) == Event("a", "s", "t", 1, 0, None, {})
+
+
+@given(st.integers(min_value=0, max_value=4_102_444_800_000_000),
+       st.sampled_from(["", ".{ms:03d}", ".{us:06d}", ".{d}", "+00:00", "+05:30", "z"]),
+       st.sampled_from(["T", " ", "t"]))
+def test_the_fast_timestamp_path_agrees_with_the_general_parser(
+        micros: int, tail: str, sep: str) -> None:
+    """parse_time reads the common shape through a per-second cache; every shape must give
+    what datetime.fromisoformat gives (events.py)."""
+    from mediator.eva.events import _parse_time
+
+    base = format_time(micros - micros % 1_000_000)[:19].replace("T", sep)
+    text = base + tail.format(ms=micros % 1000, us=micros % 1_000_000, d=micros % 10)
+    text += "" if tail.startswith(("+", "z")) else "Z"
+    assert parse_time(text) == _parse_time(text)
+    assert parse_time(text) == parse_time(text)  # the second time from the cache
+
+
+def test_what_orjson_refuses_json_still_reads() -> None:
+    import math
+
+    head = '{"specversion": "1.0", "id": "a", "source": "s", "type": "t", ' \
+           '"time": "2026-01-01T00:00:00Z", '
+    data = from_json_line(head + '"data": {"x": NaN, "big": 123456789012345678901234567890}}').data
+    assert math.isnan(data["x"]) and data["big"] == 123456789012345678901234567890
+    assert from_json_line(head + '"data": "\\ud800"}').data == "\ud800"
+    assert from_json_line(head + '"data": 1.5e400}').data == math.inf
+
+
+def test_bad_json_reports_the_standard_message() -> None:
+    with pytest.raises(EventError, match=r"not JSON: Expecting ',' delimiter at column 10"):
+        from_json_line('{"id": 1 "x": 2}')

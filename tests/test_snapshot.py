@@ -3,6 +3,11 @@ state store (the Spark job) and a restarted service rely on."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -44,3 +49,32 @@ def test_a_snapshot_keeps_no_callback_and_the_original_goes_on() -> None:
     restored = restore(data, later.append)
     restored.malformed("x")
     assert len(later) == 1 and letters == []
+
+
+def test_a_snapshot_restores_in_a_fresh_process(tmp_path: Path) -> None:
+    """Spark restores in another worker than the one that wrote the snapshot: nothing the
+    writer cached (attribute names per class) may be needed to read it."""
+    from mediator.eva.parser import parse
+
+    doc = parse('class A = type == "a"\nclass B = type == "b"\n'
+                "profile S per data.k = ((all_dup(A); last_dup(B))_10s)_all_pairs\n")
+    engine = Engine(EngineConfig())
+    engine.add_document(doc)
+    trace = [Event(f"e{i}", "s", "ab"[i % 2], 1_000_000 * i, i, {"k": i % 3}) for i in range(12)]
+    for event in trace[:7]:
+        engine.push(event)
+    (tmp_path / "engine.bin").write_bytes(snapshot(engine))
+    rest = [n for e in trace[7:] for n in engine.push(e)] + engine.close()
+    script = (
+        "import json, sys\n"
+        "from mediator.eva.events import Event\n"
+        "from mediator.eva.notify import to_cloudevent\n"
+        "from mediator.eva.snapshot import restore\n"
+        f"engine = restore(open({str(tmp_path / 'engine.bin')!r}, 'rb').read())\n"
+        f"trace = [Event(f'e{{i}}', 's', 'ab'[i % 2], 1_000_000 * i, i, {{'k': i % 3}})"
+        " for i in range(7, 12)]\n"
+        "notes = [n for e in trace for n in engine.push(e)] + engine.close()\n"
+        "print(json.dumps([to_cloudevent(n) for n in notes]))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True)
+    assert json.loads(out.stdout) == [to_cloudevent(n) for n in rest] and rest

@@ -20,6 +20,7 @@ from mediator.eva.events import Event
 from mediator.eva.notify import to_cloudevent
 from mediator.eva.printer import to_text
 from spark_jobs.batch import replay
+from tests.helpers import SENTINEL, logistics_day
 from tests.strategies import documents, traces
 
 pytestmark = pytest.mark.xdist_group("spark")
@@ -97,9 +98,7 @@ def test_streaming_job_equals_the_engine_and_resumes_from_its_checkpoint(
     composites it wrote are exactly the in-process engine's — none lost, none twice."""
     import os
 
-    from examples.logistics.generate import day
-    from mediator.eva.events import from_cloudevent, parse_time
-    from mediator.eva.parser import parse
+    from mediator.eva.events import from_cloudevent
     from spark_jobs.streaming import (
         Registration,
         StreamJob,
@@ -109,19 +108,12 @@ def test_streaming_job_equals_the_engine_and_resumes_from_its_checkpoint(
         write_table,
     )
 
-    text = Path("examples/logistics/profiles.eva").read_text()
-    events = day(7)
-    sentinel = {"specversion": "1.0", "id": "end", "source": "test", "type": "none",
-                "time": "2026-03-05T00:00:00Z"}  # moves the watermark past every clock step
+    text, events, want = logistics_day()
     trace = [from_cloudevent(e, i) for i, e in enumerate(events)]
     config = EngineConfig()
-    engine = Engine(config)
-    engine.add_document(parse(text))
-    want = [json.dumps(to_cloudevent(n)) for e in trace for n in engine.push(e)]
-    want += [json.dumps(to_cloudevent(n)) for n in engine.close(parse_time(sentinel["time"]))]
     spool, out, checkpoint = tmp_path / "spool", tmp_path / "out", str(tmp_path / "ckpt")
     spool.mkdir()
-    chunks = [events[i:i + 80] for i in range(0, len(events), 80)] + [[sentinel]]
+    chunks = [events[i:i + 80] for i in range(0, len(events), 80)] + [[SENTINEL]]
 
     def drop(k: int) -> None:
         path = spool / f"part-{k:04d}.jsonl"
@@ -236,28 +228,20 @@ def test_deployed_mode_reads_the_redis_log_and_writes_composites_back(
     checkpoint half-way, the job writes every composite once."""
     import redis
 
-    from examples.logistics.generate import day
-    from mediator.eva.events import from_cloudevent, parse_time
-    from mediator.eva.parser import parse
+    from mediator.eva.events import from_cloudevent
     from spark_jobs.redis_io import COMPOSITE_LOG, COMPOSITES, NOTIFICATIONS, redis_lines, redis_sink
     from spark_jobs.streaming import Registration, StreamJob, config_tuple, start, write_table
 
-    text = Path("examples/logistics/profiles.eva").read_text()
-    events = day(7)
-    sentinel = {"specversion": "1.0", "id": "end", "source": "test", "type": "none",
-                "time": "2026-03-05T00:00:00Z"}
+    text, events, lines = logistics_day()
     trace = [from_cloudevent(e, i) for i, e in enumerate(events)]
-    engine = Engine(EngineConfig())
-    engine.add_document(parse(text))
-    notes = [n for e in trace for n in engine.push(e)] + engine.close(parse_time(sentinel["time"]))
-    want = {to_cloudevent(n)["id"]: json.dumps(to_cloudevent(n)) for n in notes}
+    want = {json.loads(line)["id"]: line for line in lines}
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     table = str(tmp_path / "profiles.json")
     write_table(table, [Registration(text, trace[0].time - 1)])
     job = StreamJob(table, config_tuple(EngineConfig()))
     checkpoint = str(tmp_path / "ckpt")
     half = len(events) // 2
-    for batch in (events[:half], [*events[half:], sentinel]):
+    for batch in (events[:half], [*events[half:], SENTINEL]):
         for e in batch:
             client.xadd(NOTIFICATIONS, {"event": json.dumps(e)})
         query = start(spark, job, "", checkpoint, redis_sink(redis_url),
@@ -266,3 +250,89 @@ def test_deployed_mode_reads_the_redis_log_and_writes_composites_back(
         query.stop()
     assert client.hgetall(COMPOSITES) == want and len(want) > 50
     assert client.xlen(COMPOSITE_LOG) == len(want)
+
+
+def test_late_and_malformed_rows_reach_the_dead_letter_sink(spark: Any, tmp_path: Path) -> None:
+    """A row behind Spark's watermark is not dropped unseen: its engine reports it as a late
+    dead letter (with the event). A file of nothing but a broken line is reported too."""
+    import time
+
+    from mediator.eva.events import from_cloudevent
+    from spark_jobs.streaming import (
+        Registration,
+        StreamJob,
+        config_tuple,
+        directory_sink,
+        spool_file,
+        start,
+        write_table,
+    )
+
+    text, events, want = logistics_day()
+    late = {**events[3], "id": "late-1"}  # an early truck event, again, two files later
+    lines = [json.dumps(e) for e in events]
+    files = [lines[:150], lines[150:300], ["{broken"], [json.dumps(late)], lines[300:],
+             [json.dumps(SENTINEL)]]
+    spool, out = tmp_path / "spool", tmp_path / "out"
+    spool.mkdir()
+    for k, chunk in enumerate(files):
+        spool_file(str(spool), f"part-{k:04d}.jsonl", chunk, time.time() - 100 + k)
+    table = str(tmp_path / "profiles.json")
+    write_table(table, [Registration(text, from_cloudevent(events[0]).time - 1)])
+    query = start(spark, StreamJob(table, config_tuple(EngineConfig())), str(spool),
+                  str(tmp_path / "ckpt"), directory_sink(str(out)), max_files=1)
+    query.processAllAvailable()
+    query.stop()
+    got = [line for f in sorted(out.glob("composites-*.jsonl"))
+           for line in f.read_text().splitlines() if line]
+    letters = [json.loads(line) for f in sorted(out.glob("dead_letters-*.jsonl"))
+               for line in f.read_text().splitlines() if line]
+    assert sorted(got) == sorted(want)
+    reasons = {(d["reason"], d.get("event", {}).get("id"), d.get("raw")) for d in letters}
+    assert ("malformed", None, "{broken") in reasons
+    assert any(reason == "late" and ident == "late-1" for reason, ident, _ in reasons), reasons
+
+
+def test_a_job_killed_mid_stream_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    """`evamed compose` killed with SIGKILL (driver, JVM and Python workers at once) while
+    micro-batches remain; started again on the same checkpoint, the composites written are
+    exactly the in-process engine's: none lost, none twice."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from mediator.eva.events import format_time, parse_time
+    from spark_jobs.streaming import spool_file
+
+    text, events, want = logistics_day()
+    since = format_time(parse_time(events[0]["time"]) - 1)  # as the in-process engine starts
+    (tmp_path / "profiles.eva").write_text(text)
+    spool, out = tmp_path / "spool", tmp_path / "out"
+    spool.mkdir()
+    chunks = [events[i:i + 40] for i in range(0, len(events), 40)] + [[SENTINEL]]
+    for k, chunk in enumerate(chunks):
+        spool_file(str(spool), f"part-{k:04d}.jsonl", [json.dumps(e) for e in chunk],
+                   time.time() - 1000 + k)
+    command = [str(Path(sys.executable).parent / "evamed"), "compose", "--once",
+               "--profiles", str(tmp_path / "profiles.eva"), "--since", since,
+               "--spool", str(spool), "--out", str(out), "--checkpoint", str(tmp_path / "ckpt"),
+               "--max-files", "1"]
+    first = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    commits = tmp_path / "ckpt" / "spark" / "commits"
+    deadline = time.monotonic() + 180
+    while not (commits.is_dir() and len(list(commits.glob("[0-9]*"))) >= 4):
+        assert first.poll() is None and time.monotonic() < deadline, "no batch committed"
+        time.sleep(0.1)
+    assert first.poll() is None  # still running: micro-batches remain
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    done = len(list(commits.glob("[0-9]*")))
+    assert done < len(chunks)
+    second = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    got = [line for f in sorted(out.glob("composites-*.jsonl"))
+           for line in f.read_text().splitlines() if line]
+    assert sorted(got) == sorted(want) and len(want) > 50

@@ -8,9 +8,12 @@ negations (phase 2), which must see every primitive event of their own instant.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+import orjson
 
 PRIMITIVE = 0
 TIME_EVENT = 1
@@ -64,8 +67,34 @@ class Event:
         return value
 
 
+_STAMP = re.compile(r"(.{19})(?:\.(\d{3}|\d{6}))?Z")
+_SECONDS: dict[str, int] = {}  # "YYYY-MM-DDTHH:MM:SS" → µs: a stream repeats its seconds
+_STAMPS: dict[int, str] = {}
+
+
 def parse_time(text: str) -> int:
     """RFC 3339 timestamp to integer microseconds since the epoch (UTC)."""
+    # The common shape (whole second, optional 3 or 6 fractional digits, Z) costs a lookup;
+    # its second is checked the first time by the general parse below.
+    shape = _STAMP.fullmatch(text)
+    if shape is not None:
+        second, fraction = shape.group(1), shape.group(2)
+        base = _SECONDS.get(second)
+        if base is None:
+            try:
+                base = _parse_time(second + "Z")
+            except EventError:
+                return _parse_time(text)  # reported with the text as given
+            if len(_SECONDS) > 100_000:
+                _SECONDS.clear()
+            _SECONDS[second] = base
+        if fraction is None:
+            return base
+        return base + int(fraction) * (1000 if len(fraction) == 3 else 1)
+    return _parse_time(text)
+
+
+def _parse_time(text: str) -> int:
     try:
         stamp = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
     except (TypeError, ValueError) as exc:
@@ -79,7 +108,12 @@ def parse_time(text: str) -> int:
 def format_time(micros: int) -> str:
     """Integer microseconds to RFC 3339 UTC with a ``Z`` suffix (microsecond precision if needed)."""
     seconds, frac = divmod(micros, 1_000_000)
-    stamp = datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    stamp = _STAMPS.get(seconds)
+    if stamp is None:
+        stamp = datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        if len(_STAMPS) > 100_000:
+            _STAMPS.clear()
+        _STAMPS[seconds] = stamp
     return f"{stamp}.{frac:06d}Z" if frac else f"{stamp}Z"
 
 
@@ -105,9 +139,14 @@ def from_cloudevent(obj: Any, seq: int = 0) -> Event:
 
 def from_json_line(line: str, seq: int = 0) -> Event:
     try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise EventError(f"not JSON: {exc.msg} at column {exc.colno}") from exc
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        # What orjson refuses json may still take (NaN, integers beyond 64 bits, lone
+        # surrogates); where both decode, they agree. json's message is the one reported.
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise EventError(f"not JSON: {exc.msg} at column {exc.colno}") from exc
     return from_cloudevent(obj, seq)
 
 

@@ -13,6 +13,7 @@ same. The dead-letter callback is not state: ``restore`` takes a new one.
 from __future__ import annotations
 
 import io
+import operator
 import pickle
 from collections.abc import Callable
 from typing import Any
@@ -76,6 +77,31 @@ def _rebuild(cls: type, state: dict[str, Any]) -> Any:
     return obj
 
 
+# Per class whose attributes the class fixes (compiled, or slots only): their names and one
+# C-level getter for all of them. A snapshot holds thousands of nodes of a handful of classes;
+# a per-object, per-attribute Python loop was most of its cost. The names tuple is the same
+# object every time, so pickle writes it once and refers to it after.
+_FAST: dict[type, tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]] | None] = {}
+
+
+def _fast(cls: type, obj: Any) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]] | None:
+    if cls not in _FAST:
+        if hasattr(obj, "__dict__") and not hasattr(cls, "__mypyc_attrs__"):
+            _FAST[cls] = None
+        else:
+            names = _attributes(obj)
+            every = operator.attrgetter(*names)
+            _FAST[cls] = (names, every if len(names) > 1 else (lambda o: (every(o),)))
+    return _FAST[cls]
+
+
+def _rebuild_all(cls: type, names: tuple[str, ...], values: tuple[Any, ...]) -> Any:
+    obj = cls(*_PLACEHOLDER[cls]())
+    for name, value in zip(names, values, strict=True):
+        setattr(obj, name, value)
+    return obj
+
+
 def _index(predicates: list[ast.Predicate], tests: int) -> ClassIndex:
     index = ClassIndex()
     for pred in predicates:
@@ -95,6 +121,12 @@ class _Pickler(pickle.Pickler):
             fields = cls.__dataclass_fields__
             return (cls, tuple(getattr(obj, name) for name in fields))
         if cls in _PLACEHOLDER:
+            fast = _fast(cls, obj)
+            if fast is not None:
+                try:
+                    return (_rebuild_all, (cls, fast[0], fast[1](obj)))
+                except AttributeError:
+                    pass  # an attribute not set on this object: name by name
             state = {}
             for name in _attributes(obj):
                 try:
