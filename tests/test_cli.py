@@ -193,3 +193,31 @@ def test_explain_shows_the_native_query_each_service_is_asked(files: tuple[Path,
     natives = [p["root"]["native"] for p in json.loads(result.stdout)]
     assert natives[0].startswith('SELECT a1.id, a2.id FROM "a" AS a1 JOIN "b" AS a2')
     assert natives[1] == "andthen[a, b] within 5s"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--spool", "s", "--out", "o"], "give --profiles or --table"),
+    (["--profiles", "P", "--table", "t.json", "--spool", "s", "--out", "o"],
+     "give --profiles or --table"),
+    (["--profiles", "P"], "give --spool with --out, or --redis"),
+    (["--profiles", "P", "--spool", "s"], "give --spool with --out, or --redis"),
+    (["--profiles", "P", "--spool", "s", "--out", "o", "--buckets", "0"], "--buckets 0"),
+    (["--profiles", "P", "--spool", "s", "--out", "o", "--since", "noon"], "RFC 3339"),
+    (["--table", "missing.json", "--redis", "redis://x"], "no profile table"),
+])
+def test_compose_usage_errors_exit_2_before_spark_starts(tmp_path: Path, args: list[str],
+                                                          message: str) -> None:
+    profiles = tmp_path / "p.eva"
+    profiles.write_text('class A = type == "a"\nprofile S = A\n')
+    args = [str(profiles) if a == "P" else str(tmp_path / a) if a in ("t.json", "missing.json")
+            else a for a in args]
+    result = CliRunner().invoke(app, ["compose", "--checkpoint", str(tmp_path / "ck"), *args])
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_compose_reports_a_bad_profile_with_its_position(tmp_path: Path) -> None:
+    profiles = tmp_path / "p.eva"
+    profiles.write_text("profile S = (A;\n")
+    result = CliRunner().invoke(app, ["compose", "--checkpoint", str(tmp_path / "ck"),
+                                      "--profiles", str(profiles), "--redis", "redis://x"])
+    assert result.exit_code == 2 and f"{profiles}:1:" in result.output
