@@ -298,20 +298,21 @@ def spool_file(spool: str, name: str, lines: list[str], stamp: float) -> str:
 
 
 def spool_lines(spark: Any, spool: str, max_files: int | None = None) -> Any:
-    """A spool directory of CloudEvents JSON-lines files as a stream of lines. Arrival order:
-    files in modification order (the order the file source takes them), lines in file order."""
+    """A spool directory of CloudEvents JSON-lines files as a stream of (value, seq) lines.
+    Arrival order (seq): files in modification order (the order the file source takes them),
+    then line position; blank lines skipped."""
     import pyspark.sql.functions as F
 
-    # One task reads a file whole: line positions are the arrival order within a file, and a
-    # file cut into splits would number its lines twice (these are runtime SQL settings).
-    spark.conf.set("spark.sql.files.maxPartitionBytes", "1g")
-    spark.conf.set("spark.sql.files.openCostInBytes", "1g")
-    reader = spark.readStream.format("text")
+    # Each file is one row and its lines are numbered in the JVM: the numbering holds however
+    # the lines are later split up (by source, over the cores).
+    reader = spark.readStream.format("text").option("wholetext", True)
     if max_files:
         reader = reader.option("maxFilesPerTrigger", max_files)
-    return reader.load(spool).select(
-        "value", F.col("_metadata.file_modification_time").alias("mtime"),
-        F.col("_metadata.file_name").alias("file"))
+    lines = reader.load(spool).select(
+        F.posexplode(F.split("value", "\n")).alias("pos", "value"),
+        F.expr("unix_millis(_metadata.file_modification_time)").alias("millis"))
+    return lines.where(F.trim("value") != "").select(
+        "value", (F.col("millis") * 1_000_000 + F.col("pos")).alias("seq"))
 
 
 def start(spark: Any, job: StreamJob, spool: str, checkpoint: str,
@@ -320,16 +321,21 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str,
           lines: Any = None) -> Any:
     """Start the job over a spool directory of CloudEvents JSON-lines files (or over ``lines``,
     a stream with columns ``value`` and ``seq``, e.g. the Redis log); ``sink(batch_id, rows)``
-    receives each micro-batch's (kind, profile, ident, payload) rows."""
+    receives each micro-batch's (kind, profile, ident, payload) rows.
+
+    With sources declared (``EngineConfig.sources``), each has its own watermark — the stream
+    is split by source, each part watermarked, and Spark's ``min`` policy takes the slowest —
+    so a source running behind the others is waited for, as the in-process engine waits for
+    it; otherwise the watermark is the newest time of any source."""
+    from functools import reduce
+
     import pandas as pd
+    import pyspark.sql.functions as F
 
     if lines is None:
         lines = spool_lines(spark, spool, max_files)
 
     def fan_out(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        # Line positions run on across the Arrow frames of one task: a file is read by one
-        # task, in order, but cut into frames of at most 10,000 rows.
-        position: dict[str, int] = {}
         for frame in frames:
             events: list[Event | None] = []
             for line in frame["value"]:
@@ -338,14 +344,7 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str,
                 except EventError:
                     events.append(None)
             times = [e.time for e in events if e is not None]
-            if "seq" in frame:
-                seqs = frame["seq"].tolist()
-            else:
-                millis = frame["mtime"].to_numpy().astype("datetime64[ms]").astype("int64")
-                seqs = []
-                for ms, name in zip(millis.tolist(), frame["file"].tolist(), strict=True):
-                    at = position[name] = position.get(name, -1) + 1
-                    seqs.append(ms * 1_000_000 + at)
+            seqs = frame["seq"].tolist()
             table = sorted(profiles(job).items())  # once per frame: profiles come and go
             out: list[tuple[str, int, int, int | None, str]] = []
             for line, seq, event in zip(frame["value"], seqs, events, strict=True):
@@ -363,8 +362,18 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str,
             frame_out["ts"] = pd.to_datetime(frame_out["ts"], unit="us", utc=True)
             yield frame_out
 
-    routed = lines.mapInPandas(fan_out, ROUTED)
-    composed = (routed.withWatermark("ts", lateness)
+    sources = EngineConfig(*job.config).sources
+    if len(sources) > 1:
+        spark.conf.set("spark.sql.streaming.multipleWatermarkPolicy", "min")
+        source = F.get_json_object("value", "$.source")
+        # Lines of other sources, and malformed lines, go with the first source's.
+        first = ~source.isin(*sources[1:]) | source.isNull()
+        parts = [lines.where(first)] + [lines.where(source == s) for s in sources[1:]]
+    else:
+        parts = [lines]
+    routed = reduce(lambda a, b: a.union(b), [
+        part.mapInPandas(fan_out, ROUTED).withWatermark("ts", lateness) for part in parts])
+    composed = (routed
                 .groupBy("profile", "bucket")
                 .transformWithStateInPandas(statefulProcessor=composer_processor(job),
                                             outputStructType=OUT, outputMode="Append",

@@ -20,6 +20,15 @@ from mediator.eva.events import Event
 from mediator.eva.notify import to_cloudevent
 from mediator.eva.printer import to_text
 from spark_jobs.batch import replay
+from spark_jobs.streaming import (
+    Registration,
+    StreamJob,
+    config_tuple,
+    directory_sink,
+    spool_file,
+    start,
+    write_table,
+)
 from tests.helpers import SENTINEL, logistics_day
 from tests.strategies import documents, traces
 
@@ -35,6 +44,12 @@ def spark() -> Iterator[Any]:
     session = build_session("local[2]", "evamed-tests",
                             {"spark.sql.execution.arrow.maxRecordsPerBatch": "32"})
     yield session
+
+
+def _written(out: Path, kind: str) -> list[str]:
+    """What the directory sink wrote: every line of its composite or dead-letter files."""
+    return [line for f in sorted(out.glob(f"{kind}s-*.jsonl"))
+            for line in f.read_text().splitlines() if line]
 
 
 def in_process(doc: ast.Document, trace: list[Event], config: EngineConfig) -> list[str]:
@@ -99,14 +114,6 @@ def test_streaming_job_equals_the_engine_and_resumes_from_its_checkpoint(
     import os
 
     from mediator.eva.events import from_cloudevent
-    from spark_jobs.streaming import (
-        Registration,
-        StreamJob,
-        config_tuple,
-        directory_sink,
-        start,
-        write_table,
-    )
 
     text, events, want = logistics_day()
     trace = [from_cloudevent(e, i) for i, e in enumerate(events)]
@@ -133,8 +140,7 @@ def test_streaming_job_equals_the_engine_and_resumes_from_its_checkpoint(
     query = start(spark, job, str(spool), checkpoint, directory_sink(str(out)), max_files=1)
     query.processAllAvailable()
     query.stop()
-    got = [line for f in sorted(out.glob("composites-*.jsonl"))
-           for line in f.read_text().splitlines() if line]
+    got = _written(out, "composite")
     assert sorted(got) == sorted(want) and len(want) > 50
 
 
@@ -230,7 +236,6 @@ def test_deployed_mode_reads_the_redis_log_and_writes_composites_back(
 
     from mediator.eva.events import from_cloudevent
     from spark_jobs.redis_io import COMPOSITE_LOG, COMPOSITES, NOTIFICATIONS, redis_lines, redis_sink
-    from spark_jobs.streaming import Registration, StreamJob, config_tuple, start, write_table
 
     text, events, lines = logistics_day()
     trace = [from_cloudevent(e, i) for i, e in enumerate(events)]
@@ -258,15 +263,6 @@ def test_late_and_malformed_rows_reach_the_dead_letter_sink(spark: Any, tmp_path
     import time
 
     from mediator.eva.events import from_cloudevent
-    from spark_jobs.streaming import (
-        Registration,
-        StreamJob,
-        config_tuple,
-        directory_sink,
-        spool_file,
-        start,
-        write_table,
-    )
 
     text, events, want = logistics_day()
     late = {**events[3], "id": "late-1"}  # an early truck event, again, two files later
@@ -283,10 +279,8 @@ def test_late_and_malformed_rows_reach_the_dead_letter_sink(spark: Any, tmp_path
                   str(tmp_path / "ckpt"), directory_sink(str(out)), max_files=1)
     query.processAllAvailable()
     query.stop()
-    got = [line for f in sorted(out.glob("composites-*.jsonl"))
-           for line in f.read_text().splitlines() if line]
-    letters = [json.loads(line) for f in sorted(out.glob("dead_letters-*.jsonl"))
-               for line in f.read_text().splitlines() if line]
+    got = _written(out, "composite")
+    letters = [json.loads(line) for line in _written(out, "dead_letter")]
     assert sorted(got) == sorted(want)
     reasons = {(d["reason"], d.get("event", {}).get("id"), d.get("raw")) for d in letters}
     assert ("malformed", None, "{broken") in reasons
@@ -304,7 +298,6 @@ def test_a_job_killed_mid_stream_resumes_from_its_checkpoint(tmp_path: Path) -> 
     import time
 
     from mediator.eva.events import format_time, parse_time
-    from spark_jobs.streaming import spool_file
 
     text, events, want = logistics_day()
     since = format_time(parse_time(events[0]["time"]) - 1)  # as the in-process engine starts
@@ -333,6 +326,52 @@ def test_a_job_killed_mid_stream_resumes_from_its_checkpoint(tmp_path: Path) -> 
     assert done < len(chunks)
     second = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr[-2000:]
-    got = [line for f in sorted(out.glob("composites-*.jsonl"))
-           for line in f.read_text().splitlines() if line]
+    got = _written(out, "composite")
     assert sorted(got) == sorted(want) and len(want) > 50
+
+
+def test_declared_sources_each_have_a_watermark(spark: Any, tmp_path: Path) -> None:
+    """Two declared sources whose adapters drop their own files, one source a micro-batch
+    behind the other: the job waits for the slower one (a watermark per source, Spark's min
+    policy) as the in-process engine does — nothing is late, the composites are the engine's.
+    With one watermark for both, every event of the slower source would be late."""
+    import random
+    import time
+
+    from mediator.eva.events import from_cloudevent
+    from mediator.eva.parser import parse
+
+    text = ('class A = type == "a"\nclass B = type == "b"\n'
+            "profile S per data.k = ((all_dup(A); all_dup(B))_5s)_all_pairs\n")
+    config = EngineConfig(sources=("urn:a", "urn:b"))
+    rng = random.Random(3)
+
+    def event(source: str, i: int) -> dict[str, Any]:
+        return {"specversion": "1.0", "id": f"{source[-1]}{i}", "source": source,
+                "type": source[-1], "data": {"k": rng.randint(1, 4)},
+                "time": f"2026-03-02T10:{i // 60:02d}:{i % 60:02d}Z"}
+
+    files = [[event(source, i) for i in range(start, start + 60)]
+             for start in (0, 60) for source in ("urn:a", "urn:b")]
+    files.append([{**event(s, 3000), "id": f"end-{s}", "type": "none"}
+                  for s in ("urn:a", "urn:b")])
+    engine = Engine(config)
+    engine.add_document(parse(text))
+    trace = [from_cloudevent(e, i) for i, e in enumerate(e for f in files for e in f)]
+    want = [json.dumps(to_cloudevent(n)) for e in trace for n in engine.push(e)]
+    want += [json.dumps(to_cloudevent(n)) for n in engine.close()]
+    spool, out = tmp_path / "spool", tmp_path / "out"
+    spool.mkdir()
+    table = str(tmp_path / "profiles.json")
+    write_table(table, [Registration(text, trace[0].time - 1)])
+    query = start(spark, StreamJob(table, config_tuple(config)), str(spool),
+                  str(tmp_path / "ckpt"), directory_sink(str(out)), max_files=1)
+    for k, chunk in enumerate(files):
+        spool_file(str(spool), f"part-{k:04d}.jsonl", [json.dumps(e) for e in chunk],
+                   time.time() + k)
+        query.processAllAvailable()
+    query.stop()
+    got = _written(out, "composite")
+    letters = _written(out, "dead_letter")
+    assert not letters, letters[:2]
+    assert sorted(got) == sorted(want) and len(want) > 20
