@@ -386,6 +386,9 @@ def compose(
                                                   "here, a file per micro-batch.")] = None,
     tick: Annotated[str, typer.Option(help="Default clock granularity for negations.")] = "1s",
     lateness: Annotated[str, typer.Option(help="Allowed lateness per source.")] = "0s",
+    source: Annotated[list[str] | None, typer.Option(
+        help="Declare a source (repeatable): nothing is processed until each has reported, "
+             "and each has its own watermark.")] = None,
     buckets: Annotated[int, typer.Option(help="Engines per profile (hash buckets of `per` "
                                               "partitions).")] = 16,
     max_files: Annotated[int | None, typer.Option(help="Spool files per micro-batch.")] = None,
@@ -419,7 +422,7 @@ def compose(
         raise typer.Exit(2)
     tick_us = _span_option(tick, "tick") or 1_000_000
     late_us = _span_option(lateness, "lateness") or 0
-    config = EngineConfig(tick=tick_us, allowed_lateness=late_us)
+    config = EngineConfig(tick=tick_us, allowed_lateness=late_us, sources=tuple(source or ()))
     delay = f"{late_us // 1000} milliseconds"  # Spark's watermark delay: the same lateness
     checkpoint.mkdir(parents=True, exist_ok=True)
     if profiles is not None:

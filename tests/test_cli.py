@@ -221,3 +221,40 @@ def test_compose_reports_a_bad_profile_with_its_position(tmp_path: Path) -> None
     result = CliRunner().invoke(app, ["compose", "--checkpoint", str(tmp_path / "ck"),
                                       "--profiles", str(profiles), "--redis", "redis://x"])
     assert result.exit_code == 2 and f"{profiles}:1:" in result.output
+
+
+def test_compose_passes_sources_and_lateness_to_the_job(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's plumbing only (the job itself runs for real in tests/test_spark.py): declared
+    sources and lateness reach the engine configuration and Spark's watermark delay."""
+    import spark_jobs.session
+    import spark_jobs.streaming
+    from mediator.eva.engine import EngineConfig
+
+    seen: dict[str, object] = {}
+
+    class Query:
+        def processAllAvailable(self) -> None:
+            seen["processed"] = True
+
+        def stop(self) -> None:
+            seen["stopped"] = True
+
+    def fake_start(spark: object, job: spark_jobs.streaming.StreamJob, spool: str,
+                   checkpoint: str, sink: object, **options: object) -> Query:
+        seen.update(config=EngineConfig(*job.config), buckets=job.buckets, **options)
+        return Query()
+
+    monkeypatch.setattr(spark_jobs.session, "build_session", lambda *a, **k: object())
+    monkeypatch.setattr(spark_jobs.streaming, "start", fake_start)
+    profiles = tmp_path / "p.eva"
+    profiles.write_text('class A = type == "a"\nprofile S = A\n')
+    result = CliRunner().invoke(app, [
+        "compose", "--once", "--checkpoint", str(tmp_path / "ck"), "--profiles", str(profiles),
+        "--spool", str(tmp_path), "--out", str(tmp_path / "out"), "--source", "urn:a",
+        "--source", "urn:b", "--lateness", "2s", "--buckets", "4"])
+    assert result.exit_code == 0, result.output
+    config = seen["config"]
+    assert isinstance(config, EngineConfig) and config.sources == ("urn:a", "urn:b")
+    assert config.allowed_lateness == 2_000_000 and seen["lateness"] == "2000 milliseconds"
+    assert seen["buckets"] == 4 and seen["processed"] and seen["stopped"]
