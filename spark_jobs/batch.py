@@ -29,9 +29,9 @@ from mediator.eva.engine import Engine, EngineConfig
 from mediator.eva.events import PASSIVE, PRIMITIVE, Event, from_json_line, to_cloudevent
 from mediator.eva.notify import composite_line, tuples_from_json, tuples_to_json
 from mediator.eva.reference import partition_key
-from spark_jobs.routing import bucket, config_tuple, document, event_matchers
+from spark_jobs.routing import config_tuple, document, event_matchers, memberships
 
-GROUPS_SCHEMA = "profile INT, grp STRING, seq LONG, line STRING"
+GROUPS_SCHEMA = "profile INT, grp INT, seq LONG, line STRING"
 OUT_SCHEMA = "profile INT, created LONG, rkey STRING, ord INT, event STRING"
 NO_EVENT = -1
 
@@ -63,18 +63,6 @@ def _routes(text: str, indices: tuple[int, ...]) -> list[tuple[int, str | None, 
     """Per profile: its index, its ``per`` path and the matchers of its event classes."""
     doc = document(text)
     return [(i, doc.profiles[i].per, event_matchers(doc.profiles[i], doc)) for i in indices]
-
-
-def memberships(job: Job, event: Event) -> list[tuple[int, str]]:
-    """The (profile, group) pairs an event belongs to: profiles one of whose classes it
-    matches; the group is the bucket of its ``per`` value, or "" for a profile without ``per``."""
-    out = []
-    for index, per, matchers in _routes(job.profiles_text, job.profile_indices):
-        if any(match(event) for match in matchers):
-            group = bucket(event, per, job.buckets)
-            if group is not None:
-                out.append((index, "" if per is None else str(group)))
-    return out
 
 
 def run_group(job: Job, profile_index: int, rows: list[tuple[int, str]]) -> list[tuple[Any, ...]]:
@@ -111,11 +99,13 @@ def replay(spark: Any, profiles_text: str, events: list[Event], *, config: Engin
     job = Job(profiles_text, indices, buckets, config_tuple(config), origin, end)
 
     def fan_out(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        routes = _routes(job.profiles_text, job.profile_indices)
         for frame in frames:
-            out: list[tuple[int, str, int, str]] = []
+            out: list[tuple[int, int, int, str]] = []
             for seq, line in zip(frame["seq"], frame["line"], strict=True):
                 event = from_json_line(line, seq=int(seq))
-                out.extend((index, grp, int(seq), line) for index, grp in memberships(job, event))
+                out.extend((index, grp, int(seq), line)
+                           for index, grp in memberships(routes, event, job.buckets))
             yield pd.DataFrame(out, columns=["profile", "grp", "seq", "line"])
 
     def evaluate(frame: pd.DataFrame) -> pd.DataFrame:
@@ -127,7 +117,7 @@ def replay(spark: Any, profiles_text: str, events: list[Event], *, config: Engin
     source = spark.createDataFrame(lines, "seq LONG, line STRING")
     grouped = source.mapInPandas(fan_out, GROUPS_SCHEMA)
     # Every profile without `per` runs even if no event reaches it (its clock may report).
-    anchors = [(i, "", NO_EVENT, "") for i in indices if doc.profiles[i].per is None]
+    anchors = [(i, 0, NO_EVENT, "") for i in indices if doc.profiles[i].per is None]
     if anchors:
         grouped = grouped.unionByName(spark.createDataFrame(anchors, GROUPS_SCHEMA))
     result = grouped.groupBy("profile", "grp").applyInPandas(evaluate, OUT_SCHEMA).collect()

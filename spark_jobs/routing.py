@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections.abc import Iterable
 from dataclasses import astuple
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 from mediator.eva import ast
 from mediator.eva.classes import Matcher, compile_predicate
@@ -39,6 +40,23 @@ def bucket(event: Event, per: str | None, buckets: int) -> int | None:
     if value is None:
         return None
     return zlib.crc32(json.dumps(partition_key(value)).encode()) % buckets
+
+
+K = TypeVar("K")
+
+
+def memberships(routes: Iterable[tuple[K, str | None, list[Matcher]]], event: Event,
+                buckets: int) -> list[tuple[K, int]]:
+    """The (profile, bucket) pairs an event belongs to, given each profile's (key, ``per``
+    path, matchers): profiles one of whose classes it matches, in the bucket of its ``per``
+    value (0 without ``per``)."""
+    out = []
+    for key, per, matchers in routes:
+        if any(match(event) for match in matchers):
+            group = bucket(event, per, buckets)
+            if group is not None:
+                out.append((key, group))
+    return out
 
 
 def config_tuple(config: EngineConfig) -> tuple[Any, ...]:

@@ -37,7 +37,7 @@ from mediator.eva.events import Event, EventError, from_json_line
 from mediator.eva.notify import composite_line, dead_letter_record
 from mediator.eva.semantics import Notification
 from mediator.eva.snapshot import restore, snapshot
-from spark_jobs.routing import bucket, config_tuple, document, event_matchers
+from spark_jobs.routing import config_tuple, document, event_matchers, memberships
 
 __all__ = ["Registration", "StreamJob", "config_tuple", "directory_sink", "route", "spool_file",
            "spool_lines", "start", "write_table"]
@@ -108,13 +108,8 @@ def route(table: list[tuple[str, tuple[Registration, str | None, list[Any]]]], b
     letter."""
     if event is None:
         return [(name, 0) for name, _ in table[:1]]
-    out = []
-    for name, (_, per, matchers) in table:
-        if any(match(event) for match in matchers):
-            group = bucket(event, per, buckets)
-            if group is not None:
-                out.append((name, group))
-    return out
+    return memberships(((name, per, matchers) for name, (_, per, matchers) in table), event,
+                       buckets)
 
 
 # Engines kept in the Python worker between micro-batches, by (profile, bucket): (stamp of the
@@ -202,7 +197,8 @@ def composer_processor(job: StreamJob) -> Any:
 
         def _take(self, key: tuple[str, int], entry: Registration) -> tuple[Engine, int]:
             """The key's engine as the state store has it, and the rows logged since its
-            snapshot."""
+            snapshot (a new engine counts as a full log, so its first call writes a
+            snapshot)."""
             if self.head.exists():
                 stamp, token, logged = self.head.get()
                 if token == entry.token:
@@ -218,9 +214,7 @@ def composer_processor(job: StreamJob) -> Any:
             engine = Engine(EngineConfig(*job.config))
             engine.add_document(document(entry.text), [key[0]])
             engine.begin(entry.registered)
-            self.snap.update((snapshot(engine), entry.token))
-            self.log.clear()
-            return engine, 0
+            return engine, job.log_rows  # nothing in the state store yet: the call writes it
 
         def _call(self, key: tuple[str, int], rows: list[tuple[int, str]],
                   watermark_ms: int) -> Iterator[pd.DataFrame]:

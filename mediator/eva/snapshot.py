@@ -70,13 +70,6 @@ def _attributes(obj: Any) -> tuple[str, ...]:
     return tuple(n for n in names if n != "dead_letter" and not n.startswith("__"))
 
 
-def _rebuild(cls: type, state: dict[str, Any]) -> Any:
-    obj = cls(*_PLACEHOLDER[cls]())
-    for name, value in state.items():
-        setattr(obj, name, value)
-    return obj
-
-
 # Per class whose attributes the class fixes (compiled, or slots only): their names and one
 # C-level getter for all of them. A snapshot holds thousands of nodes of a handful of classes;
 # a per-object, per-attribute Python loop was most of its cost. The names tuple is the same
@@ -95,7 +88,7 @@ def _fast(cls: type, obj: Any) -> tuple[tuple[str, ...], Callable[[Any], tuple[A
     return _FAST[cls]
 
 
-def _rebuild_all(cls: type, names: tuple[str, ...], values: tuple[Any, ...]) -> Any:
+def _rebuild(cls: type, names: tuple[str, ...], values: tuple[Any, ...]) -> Any:
     obj = cls(*_PLACEHOLDER[cls]())
     for name, value in zip(names, values, strict=True):
         setattr(obj, name, value)
@@ -124,16 +117,11 @@ class _Pickler(pickle.Pickler):
             fast = _fast(cls, obj)
             if fast is not None:
                 try:
-                    return (_rebuild_all, (cls, fast[0], fast[1](obj)))
+                    return (_rebuild, (cls, fast[0], fast[1](obj)))
                 except AttributeError:
                     pass  # an attribute not set on this object: name by name
-            state = {}
-            for name in _attributes(obj):
-                try:
-                    state[name] = getattr(obj, name)
-                except AttributeError:
-                    continue  # never set (e.g. a lazily filled attribute)
-            return (_rebuild, (cls, state))
+            names = tuple(n for n in _attributes(obj) if hasattr(obj, n))  # lazily set ones
+            return (_rebuild, (cls, names, tuple(getattr(obj, n) for n in names)))
         return NotImplemented
 
 
