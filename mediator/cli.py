@@ -403,8 +403,10 @@ def compose(
     from spark_jobs.redis_io import redis_lines, redis_sink
     from spark_jobs.session import build_session
     from spark_jobs.streaming import (
+        LayoutError,
         Registration,
         StreamJob,
+        check_layout,
         config_tuple,
         directory_sink,
         start,
@@ -435,6 +437,11 @@ def compose(
         raise typer.Exit(2)
     assert table is not None
     job = StreamJob(str(table), config_tuple(config), buckets)
+    try:
+        check_layout(str(checkpoint / "spark"), job)
+    except LayoutError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
     spark = build_session(master, "evamed-compose")
     if redis is not None:
         query = start(spark, job, "", str(checkpoint / "spark"), redis_sink(redis),

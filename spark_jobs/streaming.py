@@ -39,8 +39,8 @@ from mediator.eva.semantics import Notification
 from mediator.eva.snapshot import restore, snapshot
 from spark_jobs.routing import config_tuple, document, event_matchers, memberships
 
-__all__ = ["Registration", "StreamJob", "config_tuple", "directory_sink", "route", "spool_file",
-           "spool_lines", "start", "write_table"]
+__all__ = ["LayoutError", "Registration", "StreamJob", "check_layout", "config_tuple",
+           "directory_sink", "route", "spool_file", "spool_lines", "start", "write_table"]
 
 ROUTED = "profile STRING, bucket INT, seq LONG, ts TIMESTAMP, line STRING"
 OUT = "kind STRING, profile STRING, ident STRING, payload STRING"
@@ -278,6 +278,37 @@ def _ignore(letter: DeadLetter) -> None:
     pass
 
 
+class LayoutError(ValueError):
+    """A checkpoint written by a job laid out differently (buckets, engine configuration)."""
+
+
+LAYOUT = "evamed-layout.json"
+
+
+def check_layout(checkpoint: str, job: StreamJob) -> None:
+    """Refuse a checkpoint whose state was filed under another layout; record the layout in a
+    new one. State is keyed by (profile, bucket) and each engine keeps the configuration it was
+    created with, so resuming with other buckets would evaluate a partition in two engines (or
+    in none of its old state), and another configuration would mix two in one job."""
+    layout = {"buckets": job.buckets, "config": list(job.config)}
+    path = os.path.join(checkpoint, LAYOUT)
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as handle:
+            found = json.load(handle)
+        if found != json.loads(json.dumps(layout)):
+            changed = ", ".join(f"{name} {found.get(name)} → {value}"
+                                for name, value in json.loads(json.dumps(layout)).items()
+                                if found.get(name) != value)
+            raise LayoutError(f"checkpoint {checkpoint} was written by a job with other "
+                              f"settings ({changed}): run with its settings, or start on a "
+                              "fresh checkpoint")
+        return
+    os.makedirs(checkpoint, exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as handle:
+        json.dump(layout, handle)
+    os.replace(path + ".tmp", path)
+
+
 def spool_file(spool: str, name: str, lines: list[str], stamp: float) -> str:
     """Drop a file of lines into the spool, whole and with modification time ``stamp`` (its
     place in the arrival order) from the moment the file source can see it: written under a
@@ -326,6 +357,7 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str,
     import pandas as pd
     import pyspark.sql.functions as F
 
+    check_layout(checkpoint, job)
     if lines is None:
         lines = spool_lines(spark, spool, max_files)
 

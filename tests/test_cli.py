@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from mediator.cli import app
 from mediator.eva.events import from_cloudevent
@@ -258,3 +258,43 @@ def test_compose_passes_sources_and_lateness_to_the_job(tmp_path: Path,
     assert isinstance(config, EngineConfig) and config.sources == ("urn:a", "urn:b")
     assert config.allowed_lateness == 2_000_000 and seen["lateness"] == "2000 milliseconds"
     assert seen["buckets"] == 4 and seen["processed"] and seen["stopped"]
+
+
+def test_compose_refuses_a_checkpoint_laid_out_otherwise(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """State is filed by (profile, bucket) with each engine's configuration: resuming a
+    checkpoint with other buckets or another configuration is refused before Spark starts."""
+    import spark_jobs.session
+    import spark_jobs.streaming
+
+    started: list[int] = []
+
+    class Query:
+        def processAllAvailable(self) -> None:
+            pass
+
+        def stop(self) -> None:
+            pass
+
+    def fake_start(spark: object, job: spark_jobs.streaming.StreamJob, *args: object,
+                   **options: object) -> Query:
+        started.append(job.buckets)
+        return Query()
+
+    monkeypatch.setattr(spark_jobs.session, "build_session", lambda *a, **k: object())
+    monkeypatch.setattr(spark_jobs.streaming, "start", fake_start)
+    profiles = tmp_path / "p.eva"
+    profiles.write_text('class A = type == "a"\nprofile S = A\n')
+
+    def compose(*extra: str) -> Result:
+        return CliRunner().invoke(app, [
+            "compose", "--once", "--checkpoint", str(tmp_path / "ck"), "--profiles",
+            str(profiles), "--spool", str(tmp_path), "--out", str(tmp_path / "out"), *extra])
+
+    assert compose("--buckets", "4").exit_code == 0
+    assert compose("--buckets", "4").exit_code == 0  # the same layout resumes
+    moved = compose("--buckets", "8")
+    assert moved.exit_code == 2 and "buckets 4 → 8" in moved.output, moved.output
+    retimed = compose("--buckets", "4", "--tick", "2s")
+    assert retimed.exit_code == 2 and "config" in retimed.output, retimed.output
+    assert started == [4, 4]
