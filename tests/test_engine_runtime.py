@@ -236,3 +236,37 @@ def test_reports_are_final_a_cut_trace_reports_a_prefix(doc, trace: list[Event],
         return
     expected = [n for n in full if n.emitted[0] <= t]
     assert signature(replay(doc, prefix, config=config, until=t)) == signature(expected)
+
+
+def test_state_of_partitions_that_go_quiet_is_collected() -> None:
+    """A stream of short-lived partitions (each key sees a B, then an A that never finds its
+    B): stored state and the partitions kept stay flat as keys come and go, although no
+    partition gets another event to collect on; with sweeps off both grow with the keys."""
+    doc = parse('class A = type == "a"\nclass B = type == "b"\n'
+                "profile S per data.k = ((all_dup(A); all_dup(B))_10us)_all_pairs\n")
+
+    def held(n: int, sweep: int) -> tuple[int, int]:
+        engine = Engine(EngineConfig(sweep=sweep))
+        engine.add_document(doc)
+        for i in range(n):
+            engine.push(Event(f"e{i}", "s", "a" if i % 2 else "b", i * 100 + 1, i,
+                              {"k": f"K{i // 2}"}))
+        profile = next(iter(engine._profiles.values()))
+        return engine.stored(), len(profile.partitions)
+
+    small, large = held(4_000, 1_000), held(40_000, 1_000)
+    assert large[0] <= small[0] + 500 and large[1] <= small[1] + 500, (small, large)
+    assert large[0] <= 1_000 and large[1] <= 1_000
+    assert held(40_000, 0) == (20_000, 20_000)  # every A and every key, for good
+
+
+def test_partitions_whose_state_still_matters_are_kept() -> None:
+    """first_dup: a partition's last duplicate list decides whether its next A is first, however
+    old — such a partition is never dropped (the equivalence tests check the answers)."""
+    doc = parse('class A = type == "a"\nclass B = type == "b"\n'
+                "profile S per data.k = ((first_dup(A); all_dup(B))_10us)_all_pairs\n")
+    engine = Engine(EngineConfig(sweep=1))
+    engine.add_document(doc)
+    for i in range(100):
+        engine.push(Event(f"e{i}", "s", "a", i * 100 + 1, i, {"k": f"K{i % 10}"}))
+    assert len(next(iter(engine._profiles.values())).partitions) == 10

@@ -57,6 +57,11 @@ class EngineConfig:
     sources: tuple[str, ...] = ()
     """Sources known in advance: no instant is processed before each of them has reported,
     so a source that starts late is not mistaken for a late one."""
+    sweep: int = 4096
+    """Events between sweeps that collect every partition up to the clock (at least as many
+    as there are partitions, so a sweep costs O(1) per event); 0: never. Without them a
+    partition is collected only when it gets an event, so partitions that stop getting events
+    (a delivered parcel, a closed session) would keep their state for good."""
 
 
 @dataclass(slots=True)
@@ -109,6 +114,7 @@ class Engine:
         self._max_time: int | None = None
         self._timers: list[tuple[Key, int, Hashable]] = []
         self._out: list[Notification] = []
+        self._next_sweep = self.config.sweep  # arrivals at which the next sweep is due
         self.origin: int | None = None
         """Where the clock started (see ``begin``); None before the first event."""
 
@@ -359,6 +365,8 @@ class Engine:
         return (implied, [stepped[i] for i in sorted(stepped)], len(implied))
 
     def _primitive(self, event: Event, key: Key) -> None:
+        if self._arrivals >= self._next_sweep > 0:
+            self._sweep()
         type_ = event.type
         if type_ in self._dispatch:
             plan = self._dispatch[type_]
@@ -399,6 +407,27 @@ class Engine:
                 self._schedule(p, part_key, partition)
             if p.budget.stored > p.budget.cap:
                 self._check_cap(p)
+
+    def _sweep(self) -> None:
+        """Collect every partition as a step at the clock would (``Node.sweep``) and drop the
+        partitions left at rest: called before an event is processed, when every instant up
+        to ``_done_until`` has been."""
+        now = self._done_until
+        partitions = 0
+        for p in self._profiles.values():
+            if now is not None and self.config.gc:
+                # A partition at rest answers as the one a new event of its key would create,
+                # so it goes (unless clock-driven: it acts without events, from its creation).
+                droppable = p.profile.per is not None and not p.timed and not p.tick_ids
+                resting = []
+                for part_key, partition in p.partitions.items():
+                    partition.root.sweep(now)
+                    if droppable and partition.root.at_rest():
+                        resting.append(part_key)
+                for part_key in resting:
+                    del p.partitions[part_key]
+            partitions += len(p.partitions)
+        self._next_sweep = self._arrivals + max(self.config.sweep, partitions)
 
     def _ticks(self, t: int) -> None:
         after = self._done_until

@@ -60,6 +60,18 @@ class Node:
         how many were dropped. Answers that needed them are lost, so the engine reports it."""
         return 0
 
+    def sweep(self, now: int) -> None:
+        """Collect as a step at ``now`` would, without one: every instant up to ``now`` has
+        been processed, so no element this node sees from here on is older. A partition's
+        collection otherwise runs only when the partition gets an event, and a partition that
+        never gets another (a finished delivery, a closed session) would keep its state."""
+
+    def at_rest(self) -> bool:
+        """Whether the node would answer every future input as a freshly built one does: no
+        stored occurrence, no count, no duplicate list whose position still matters. False
+        whenever unsure — the engine drops a partition only when its root is at rest."""
+        return False
+
     def floor(self, now: int) -> int:
         """A lower bound on the time of any occurrence this node may still report at or after
         ``now`` (the lower bounds of Bry & Eckert's suppressing joins). Garbage collection
@@ -77,6 +89,9 @@ class AttributeLeaf(Node):
     def step(self, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
         return [current] if tick is None and self.pred in hits else []
 
+    def at_rest(self) -> bool:
+        return True
+
 
 class TimeLeaf(Node):
     __slots__ = ("tick_id",)
@@ -86,6 +101,9 @@ class TimeLeaf(Node):
 
     def step(self, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
         return [current] if tick == self.tick_id else []
+
+    def at_rest(self) -> bool:
+        return True
 
 
 class SelectionNode(Node):
@@ -116,6 +134,12 @@ class SelectionNode(Node):
 
     def floor(self, now: int) -> int:
         return self.child.floor(now)
+
+    def sweep(self, now: int) -> None:
+        self.child.sweep(now)
+
+    def at_rest(self) -> bool:
+        return self.count == 0 and self.child.at_rest()  # the i-th counts from the first
 
     def evict(self, count: int) -> int:
         return self.child.evict(count)
@@ -165,6 +189,9 @@ class NegationNode(Node):
     def due(self) -> Key:
         return min(self.child.due(), (self.next_tick, sem.PASSIVE, ()))
 
+    def sweep(self, now: int) -> None:
+        self.child.sweep(now)
+
     def evict(self, count: int) -> int:
         return self.child.evict(count)
 
@@ -212,15 +239,22 @@ class AnchoredNegationNode(Node):
             self.count += 1
             if sem.negation_picks(self.count, self.pairs):
                 out.append(sem.passive(self.tag, deadline, label(deadline), a))
+        self._trim(key[0])
+        return out
+
+    def _trim(self, now: int) -> None:
         if self.gc and self.times:
             # A window (t(a), t(a) + T] of a pending or future anchor lies after this floor:
             # a future anchor is reported now or later, so its deadline is after now.
-            floor = min((a.time for _, _, a in self.pending), default=key[0] - self.span)
-            floor = min(floor, key[0] - self.span)
+            floor = min((a.time for _, _, a in self.pending), default=now - self.span)
+            floor = min(floor, now - self.span)
             cut = bisect_right(self.times, floor)
             if cut:
                 del self.times[:cut]
-        return out
+
+    def sweep(self, now: int) -> None:
+        self.child.sweep(now)
+        self._trim(now)
 
     def due(self) -> Key:
         head = self.pending[0][0] if self.pending else NO_DUE
@@ -334,6 +368,25 @@ class BinaryNode(Node):
             return now
         return min(self.left.floor(now), self.right.floor(now))
 
+    def at_rest(self) -> bool:
+        # Only with all_dup on both sides: otherwise the last duplicate list's length decides
+        # whether the next element is first, last or i-th, however long ago the list began.
+        return (self.ldup.kind == "all" and self.rdup.kind == "all" and not self.eoi
+                and not self.pending and not self.closing
+                and not any(dl.kept for dl in self.lists)
+                and (self.leafy or (self.left.at_rest() and self.right.at_rest())))
+
+    def sweep(self, now: int) -> None:
+        if not self.leafy:
+            self.left.sweep(now)
+            self.right.sweep(now)
+        if self.span is None or not self.gc or now <= self.now:
+            return  # nothing a step at ``now`` would not already have collected
+        if not self.leafy:
+            self._collect(now)
+        elif self.expiry and self.expiry[0][0] < now - self.span:
+            self._expire(now - self.span)
+
     def evict(self, count: int) -> int:
         done = 0
         for dl in self.lists:  # oldest list first, oldest element first
@@ -409,7 +462,7 @@ class BinaryNode(Node):
         span = self.span
         if span is not None and self.gc:
             if not self.leafy:
-                self._collect()
+                self._collect(self.now)
             elif self.expiry and self.expiry[0][0] < self.now - span:
                 self._expire(self.now - span)
         if self.eoi:
@@ -549,11 +602,11 @@ class BinaryNode(Node):
                 budget.stored -= 1
         self._prune()
 
-    def _collect(self) -> None:
+    def _collect(self, now: int) -> None:
         # Every result from now on involves a new element, whose time is at least the
         # operands' floor (a repeated_pairs operand can report older composites).
         assert self.span is not None
-        horizon = self.floor(self.now) - self.span
+        horizon = self.floor(now) - self.span
         for dl in self.lists:
             stale = [i for i, (_, o) in dl.kept.items() if o.time < horizon]
             for i in stale:
@@ -725,6 +778,16 @@ class RepeatedNode(Node):
     def floor(self, now: int) -> int:
         own = min((e.occ.time for e in self.remaining), default=now)
         return min(own, self.left.floor(now), self.right.floor(now))
+
+    def at_rest(self) -> bool:
+        # The unconsumed view is the whole state: empty, it is a fresh node's.
+        return not self.remaining and self.left.at_rest() and self.right.at_rest()
+
+    def sweep(self, now: int) -> None:
+        self.left.sweep(now)
+        self.right.sweep(now)
+        if self.gc and self.expr.span is not None and self.remaining:
+            self._collect(now, self.expr.span)
 
     def evict(self, count: int) -> int:
         done = min(count, len(self.remaining))
