@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from mediator.eva.engine import EngineConfig
+from mediator.eva.parser import parse
 from spark_jobs.session import build_session
 from spark_jobs.streaming import (
     Registration,
@@ -119,7 +120,6 @@ def run(spark: Any, label: str, buckets: int, keys: int, batch: int, batches: in
 def in_process(keys: int, batch: int, batches: int, per_source: bool) -> int:
     from mediator.eva.engine import Engine
     from mediator.eva.events import from_json_line
-    from mediator.eva.parser import parse
 
     rng = random.Random(7)
     origin = 1_772_000_000_000_000
@@ -141,7 +141,6 @@ def floor(spark: Any, buckets: int, keys: int, batch: int, batches: int) -> floa
     on RocksDB and ``foreachBatch`` sink, with the Python reduced to a vectorised fan-out and a
     processor that only counts its rows."""
     import pandas as pd
-    import pyspark.sql.functions as F
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
     from spark_jobs.streaming import OUT, ROUTED, spool_lines
@@ -185,7 +184,6 @@ def floor(spark: Any, buckets: int, keys: int, batch: int, batches: int) -> floa
     finally:
         query.stop()
         shutil.rmtree(root, ignore_errors=True)
-    del F
     return seconds / (batch * batches) * 1e6
 
 
@@ -205,10 +203,11 @@ def python_work(keys: int, batch: int, batches: int, buckets: int) -> dict[str, 
     write_table(table, [Registration(PROFILES, origin)])
     routes = sorted(profiles(StreamJob(table, config_tuple(EngineConfig()), buckets)).items())
     shutil.rmtree(root, ignore_errors=True)
+    doc = parse(PROFILES)
     engines = {}
     for group in range(buckets):
         engines[group] = Engine(EngineConfig())
-        engines[group].add_document(parse_profiles())
+        engines[group].add_document(doc)
         engines[group].begin(origin)
     spent = dict.fromkeys(("fan-out", "engine", "output", "state"), 0.0)
     rng = random.Random(7)
@@ -238,12 +237,6 @@ def python_work(keys: int, batch: int, batches: int, buckets: int) -> dict[str, 
         if k == 0:  # like the job's, the first micro-batch warms up
             spent = dict.fromkeys(spent, 0.0)
     return {part: seconds / (batch * batches) * 1e6 for part, seconds in spent.items()}
-
-
-def parse_profiles() -> Any:
-    from mediator.eva.parser import parse
-
-    return parse(PROFILES)
 
 
 def main() -> None:

@@ -437,7 +437,7 @@ def compose(
         raise typer.Exit(2)
     assert table is not None
     job = StreamJob(str(table), config_tuple(config), buckets)
-    try:
+    try:  # before Spark starts (start checks again, for its other callers)
         check_layout(str(checkpoint / "spark"), job)
     except LayoutError as exc:
         err.print(f"[red]error:[/] {exc}")

@@ -39,10 +39,7 @@ def bucket(event: Event, per: str | None, buckets: int) -> int | None:
     value: Any = event.field(per)
     if value is None:
         return None
-    key = partition_key(value)
-    if key == ("float", 0.0):
-        key = ("float", 0.0)  # -0.0 is the engine's partition 0.0 (equal keys): one bucket
-    return _bucket_of(key, buckets)
+    return _bucket_of(partition_key(value), buckets)
 
 
 @lru_cache(maxsize=65_536)

@@ -72,12 +72,17 @@ class Registration:
         return f"{self.registered}:{zlib.crc32(self.text.encode())}"
 
 
+def _write_whole(path: str, text: str) -> None:
+    """Readers see the old file or the new one, never part of one."""
+    with open(path + ".tmp", "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(path + ".tmp", path)
+
+
 def write_table(path: str, registrations: list[Registration]) -> None:
     """The profile table the running job follows: written whole and atomically."""
-    with open(path + ".tmp", "w", encoding="utf-8") as handle:
-        json.dump([{"text": r.text, "registered": r.registered, "removed": sorted(r.removed)}
-                   for r in registrations], handle)
-    os.replace(path + ".tmp", path)
+    _write_whole(path, json.dumps([{"text": r.text, "registered": r.registered,
+                                    "removed": sorted(r.removed)} for r in registrations]))
 
 
 @lru_cache(maxsize=32)
@@ -290,23 +295,20 @@ def check_layout(checkpoint: str, job: StreamJob) -> None:
     new one. State is keyed by (profile, bucket) and each engine keeps the configuration it was
     created with, so resuming with other buckets would evaluate a partition in two engines (or
     in none of its old state), and another configuration would mix two in one job."""
-    layout = {"buckets": job.buckets, "config": list(job.config)}
+    text = json.dumps({"buckets": job.buckets, "config": job.config})
     path = os.path.join(checkpoint, LAYOUT)
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as handle:
-            found = json.load(handle)
-        if found != json.loads(json.dumps(layout)):
-            changed = ", ".join(f"{name} {found.get(name)} → {value}"
-                                for name, value in json.loads(json.dumps(layout)).items()
-                                if found.get(name) != value)
-            raise LayoutError(f"checkpoint {checkpoint} was written by a job with other "
-                              f"settings ({changed}): run with its settings, or start on a "
-                              "fresh checkpoint")
+    if not os.path.exists(path):
+        os.makedirs(checkpoint, exist_ok=True)
+        _write_whole(path, text)
         return
-    os.makedirs(checkpoint, exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as handle:
-        json.dump(layout, handle)
-    os.replace(path + ".tmp", path)
+    with open(path, encoding="utf-8") as handle:
+        found = json.load(handle)
+    layout = json.loads(text)  # as JSON has it (the config's tuples are lists there)
+    if found != layout:
+        changed = ", ".join(f"{name} {found.get(name)} → {value}"
+                            for name, value in layout.items() if found.get(name) != value)
+        raise LayoutError(f"checkpoint {checkpoint} was written by a job with other settings "
+                          f"({changed}): run with its settings, or start on a fresh checkpoint")
 
 
 def spool_file(spool: str, name: str, lines: list[str], stamp: float) -> str:
@@ -424,9 +426,7 @@ def directory_sink(out_dir: str) -> Callable[[int, list[Any]], None]:
             chosen = sorted(r.payload for r in rows if r.kind == kind)
             if not chosen:
                 continue
-            path = os.path.join(out_dir, f"{kind}s-{batch_id:08d}.jsonl")
-            with open(path + ".tmp", "w", encoding="utf-8") as handle:
-                handle.write("\n".join(chosen) + "\n")
-            os.replace(path + ".tmp", path)
+            _write_whole(os.path.join(out_dir, f"{kind}s-{batch_id:08d}.jsonl"),
+                         "\n".join(chosen) + "\n")
 
     return write

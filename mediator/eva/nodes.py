@@ -380,12 +380,8 @@ class BinaryNode(Node):
         if not self.leafy:
             self.left.sweep(now)
             self.right.sweep(now)
-        if self.span is None or not self.gc or now <= self.now:
-            return  # nothing a step at ``now`` would not already have collected
-        if not self.leafy:
-            self._collect(now)
-        elif self.expiry and self.expiry[0][0] < now - self.span:
-            self._expire(now - self.span)
+        if self.span is not None and self.gc and now > self.now:
+            self._gc(now, self.span)  # else a step at ``now`` already collected it
 
     def evict(self, count: int) -> int:
         done = 0
@@ -461,10 +457,7 @@ class BinaryNode(Node):
         self._keep(dl, index, pos, occ)
         span = self.span
         if span is not None and self.gc:
-            if not self.leafy:
-                self._collect(self.now)
-            elif self.expiry and self.expiry[0][0] < self.now - span:
-                self._expire(self.now - span)
+            self._gc(self.now, span)
         if self.eoi:
             self._stage(found, key)
             return []
@@ -591,6 +584,12 @@ class BinaryNode(Node):
             if dup.kind == "nth" and index == dup.n - 1:
                 return True
         return False
+
+    def _gc(self, now: int, span: int) -> None:
+        if not self.leafy:
+            self._collect(now)
+        elif self.expiry and self.expiry[0][0] < now - span:
+            self._expire(now - span)
 
     def _expire(self, horizon: int) -> None:
         """Leaf operands' times never decrease: expire kept elements in arrival order."""

@@ -36,6 +36,9 @@ def partition_key(value: Any) -> Hashable:
     """A hashable key for a ``per`` attribute value (JSON objects and arrays included)."""
     if isinstance(value, (dict, list)):
         return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    if isinstance(value, float):
+        # -0.0 and 0.0 are one key already; one spelling too, for whatever hashes its text.
+        return ("float", value + 0.0)
     return (type(value).__name__, value)
 
 
