@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 NATIVE := $(addprefix mediator/eva/,events.py semantics.py classes.py nodes.py engine.py)
 NATIVE_STAMP := build/.native
 
-.PHONY: demo test test-pure native pure lint typecheck bench clean servers
+.PHONY: demo test test-pure native pure proto wheel lint typecheck bench clean servers
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,16 @@ native: $(NATIVE_STAMP)
 
 pure:
 	rm -f mediator/eva/*.so $(NATIVE_STAMP)
+
+# The gRPC stubs in adapters/_proto, regenerated after a change to proto/ (kept in git; a test
+# fails while they differ from what this generates).
+proto: $(STAMP)
+	$(BIN)/python tools/gen_proto.py
+
+# An installable wheel in dist/, the engine core compiled for this platform (setup.py;
+# EVAMED_PURE=1 for a pure-Python one).
+wheel: $(STAMP)
+	$(BIN)/pip wheel --quiet --no-deps --no-build-isolation --wheel-dir dist .
 
 demo: native
 	mkdir -p build
@@ -69,4 +79,4 @@ bench: native
 	$(BIN)/python benchmarks/engine.py
 
 clean: pure
-	rm -rf $(VENV) build build.log .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build dist build.log .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,16 +1,21 @@
 """Which engine modules run compiled (mypyc), and whether a compiled module is stale.
 
-``make native`` compiles the engine-side modules in place; Python then imports the extension
-instead of the ``.py`` next to it. An extension older than its source would silently run old
-code, so the test suite refuses to start when :func:`stale` is not empty.
+``make native`` compiles the engine-side modules in place, and a wheel build compiles them for
+its platform (``setup.py``); Python then imports the extension instead of the ``.py`` next to
+it. An extension older than its source would silently run old code, so the test suite refuses
+to start when :func:`stale` is not empty. ``setup.py`` reads ``MODULES`` and ``GROUP`` from this
+file without importing the package, so it imports only the standard library.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.machinery
 from pathlib import Path
 
 MODULES = ("events", "semantics", "classes", "nodes", "engine")
+GROUP = "mediator.eva._engine"
+"""mypyc's shared runtime goes inside the package, so the extensions import from anywhere."""
 _HERE = Path(__file__).parent
 
 
@@ -33,3 +38,23 @@ def stale() -> list[str]:
         if ext is not None and (_HERE / f"{name}.py").stat().st_mtime > ext.stat().st_mtime:
             out.append(name)
     return out
+
+
+def running() -> list[str]:
+    """The engine modules this interpreter runs compiled: those imported from an extension."""
+    out = []
+    for name in MODULES:
+        module = importlib.import_module(f"mediator.eva.{name}")
+        if str(module.__file__).endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)):
+            out.append(name)
+    return out
+
+
+def engine_kind() -> str:
+    """``compiled engine``, ``pure Python engine`` or which modules are compiled."""
+    compiled_now = running()
+    if not compiled_now:
+        return "pure Python engine"
+    if len(compiled_now) == len(MODULES):
+        return "compiled engine"
+    return f"engine partly compiled: {', '.join(compiled_now)}"
