@@ -68,14 +68,14 @@ def error_of(source: str) -> ProfileError:
      "found 'all_dup', expected"),
     ('class A = type == "a"\nprofile X = ((all_dup(B); all_dup(A))_5s)_all_pairs', 2, 23,
      "found unknown class 'B', expected a defined event class"),
-    ('class A = type == "a"\nclass A = type == "b"', 2, 1, "'A' is defined twice"),
+    ('class A = type == "a"\nclass A = type == "b"', 2, 1, "found 'A' defined twice"),
     ('class A = B\nclass B = A', 1, 1, "refers to itself"),
     ('class A = type == "a"\nprofile X = ((not A)_inf)_all_pairs', 2, 22,
      "a negation needs a finite span"),
     ('class A = type == "a"\nprofile X = (A[0])_all_pairs', 2, 16, "the selection index starts at 1"),
     ('class T = every 1d from "25:00"', 1, 1, "expected HH:MM"),
     ('class A = data.area\n', 1, 20, "expected a comparison"),
-    ('class A = type == "a" $', 1, 23, "unexpected character '$'"),
+    ('class A = type == "a" $', 1, 23, "found '$', expected"),
 ])
 def test_errors_point_at_the_problem_and_say_what_was_expected(
         source: str, line: int, column: int, message: str) -> None:

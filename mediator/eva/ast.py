@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+MAX_INT = 2**63 - 1
+"""Integers in values, ``<n>_dup`` and ``[i]`` are 64-bit (docs/language.md, Limits)."""
+
 
 class Pairs(StrEnum):
     """Event instance consumption (EIC), EVA Fig. 7 and §4.2 (row C = repeated)."""
@@ -214,13 +217,22 @@ def children(expr: Expr) -> tuple[Expr, ...]:
 
 
 def walk(expr: Expr) -> list[Expr]:
-    """Pre-order list of the nodes of an expression."""
-    out = [expr]
-    for child in children(expr):
-        out.extend(walk(child))
+    """Pre-order list of the nodes of an expression (with a stack: any depth)."""
+    out: list[Expr] = []
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(reversed(children(node)))
     return out
 
 
 def depth(expr: Expr) -> int:
-    kids = children(expr)
-    return 0 if not kids else 1 + max(depth(k) for k in kids)
+    """Operators on the longest path from the root to a class (0 for a class)."""
+    deepest = 0
+    stack = [(expr, 0)]
+    while stack:
+        node, level = stack.pop()
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in children(node))
+    return deepest

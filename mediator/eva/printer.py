@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 
 from mediator.eva import ast
 from mediator.eva.units import format_span
@@ -11,15 +13,26 @@ from mediator.eva.units import format_span
 _OR, _AND, _NOT, _ATOM = 0, 1, 2, 3
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _value(value: object) -> str:
+    """A value as the parser reads it back; one the language cannot express is a ValueError
+    (the parser refuses the same values, so parse(to_text(doc)) == doc for what it accepts)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
+        if _SURROGATE.search(value):
+            raise ValueError(f"{value!r} holds a lone surrogate, which UTF-8 cannot encode")
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{value!r} is not a finite number")
         return repr(value)
+    if isinstance(value, int) and not -ast.MAX_INT - 1 <= value <= ast.MAX_INT:
+        raise ValueError(f"{value} is outside the 64-bit integers of the language")
     return str(value)
 
 
