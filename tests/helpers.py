@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from mediator.eva import ast
-from mediator.eva.engine import EngineConfig, replay
+from mediator.eva.engine import Engine, EngineConfig, replay
 from mediator.eva.events import Event
 from mediator.eva.parser import parse
 from mediator.eva.reference import Notification, evaluate
@@ -24,6 +24,25 @@ def signature(notes: list[Notification]) -> list[tuple[object, ...]]:
 
 def events_of(notes: list[Notification]) -> list[tuple[str, ...]]:
     return [n.occ.events for n in notes]
+
+
+def run(engine: Engine, events: list[Event]) -> list[tuple[str, ...]]:
+    """Push ``events`` one by one, close the engine: the composites' constituents."""
+    out = []
+    for e in events:
+        out.extend(engine.push(e))
+    out.extend(engine.close())
+    return events_of(out)
+
+
+def peak_stored(evaluator: Any, count: int = 3000) -> int:
+    """The most events a native evaluator held at once over ``count`` events of types a, b, c,
+    one µs apart (a window-bounded join holds a window, not the stream)."""
+    peak = 0
+    for i in range(count):
+        evaluator.push(Event(f"e{i}", "s", "abc"[i % 3], i, i))
+        peak = max(peak, evaluator.stored())
+    return peak
 
 
 def ref(profile: str, trace: str | list[Event], tick: int = 1) -> list[tuple[str, ...]]:

@@ -13,18 +13,10 @@ from mediator.eva.events import Event
 from mediator.eva.parser import parse
 from mediator.eva.printer import expr_text
 from mediator.eva.reference import evaluate
-from tests.helpers import events_of, profile_doc, signature
+from tests.helpers import events_of, profile_doc, run, signature
 from tests.strategies import CLASSES, expressions, trace_of, traces
 
 SEQ = " = ((all_dup(A); all_dup(B))_5us)_all_pairs"
-
-
-def run(engine: Engine, events: list[Event]) -> list[tuple[str, ...]]:
-    out = []
-    for e in events:
-        out.extend(engine.push(e))
-    out.extend(engine.close())
-    return events_of(out)
 
 
 def test_late_event_goes_to_dead_letter_and_the_engine_keeps_running() -> None:

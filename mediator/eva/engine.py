@@ -25,17 +25,23 @@ from mediator.eva import ast
 from mediator.eva import nodes as nd
 from mediator.eva import semantics as sem
 from mediator.eva.classes import ClassIndex, label, next_tick
-from mediator.eva.events import Event
+from mediator.eva.events import Event, brief_repr
 from mediator.eva.printer import expr_text
 from mediator.eva.reference import Notification, partition_key
+from mediator.eva.retention import retention
 from mediator.eva.semantics import Key, Occ
+from mediator.eva.units import format_span
 
 NEVER = 2**62
+REMEMBERED = 100_000
+"""Ids per generation of the duplicate memory (two generations): what bounds it when its time
+window holds more events, or is unbounded."""
 
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """An input the engine could not use, and why: ``malformed``, ``late`` or ``state_cap``."""
+    """An input the engine could not use, and why: ``malformed``, ``late``, ``future``,
+    ``duplicate`` or ``state_cap``."""
 
     reason: str
     detail: str
@@ -62,6 +68,16 @@ class EngineConfig:
     as there are partitions, so a sweep costs O(1) per event); 0: never. Without them a
     partition is collected only when it gets an event, so partitions that stop getting events
     (a delivered parcel, a closed session) would keep their state for good."""
+    horizon: int | None = None
+    """How far (µs) ahead of the newest event time an event may lie and be admitted; beyond it
+    the event is a dead letter with reason ``future``: a typo'd year would otherwise move the
+    clock there, and every later event would be late. None: no limit (``evamed replay``: 1d)."""
+    remember: int | None = 0
+    """At least how long (µs of event time behind the newest) an admitted event's (source, id)
+    is remembered, so that another event with both is a dead letter with reason ``duplicate``;
+    None: as long as the count allows. The engine remembers at least the allowed lateness and
+    the longest retention horizon of its profiles anyway: an engine that only admits events
+    for evaluation elsewhere (``replay --via``) is told the profiles' here."""
 
 
 @dataclass(slots=True)
@@ -115,8 +131,18 @@ class Engine:
         self._timers: list[tuple[Key, int, Hashable]] = []
         self._out: list[Notification] = []
         self._next_sweep = self.config.sweep  # arrivals at which the next sweep is due
+        # (source, id) of admitted events, in two generations: the older is dropped when the
+        # newest event time passes ``_rotate_at`` (so an id is kept for at least the window,
+        # at most twice it) or the newer holds REMEMBERED ids: two set look-ups per event.
+        self._ids: set[tuple[str, str]] = set()
+        self._old_ids: set[tuple[str, str]] = set()
+        self._id_window: int | None = 0
+        self._rotate_at = -(2**62)
+        self.instants = 0
+        """Instants processed so far (introspection: clock-driven work is proportional to it)."""
         self.origin: int | None = None
         """Where the clock started (see ``begin``); None before the first event."""
+        self._changed()
 
     # ---------------------------------------------------------------- registration
 
@@ -164,6 +190,14 @@ class Engine:
     def _changed(self) -> None:
         self._dispatch.clear()
         self._clocked = any(p.timed or p.tick_ids for p in self._profiles.values())
+        # An id is remembered while a copy could still be admitted at its time (the allowed
+        # lateness) or could pair with what its original left in state (retention).
+        # (A new window applies from the next rotation.)
+        window: int | None = self.config.allowed_lateness
+        for w in [self.config.remember, *(retention(p.profile.expr).horizon
+                                          for p in self._profiles.values())]:
+            window = None if w is None or window is None else max(window, w)
+        self._id_window = window
 
     def _add_time_class(self, doc_id: int, doc: ast.Document, name: str,
                         every: ast.Every) -> Hashable:
@@ -196,9 +230,30 @@ class Engine:
         wm = source_max.get(event.source)
         done = self._done_until
         if (wm is not None and t < wm - late) or (done is not None and t <= done):
-            self.dead_letter(DeadLetter("late", f"event time {label(t)} is behind the "
-                                        "watermark", event))
+            self._late(event, wm, done)
             return []
+        newest = self._max_time
+        horizon = self.config.horizon
+        if horizon is not None and newest is not None and t > newest + horizon:
+            self.dead_letter(DeadLetter(
+                "future", f"event time {label(t)} is more than {format_span(horizon)} ahead of "
+                f"the newest event time {label(newest)} (the horizon; raise it if the gap is "
+                "real)", event))
+            return []
+        ident = (event.source, event.id)
+        ids = self._ids
+        if ident in ids or ident in self._old_ids:
+            self.dead_letter(DeadLetter(
+                "duplicate", f"an event with source {brief_repr(event.source)} and id "
+                f"{brief_repr(event.id)} was already admitted (CloudEvents: source and id "
+                "identify an event)", event))
+            return []
+        if t >= self._rotate_at or len(ids) >= REMEMBERED:
+            window = self._id_window
+            self._old_ids = ids
+            ids = self._ids = set()
+            self._rotate_at = t + window if window is not None else NEVER
+        ids.add(ident)
         if done is None and (not self.config.sources or all(
                 source_max[s] > -(2**62) for s in self.config.sources if s != event.source)):
             # The clock starts just before the earliest time still acceptable once every
@@ -238,6 +293,17 @@ class Engine:
         if self._done_until is not None and bound > self._done_until:
             self._done_until = bound
         return out
+
+    def _late(self, event: Event, wm: int | None, done: int | None) -> None:
+        t = event.time
+        late = self.config.allowed_lateness
+        if wm is not None and t < wm - late:
+            behind = (f"its source's newest event time {label(wm)}"
+                      + (f" minus the allowed lateness {format_span(late)}" if late else ""))
+        else:
+            behind = f"the instants already processed (up to {label(done or 0)})"
+        self.dead_letter(DeadLetter("late", f"event time {label(t)} is behind the watermark: "
+                                    f"{behind}", event))
 
     def begin(self, origin: int) -> None:
         """Start the clock just after ``origin``: profiles registered without a start see events
@@ -306,13 +372,32 @@ class Engine:
             heapq.heappop(self._timers)
         if self._timers:
             candidates.append(self._timers[0][0][0])
+        best = min(candidates) if candidates else None
         after = self._done_until
-        for every, _, subscribers in self._time_classes.values():
-            if subscribers and after is not None:
-                candidates.append(next_tick(every, after))
-        return min(candidates) if candidates else None
+        if after is None:
+            return best
+        for tick_id, (every, _, subscribers) in self._time_classes.items():
+            if subscribers:
+                t = next_tick(every, after)
+                # A class whose tick would change nothing skips to after the next other
+                # instant: a quiet gap costs what its ticks report, not their number.
+                if (best is None or t < best) and not self._inert(tick_id, subscribers, t):
+                    best = t
+        return best
+
+    def _inert(self, tick_id: Hashable, subscribers: list[_Profile], t: int) -> bool:
+        """Whether a tick of that class at ``t`` and every later one would change nothing for
+        its subscribers while no other instant comes (``Node.inert``)."""
+        for p in subscribers:
+            if p.start is None or t <= p.start or (p.profile.per is None and p.single is None):
+                return False
+            for partition in p.partitions.values():
+                if not partition.root.inert(tick_id, t):
+                    return False
+        return True
 
     def _instant(self, t: int) -> None:
+        self.instants += 1
         while self._buffer and self._buffer[0][0] == t:
             _, seq, event = heapq.heappop(self._buffer)
             self._primitive(event, (t, 0, seq))
@@ -430,10 +515,11 @@ class Engine:
         self._next_sweep = self._arrivals + max(self.config.sweep, partitions)
 
     def _ticks(self, t: int) -> None:
-        after = self._done_until
         fired = []
         for tick_id, (every, index, subscribers) in self._time_classes.items():
-            if subscribers and after is not None and next_tick(every, after) == t:
+            # On its grid at t (the ticks before it since the last instant, if any, were
+            # inert and skipped: see _next_instant).
+            if subscribers and self._done_until is not None and next_tick(every, t - 1) == t:
                 fired.append((index, tick_id, subscribers))
         fired.sort(key=lambda f: (f[0], f[1]))
         for index, tick_id, subscribers in fired:

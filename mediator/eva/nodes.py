@@ -66,6 +66,12 @@ class Node:
         collection otherwise runs only when the partition gets an event, and a partition that
         never gets another (a finished delivery, a closed session) would keep its state."""
 
+    def inert(self, tick: Hashable, now: int) -> bool:
+        """Whether a tick of time class ``tick`` at ``now`` would report nothing and change no
+        state that matters — and so would every later one while nothing else reaches the node
+        (the engine then skips that class's ticks across a quiet gap). False whenever unsure."""
+        return False
+
     def at_rest(self) -> bool:
         """Whether the node would answer every future input as a freshly built one does: no
         stored occurrence, no count, no duplicate list whose position still matters. False
@@ -89,6 +95,9 @@ class AttributeLeaf(Node):
     def step(self, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
         return [current] if tick is None and self.pred in hits else []
 
+    def inert(self, tick: Hashable, now: int) -> bool:
+        return True
+
     def at_rest(self) -> bool:
         return True
 
@@ -101,6 +110,9 @@ class TimeLeaf(Node):
 
     def step(self, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
         return [current] if tick == self.tick_id else []
+
+    def inert(self, tick: Hashable, now: int) -> bool:
+        return tick != self.tick_id
 
     def at_rest(self) -> bool:
         return True
@@ -137,6 +149,9 @@ class SelectionNode(Node):
 
     def sweep(self, now: int) -> None:
         self.child.sweep(now)
+
+    def inert(self, tick: Hashable, now: int) -> bool:
+        return self.child.inert(tick, now)
 
     def at_rest(self) -> bool:
         return self.count == 0 and self.child.at_rest()  # the i-th counts from the first
@@ -178,11 +193,21 @@ class NegationNode(Node):
         t = self.next_tick
         if key != (t, sem.PASSIVE, ()):
             return []
-        self.next_tick = t + self.tick
-        if self.latest is not None and self.latest >= t - self.span:
-            return []
-        self.count += 1
-        if not sem.negation_picks(self.count, self.pairs):
+        # The next tick that can report: none after unique_pairs' first report; none while
+        # the latest E is within the span (it only moves later). A quiet gap costs the
+        # passive events it reports, not its ticks.
+        g = self.tick
+        latest = self.latest
+        blocked = latest is not None and latest >= t - self.span
+        if not blocked:
+            self.count += 1
+        if self.pairs is ast.Pairs.UNIQUE and self.count:
+            self.next_tick = NO_DUE[0]
+        elif latest is not None and latest + self.span >= t + g:
+            self.next_tick = (latest + self.span) // g * g + g
+        else:
+            self.next_tick = t + g
+        if blocked or not sem.negation_picks(self.count, self.pairs):
             return []
         return [sem.passive(self.tag, t, label(t), None)]
 
@@ -191,6 +216,9 @@ class NegationNode(Node):
 
     def sweep(self, now: int) -> None:
         self.child.sweep(now)
+
+    def inert(self, tick: Hashable, now: int) -> bool:
+        return self.child.inert(tick, now)  # an E would move ``latest``
 
     def evict(self, count: int) -> int:
         return self.child.evict(count)
@@ -255,6 +283,9 @@ class AnchoredNegationNode(Node):
     def sweep(self, now: int) -> None:
         self.child.sweep(now)
         self._trim(now)
+
+    def inert(self, tick: Hashable, now: int) -> bool:
+        return self.child.inert(tick, now)
 
     def due(self) -> Key:
         head = self.pending[0][0] if self.pending else NO_DUE
@@ -367,6 +398,40 @@ class BinaryNode(Node):
         if self.leafy:
             return now
         return min(self.left.floor(now), self.right.floor(now))
+
+    def inert(self, tick: Hashable, now: int) -> bool:
+        if self.leafy:
+            return True  # ticks never reach a fused node
+        left = self.left.inert(tick, now)
+        right = self.right.inert(tick, now)
+        if left and right:
+            return True
+        if left == right or self.eoi or not self.gc:
+            return False
+        # One operand is the time class itself: each tick is one element of that role. It
+        # matters unless it extends the open list of its role (no new list: the next
+        # element's rank is unchanged) and can never be selected (first or i-th beyond its
+        # rank; nor kept) — or it is a sequence's posterior element with no anterior one kept
+        # inside its frame (posterior elements are never kept).
+        if type(self.right if left else self.left) is not TimeLeaf:
+            return False
+        role = R if left else L
+        lists = self.lists
+        if not lists or lists[-1].role != role:
+            return False
+        dup = self.rdup if left else self.ldup
+        index = lists[-1].count
+        if (dup.kind == "first" and index >= 1) or (dup.kind == "nth" and index >= dup.n):
+            return True
+        if not self.is_seq or role != R:
+            return False
+        span = self.span
+        for dl in lists:
+            if dl.role & L:
+                for _, occ in dl.kept.values():
+                    if span is None or occ.time >= now - span:
+                        return False
+        return True
 
     def at_rest(self) -> bool:
         # Only with all_dup on both sides: otherwise the last duplicate list's length decides
@@ -777,6 +842,9 @@ class RepeatedNode(Node):
     def floor(self, now: int) -> int:
         own = min((e.occ.time for e in self.remaining), default=now)
         return min(own, self.left.floor(now), self.right.floor(now))
+
+    def inert(self, tick: Hashable, now: int) -> bool:
+        return self.left.inert(tick, now) and self.right.inert(tick, now)
 
     def at_rest(self) -> bool:
         # The unconsumed view is the whole state: empty, it is a fresh node's.

@@ -1,0 +1,165 @@
+"""Fuzzing the event decoder (issue 11): bytes, text lines and structured mutations of a valid
+CloudEvent. Every input is accepted or refused with a reason (:class:`EventError`) — never
+another exception — and whatever is accepted goes through the engine and out as UTF-8 JSON.
+Bounded: the whole file runs in well under a minute."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mediator.eva.engine import DeadLetter, Engine, EngineConfig
+from mediator.eva.events import (
+    MAX_TIME,
+    MIN_TIME,
+    Event,
+    EventError,
+    format_time,
+    from_json_line,
+    parse_time,
+    to_cloudevent,
+)
+from mediator.eva.notify import composite_line, dead_letter_record
+from mediator.eva.parser import parse
+
+FUZZ = settings(max_examples=400, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+PROFILES = parse('class T = type == "t"\nclass U = type == "u"\n'
+                 "profile P = ((all_dup(T); all_dup(U))_1h)_all_pairs\n"
+                 "profile N = ((not T)_1s)_unique_pairs\n")
+GOOD: dict[str, Any] = {"specversion": "1.0", "id": "e1", "source": "urn:s", "type": "t",
+                        "time": "2026-03-02T10:00:00.5+02:00", "subject": "x",
+                        "data": {"area": "A", "n": 1}}
+
+# Any Unicode, lone surrogates included (what a text layer makes of invalid UTF-8).
+anychar = st.characters(codec=None, exclude_categories=())
+json_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(anychar, max_size=12))
+json_values = st.recursive(json_scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=5), inner, max_size=3)),
+    max_leaves=12)
+
+STAMPS = ["2026-03-02T10:00:00Z", "2026-03-02t10:00:00.123z", "2026-03-02T10:00:00.5+02:00",
+          "0001-01-01T00:00:00Z", "9999-12-31T23:59:59.999999Z", "2026-03-02T10:00:00.1234567Z"]
+
+
+@st.composite
+def stamps(draw: st.DrawFn) -> str:
+    """Valid RFC 3339 times and near misses: one character replaced, dropped or doubled."""
+    text = draw(st.sampled_from(STAMPS))
+    for _ in range(draw(st.integers(0, 2))):
+        i = draw(st.integers(0, len(text) - 1))
+        edit = draw(st.sampled_from(["replace", "drop", "double"]))
+        if edit == "replace":
+            text = text[:i] + draw(st.sampled_from("0129:-+.TtZz \uff34\uff10/")) + text[i + 1:]
+        elif edit == "drop":
+            text = text[:i] + text[i + 1:]
+        else:
+            text = text[:i] + text[i] + text[i:]
+    return text
+
+
+@st.composite
+def mutated_events(draw: st.DrawFn) -> bytes:
+    """A valid event with a few attributes replaced, dropped, deeply nested, made huge
+    integers, or repeated (ids repeat), serialised and then perhaps corrupted byte by byte."""
+    obj: dict[str, Any] = dict(GOOD)
+    obj["id"] = draw(st.sampled_from(["e1", "e2", "e3"]))
+    obj["type"] = draw(st.sampled_from(["t", "u"]))
+    obj["time"] = draw(stamps())
+    raw: dict[str, str] = {}  # attributes written as JSON text (json.dumps would refuse them)
+    for _ in range(draw(st.integers(0, 3))):
+        name = draw(st.sampled_from([*GOOD, "extension"]))
+        choice = draw(st.integers(0, 4))
+        obj.pop(name, None)
+        raw.pop(name, None)
+        if choice == 1:
+            obj[name] = draw(json_values)
+        elif choice == 2:
+            depth = draw(st.sampled_from([50, 99, 100, 101, 999, 1000, 1030, 3000]))
+            raw[name] = "[" * depth + "]" * depth
+        elif choice == 3:
+            raw[name] = "-" * draw(st.booleans()) + "7" * draw(st.sampled_from(
+                [19, 20, 4300, 4301, 6000]))
+        elif choice == 4:
+            obj[name] = draw(st.text(anychar, max_size=8))
+    text = json.dumps(obj, ensure_ascii=draw(st.booleans()))
+    text = text[:-1] + "".join(f", {json.dumps(k)}: {v}" for k, v in raw.items()) + "}"
+    data = text.encode("utf-8", "surrogatepass")
+    for _ in range(draw(st.integers(0, 2))):
+        i = draw(st.integers(0, len(data)))
+        data = data[:i] + bytes([draw(st.integers(0, 255))]) + data[i + 1:]
+    return data
+
+
+def decoded(line: str | bytes) -> Event | None:
+    """The event, or None when refused: any exception other than EventError fails the test."""
+    try:
+        event = from_json_line(line)
+    except EventError as exc:
+        assert str(exc)  # a reason
+        return None
+    assert MIN_TIME <= event.time <= MAX_TIME
+    json.dumps(to_cloudevent(event)).encode("utf-8")  # writable as the dead letter's event
+    return event
+
+
+def through_the_engine(lines: list[str | bytes]) -> None:
+    """Accepted events through an engine with a horizon; every output line is UTF-8 JSON."""
+    written: list[str] = []
+
+    def letter(d: DeadLetter) -> None:
+        assert d.reason in ("late", "future", "duplicate", "malformed") and d.detail
+        written.append(json.dumps(dead_letter_record(d)))
+
+    engine = Engine(EngineConfig(horizon=3_600_000_000), letter)
+    engine.add_document(PROFILES)
+    notes = []
+    for seq, line in enumerate(lines):
+        try:
+            event = from_json_line(line, seq)
+        except EventError as exc:
+            engine.malformed(str(exc), line if isinstance(line, str) else None)
+            continue
+        notes.extend(engine.push(event))
+    notes.extend(engine.close())
+    written.extend(composite_line(n)[1] for n in notes)
+    for text in written:
+        text.encode("utf-8")
+
+
+@FUZZ
+@given(st.binary(max_size=200))
+def test_any_bytes_are_an_event_or_a_dead_letter(line: bytes) -> None:
+    decoded(line)
+
+
+@FUZZ
+@given(st.text(anychar, max_size=200))
+def test_any_text_is_an_event_or_a_dead_letter(line: str) -> None:
+    decoded(line)
+    decoded(line.encode("utf-8", "surrogatepass"))
+
+
+@FUZZ
+@given(st.lists(mutated_events(), min_size=1, max_size=8))
+def test_mutated_cloudevents_are_events_or_dead_letters_end_to_end(lines: list[bytes]) -> None:
+    for line in lines:
+        decoded(line)
+    through_the_engine(list(lines))
+
+
+@FUZZ
+@given(st.one_of(stamps(), st.text(anychar, max_size=40)))
+def test_any_time_text_parses_in_range_or_is_refused(text: str) -> None:
+    try:
+        micros = parse_time(text)
+    except EventError as exc:
+        assert "time" in str(exc)
+        return
+    assert MIN_TIME <= micros <= MAX_TIME
+    assert parse_time(format_time(micros)) == micros
