@@ -26,10 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from lark import Lark
-from lark.exceptions import UnexpectedInput, VisitError
 
 from adapters.filters import FILTER_GRAMMAR, FILTER_TERMINALS, TICK_TYPE, FilterBuild, filter_text
-from adapters.native import Detection, NativeQueryError, Unrenderable, syntax_error
+from adapters.native import Detection, NativeQueryError, Unrenderable, parse_lark
 from mediator.eva import ast
 from mediator.eva.classes import compile_predicate
 from mediator.eva.events import Event
@@ -114,14 +113,7 @@ def _check(node: Node, text: str) -> None:
 
 
 def parse_node(text: str, language: str = "boolean") -> Node:
-    try:
-        tree = _PARSER.parse(text)
-    except UnexpectedInput as exc:
-        raise syntax_error(language, exc, text, {**FILTER_TERMINALS}, _PARSER) from None
-    try:
-        node: Node = _Build().transform(tree)
-    except VisitError as exc:
-        raise NativeQueryError(language, str(exc.orig_exc), 1, 1, text) from None
+    node: Node = parse_lark(language, _PARSER, text, FILTER_TERMINALS, _Build())
     _check(node, text)
     return node
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from lark import Transformer
+from lark import Token, Transformer
 
+from adapters.native import number_token, string_token
 from mediator.eva import ast
 from mediator.eva.classes import resolve
 
@@ -50,7 +51,12 @@ class FilterBuild(Transformer[Any, Any]):
         return items[0]
 
     def value(self, items: list[Any]) -> object:
-        return json.loads(str(items[0]))
+        token: Token = items[0]
+        if token.type == "SIGNED_NUMBER":
+            return number_token(token)
+        if token.type == "ESCAPED_STRING":
+            return string_token(token)
+        return {"TRUE": True, "FALSE": False}.get(token.type)  # NULL: None
 
     def c_or(self, items: list[Any]) -> ast.Predicate:
         return ast.Or(items[0], items[1])

@@ -10,12 +10,15 @@ the dialect the mediator speaks to that service).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+import math
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from lark import Lark, Token
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark import Lark, Token, Transformer, Tree
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
 from mediator.eva import ast
 from mediator.eva.events import Event
@@ -47,14 +50,38 @@ class NativeQueryError(Exception):
         text = f"{self.language} query:{self.line}:{self.column}: error: {self.message}"
         lines = self.source.splitlines()
         if 1 <= self.line <= len(lines):
-            text += f"\n  {lines[self.line - 1]}\n  {' ' * (self.column - 1)}^"
+            # A long line (a generated query can be one line of 64 KiB) is shown as a window
+            # around the column, so that the message stays readable.
+            code, caret = lines[self.line - 1], self.column - 1
+            if len(code) > _SHOWN:
+                start = max(0, min(caret - _SHOWN // 2, len(code) - _SHOWN))
+                code = ("…" if start else "") + code[start:start + _SHOWN] + (
+                    "…" if start + _SHOWN < len(code) else "")
+                caret = caret - start + (1 if start else 0)
+            text += f"\n  {code}\n  {' ' * caret}^"
         return text
+
+
+_SHOWN = 100
+"""Characters of the offending line shown with an error."""
+
+
+class EventRejected(Exception):
+    """An event the evaluator will not take (e.g. older than what its conditions keep): the
+    service counts it in ``PublishReply.rejected`` with ``reason`` and goes on with the next."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
 
 
 class Evaluator(Protocol):
     """An incremental evaluation of one query. Events arrive in the service's total order."""
 
-    def push(self, event: Event) -> list[Detection]: ...
+    def push(self, event: Event) -> list[Detection]:
+        """The detections this event completes; :class:`EventRejected` if it cannot be taken."""
+        ...
 
     def advance(self, time: int) -> list[Detection]:
         """No event at or before ``time`` will come: clock-driven detections up to it."""
@@ -156,3 +183,219 @@ def syntax_error(language: str, exc: UnexpectedInput, source: str,
                                 len(lines), len(lines[-1]) + 1, source)
     return NativeQueryError(language, f"found {token.value!r}, expected {words(exc.expected)}",
                             exc.line, exc.column, source)
+
+
+# ------------------------------------------------------------------ limits every language applies
+
+MAX_QUERY_BYTES = 64 * 1024
+"""A longer query is refused before any parser sees it (a 1 MB query took 27 s and 257 MB)."""
+
+MAX_NESTING = 32
+"""Brackets ``( [ {`` nest at most this deep: the parsers (sqlglot's recursive descent the most)
+and the evaluators recurse per level, and Python's stack is finite."""
+
+MAX_DEPTH = 128
+"""The parsed query is a tree at most this deep. A chain ``a ; b ; c`` or ``x AND y AND z`` is
+one level per operator, so this bounds what brackets alone do not."""
+
+
+@dataclass(frozen=True)
+class Lexical:
+    """How a language writes strings and comments, so that brackets inside them are not counted."""
+
+    quotes: str = '"'
+    backslash: bool = True
+    """``\\"`` escapes a quote (JSON); otherwise a doubled quote does (SQL)."""
+    multiline: bool = False
+    """A string may span lines; otherwise it ends at the line's end (lark's ESCAPED_STRING)."""
+    line_comment: str = ""
+    block_comment: tuple[str, str] | None = None
+    unterminated: bool = False
+    """Report an unterminated string or comment here (when the parser's own error is worse)."""
+
+
+JSON_STRINGS = Lexical()
+"""The lark languages: JSON strings in double quotes, no comments."""
+
+
+def position(text: str, index: int) -> tuple[int, int]:
+    """(line, column), both from 1, of a character index."""
+    return text.count("\n", 0, index) + 1, index - (text.rfind("\n", 0, index) + 1) + 1
+
+
+def check_size(language: str, text: str) -> None:
+    """Refuse a query over :data:`MAX_QUERY_BYTES` before anything reads it."""
+    size = len(text) if len(text) > MAX_QUERY_BYTES else len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_QUERY_BYTES:
+        raise NativeQueryError(language, f"the query is {size:,} bytes; a native query may be at "
+                               f"most {MAX_QUERY_BYTES:,} bytes (64 KiB)")
+
+
+def check_text(language: str, text: str, lexical: Lexical = JSON_STRINGS) -> None:
+    """Refuse, before parsing, a query over :data:`MAX_QUERY_BYTES` or with brackets nested
+    deeper than :data:`MAX_NESTING` (one pass over the text, no recursion)."""
+    check_size(language, text)
+    depth, i, n = 0, 0, len(text)
+    while i < n:
+        c = text[i]
+        if c in lexical.quotes:
+            end = _string_end(text, i, lexical)
+            if end < 0:
+                if lexical.unterminated:
+                    raise NativeQueryError(language, f"unterminated quote: the {c} here is never "
+                                           "closed", *position(text, i), text)
+                end = n if lexical.multiline else _line_end(text, i)
+            i = end + 1
+        elif lexical.line_comment and text.startswith(lexical.line_comment, i):
+            i = _line_end(text, i) + 1
+        elif lexical.block_comment and text.startswith(lexical.block_comment[0], i):
+            close = text.find(lexical.block_comment[1], i + len(lexical.block_comment[0]))
+            if close < 0:
+                if lexical.unterminated:
+                    raise NativeQueryError(language, f"unterminated comment: the "
+                                           f"{lexical.block_comment[0]} here is never closed",
+                                           *position(text, i), text)
+                return
+            i = close + len(lexical.block_comment[1])
+        else:
+            if c in "([{":
+                depth += 1
+                if depth > MAX_NESTING:
+                    raise NativeQueryError(
+                        language, f"brackets nest deeper than {MAX_NESTING} levels here (the limit "
+                        "of a native query)", *position(text, i), text)
+            elif c in ")]}":
+                depth = max(0, depth - 1)  # an unbalanced one is the parser's to report
+            i += 1
+
+
+def _line_end(text: str, i: int) -> int:
+    end = text.find("\n", i)
+    return len(text) if end < 0 else end
+
+
+def _string_end(text: str, start: int, lexical: Lexical) -> int:
+    """Index of the quote closing the string opened at ``start``; -1 if it is never closed."""
+    quote, i, n = text[start], start + 1, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\n" and not lexical.multiline:
+            return -1
+        if lexical.backslash and c == "\\":
+            i += 2
+            continue
+        if c == quote:
+            if not lexical.backslash and i + 1 < n and text[i + 1] == quote:
+                i += 2  # a doubled quote stands for itself
+                continue
+            return i
+        i += 1
+    return -1
+
+
+N = TypeVar("N")
+
+
+def too_deep(root: N, children: Callable[[N], Iterable[N]], limit: int = MAX_DEPTH) -> N | None:
+    """A node more than ``limit`` levels below ``root``, or None. Iterative: the tree may be far
+    deeper than Python's stack."""
+    stack = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return node
+        stack.extend((c, depth + 1) for c in children(node))
+    return None
+
+
+def depth_error(language: str, text: str, line: int, column: int) -> NativeQueryError:
+    return NativeQueryError(language, f"the query nests deeper than {MAX_DEPTH} levels here "
+                            "(each operator of a chain counts; the limit of a native query)",
+                            line, column, text)
+
+
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def number(text: str) -> int | float:
+    """A numeric literal as SQL reads it: ``01`` is 1, ``5.`` is 5.0, ``1e3`` is 1000.0 (an
+    integer only when written as one). ValueError for anything else or a non-finite value."""
+    if len(text) > 1000 or not _NUMBER.fullmatch(text):
+        raise ValueError(f"{text[:40]!r} is not a number this language reads "
+                         "(digits, an optional fraction and exponent, at most 1000 characters)")
+    if re.fullmatch(r"[+-]?\d+", text):
+        return int(text)
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text} is out of range")
+    return value
+
+
+class BadToken(ValueError):
+    """A transformer's objection to one token (a number out of range, a bad escape): the query
+    error points at the token."""
+
+    def __init__(self, message: str, token: Token) -> None:
+        super().__init__(message)
+        self.message = message
+        self.token = token
+
+
+def number_token(token: Token) -> int | float:
+    try:
+        return number(str(token))
+    except ValueError as exc:
+        raise BadToken(str(exc), token) from None
+
+
+def string_token(token: Token) -> str:
+    """A double-quoted JSON string; lark's ESCAPED_STRING also lets through what JSON does not
+    (``\\q``, a raw tab)."""
+    try:
+        value = json.loads(str(token))
+    except ValueError as exc:
+        raise BadToken(f"{str(token)[:40]} is not a valid string: {exc}", token) from None
+    assert isinstance(value, str)
+    return value
+
+
+def _first_token(node: Tree[Token] | Token) -> Token | None:
+    stack: list[Tree[Token] | Token] = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Token):
+            return item
+        stack.extend(reversed(item.children))
+    return None
+
+
+def _place(node: Tree[Token] | Token | None) -> tuple[int, int]:
+    if isinstance(node, Tree) and not node.meta.empty:
+        return node.meta.line, node.meta.column
+    token = None if node is None else _first_token(node)
+    return (token.line or 1, token.column or 1) if token is not None else (1, 1)
+
+
+def parse_lark(language: str, parser: Lark, text: str, describe: dict[str, str],
+               build: Transformer[Token, Any]) -> Any:
+    """The shared parsing path of the lark languages: the limits, the parse (syntax errors as
+    'found …, expected …'), the depth of the tree, then ``build``; a ValueError the builder
+    raises on a token becomes a query error at that token."""
+    check_text(language, text)
+    try:
+        tree = parser.parse(text)
+    except UnexpectedInput as exc:
+        raise syntax_error(language, exc, text, describe, parser) from None
+    deep = too_deep(tree, lambda t: [c for c in t.children if isinstance(c, Tree)])
+    if deep is not None:
+        raise depth_error(language, text, *_place(deep))
+    try:
+        return build.transform(tree)
+    except VisitError as exc:
+        inner = exc.orig_exc
+        if isinstance(inner, BadToken):
+            raise NativeQueryError(language, inner.message, inner.token.line or 1,
+                                   inner.token.column or 1, text) from None
+        if isinstance(inner, ValueError):
+            raise NativeQueryError(language, str(inner), *_place(exc.obj), text) from None
+        raise

@@ -26,10 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from lark import Lark, Transformer
-from lark.exceptions import UnexpectedInput
 
 from adapters.filters import TICK_TYPE
-from adapters.native import Detection, Unrenderable, syntax_error
+from adapters.native import Detection, Unrenderable, parse_lark
 from mediator.eva import ast
 from mediator.eva.classes import required_types
 from mediator.eva.events import Event
@@ -360,11 +359,7 @@ class SnoopLanguage:
     capability: Capability = CG2
 
     def parse(self, text: str) -> SnoopQuery:
-        try:
-            tree = _PARSER.parse(text)
-        except UnexpectedInput as exc:
-            raise syntax_error(self.name, exc, text, _DESCRIBE, _PARSER) from None
-        expr, context = _Build().transform(tree)
+        expr, context = parse_lark(self.name, _PARSER, text, _DESCRIBE, _Build())
         return SnoopQuery(text, expr, context)
 
     def render(self, expr: ast.Expr, doc: ast.Document) -> str:

@@ -8,18 +8,24 @@ Language (docs/backends.md §CG-3) — a restricted SELECT, parsed and printed w
     stream := events (every event) | "type" (the events of that CloudEvents type)
 
 Columns are CloudEvents attributes of an alias (``a.id``, ``a.type``, ``a.source``, ``a.subject``,
-``a.time`` in µs) and data fields via ``JSON_VALUE(a.data, '$.x.y')`` (the JSON value, typed).
-Conditions: comparisons, ``IN``, ``IS [NOT] NULL``, ``AND``/``OR``/``NOT`` with SQL's
-three-valued logic, ``+``/``-`` with ``INTERVAL 'n' UNIT`` (WEEK … MICROSECOND), ``ABS``,
-``GREATEST``, ``TRUE``/``FALSE``.
+``a.time`` in µs, extensions) and data fields via ``JSON_VALUE(a.data, '$.x.y')`` (the JSON
+scalar, typed; NULL for an object, an array or a missing field — SQL:2016's NULL ON ERROR).
+Identifiers are case-insensitive unless quoted: unquoted names (aliases, columns, ``events``, a
+stream) fold to lower case, quoted ones keep theirs. Conditions: comparisons (``FALSE < TRUE``),
+``[NOT] BETWEEN [SYMMETRIC]``, ``[NOT] IN (…)``, ``IS [NOT] NULL|TRUE|FALSE``, ``IS [NOT]
+DISTINCT FROM``, ``AND``/``OR``/``NOT`` with SQL's three-valued logic, ``+``/``-`` with
+``INTERVAL 'n' UNIT`` (WEEK … MICROSECOND), ``ABS``, ``GREATEST``, ``TRUE``/``FALSE``/``NULL``.
 
 Semantics: an inner join over the stream — every combination of events that satisfies the
 conditions (all pairs; an event may be used in any number of rows). A row is emitted when its
 last event arrives; its constituents are the projected ids in order, its time the latest of
 theirs. ``UNION ALL`` concatenates (no duplicate elimination). The service keeps every event
-that can still join: the time conditions, read as difference constraints, bound how far apart
-the events of one row can be; older events are released (events are expected in time order,
-as a watermark with no lateness). Without such a bound (a timeless join) every event is kept.
+that can still join: the time conditions, read as difference constraints (``b.time <= a.time +
+INTERVAL …``, ``BETWEEN``, ``b.time - a.time <= …``, ``ABS(a.time - b.time) <= …``), bound how
+far apart the events of one row can be; older events are released. Events are expected in time
+order (a watermark with no lateness): a join that releases events rejects an event older than
+the newest one as ``late`` rather than answer without the partners it released. Without such a
+bound (a timeless join) every event is kept and any order is fine.
 """
 
 from __future__ import annotations
@@ -32,10 +38,23 @@ from typing import Any
 
 import sqlglot
 from sqlglot import exp
-from sqlglot.errors import ParseError
+from sqlglot.errors import ParseError, SqlglotError
+from sqlglot.tokenizer_core import TokenType
+from sqlglot.tokens import Tokenizer
 
 from adapters.filters import TICK_TYPE
-from adapters.native import Detection, NativeQueryError, Unrenderable
+from adapters.native import (
+    Detection,
+    EventRejected,
+    Lexical,
+    NativeQueryError,
+    Unrenderable,
+    check_text,
+    depth_error,
+    number,
+    position,
+    too_deep,
+)
 from mediator.eva import ast
 from mediator.eva.classes import resolve, type_only
 from mediator.eva.events import Event
@@ -43,6 +62,13 @@ from transforms.capability import CG3, Capability
 
 _UNITS = {"WEEK": 604_800_000_000, "DAY": 86_400_000_000, "HOUR": 3_600_000_000,
           "MINUTE": 60_000_000, "SECOND": 1_000_000, "MILLISECOND": 1_000, "MICROSECOND": 1}
+
+_SQL = Lexical(quotes="'\"", backslash=False, multiline=True, line_comment="--",
+               block_comment=("/*", "*/"), unterminated=True)
+"""sqlglot's default dialect: 'strings' and "names" with doubled quotes, -- and /* */ comments."""
+
+MAX_ALIASES = 64
+"""Aliases per SELECT: rows are enumerated by nested loops, one level per alias."""
 
 Row = list[Event | None]
 Value = Callable[[Row], Any]
@@ -54,157 +80,59 @@ class _Reject(Exception):
         self.node = node
 
 
-# ------------------------------------------------------------------ expression compiler
+# ------------------------------------------------------------------ names
+
+
+def _name(ident: exp.Expression | None) -> str:
+    """An identifier as SQL reads it: an unquoted one folds to lower case, a quoted one keeps
+    its case ("" when there is none)."""
+    if not isinstance(ident, exp.Identifier):
+        return ""
+    return str(ident.this) if ident.quoted else str(ident.this).lower()
+
+
+def _column_parts(column: exp.Column) -> tuple[str, str]:
+    """(alias, attribute) of ``alias.attribute``, names folded."""
+    if column.args.get("db") or column.args.get("catalog"):
+        raise _Reject(f"a column is alias.attribute, not {column.sql()!r}", column)
+    if not isinstance(column.this, exp.Identifier):
+        raise _Reject("a column names one attribute (a.id, a.type, …), not *", column)
+    return _name(column.args.get("table")), _name(column.this)
+
+
+# ------------------------------------------------------------------ values and SQL's logic
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _sql_same(a: Any, b: Any) -> bool | None:
+    """``=``: unknown with a NULL; values of different types (a number and a string) differ."""
     if a is None or b is None:
         return None
-    if isinstance(a, bool) or isinstance(b, bool):
-        return isinstance(a, bool) and isinstance(b, bool) and a == b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return a == b
-    return type(a) is type(b) and a == b
+    if _is_number(a) and _is_number(b):
+        return bool(a == b)
+    return type(a) is type(b) and bool(a == b)
 
 
 def _sql_order(op: str, a: Any, b: Any) -> bool | None:
-    if a is None or b is None or isinstance(a, bool) or isinstance(b, bool):
+    """``< <= > >=`` within numbers, strings or booleans (``FALSE < TRUE``); unknown otherwise."""
+    if a is None or b is None:
         return None
-    numbers = isinstance(a, (int, float)) and isinstance(b, (int, float))
-    if not numbers and not (isinstance(a, str) and isinstance(b, str)):
+    if not (_is_number(a) and _is_number(b)) and not (
+            type(a) is type(b) and isinstance(a, (str, bool))):
         return None
     return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op]
 
 
-_COMPARE: dict[type[exp.Expression], str] = {exp.LT: "<", exp.LTE: "<=", exp.GT: ">", exp.GTE: ">="}
+def _truth(v: Any) -> bool | None:
+    """A value used as a condition: a boolean is itself, anything else is unknown."""
+    return v if isinstance(v, bool) else None
 
 
-class _Compiler:
-    def __init__(self, aliases: dict[str, int]) -> None:
-        self.aliases = aliases
-        self.used: set[int] = set()
-
-    def alias(self, column: exp.Column) -> int:
-        name = column.table
-        if name not in self.aliases:
-            raise _Reject(f"unknown alias {name!r}" if name else
-                          f"column {column.name!r} needs an alias (a.{column.name})", column)
-        index = self.aliases[name]
-        self.used.add(index)
-        return index
-
-    def value(self, node: exp.Expression) -> Value:
-        if isinstance(node, exp.Paren):
-            return self.value(node.this)
-        if isinstance(node, exp.Column):
-            index = self.alias(node)
-            attr = node.name
-            return lambda row: _attribute(row[index], attr)
-        if isinstance(node, exp.Literal):
-            literal: Any = node.this if node.is_string else json.loads(node.this)
-            return lambda row: literal
-        if isinstance(node, exp.Boolean):
-            truth = bool(node.this)
-            return lambda row: truth
-        if isinstance(node, exp.Null):
-            return lambda row: None
-        if isinstance(node, exp.Interval):
-            unit = str(node.unit.name if node.unit else "").upper().rstrip("S")
-            if unit not in _UNITS:
-                raise _Reject(f"unknown interval unit {unit!r}", node)
-            try:
-                amount = int(node.this.name)
-            except ValueError:
-                raise _Reject("an interval needs an integer amount", node) from None
-            micros = amount * _UNITS[unit]
-            return lambda row: micros
-        if isinstance(node, exp.Anonymous) and str(node.this).upper() == "JSON_VALUE":
-            args = node.expressions
-            if len(args) != 2 or not isinstance(args[1], exp.Literal) or not args[1].is_string \
-                    or not isinstance(args[0], exp.Column) or args[0].name != "data":
-                raise _Reject("JSON_VALUE takes (alias.data, '$.path')", node)
-            index = self.alias(args[0])
-            path = args[1].this
-            if not re.fullmatch(r"\$(\.[A-Za-z0-9_\-]+)+", path):
-                raise _Reject(f"unsupported JSON path {path!r}", node)
-            keys = path.split(".")[1:]
-            return lambda row: _json_path(row[index], keys)
-        if isinstance(node, (exp.Add, exp.Sub)):
-            left, right = self.value(node.this), self.value(node.expression)
-            sign = 1 if isinstance(node, exp.Add) else -1
-            return lambda row: _arith(left(row), right(row), sign)
-        if isinstance(node, exp.Abs):
-            inner = self.value(node.this)
-            return lambda row: None if (v := inner(row)) is None else abs(v)
-        if isinstance(node, exp.Greatest):
-            parts = [self.value(node.this), *(self.value(e) for e in node.expressions)]
-            return lambda row: _greatest([p(row) for p in parts])
-        if isinstance(node, exp.Neg):
-            inner = self.value(node.this)
-            return lambda row: None if (v := inner(row)) is None else -v
-        return self.condition(node)
-
-    def condition(self, node: exp.Expression) -> Value:
-        if isinstance(node, exp.Paren):
-            return self.condition(node.this)
-        if isinstance(node, (exp.And, exp.Or)):
-            left, right = self.condition(node.this), self.condition(node.expression)
-            if isinstance(node, exp.And):
-                return lambda row: _and3(left(row), right(row))
-            return lambda row: _or3(left(row), right(row))
-        if isinstance(node, exp.Not):
-            inner = self.condition(node.this)
-            return lambda row: None if (v := inner(row)) is None else not v
-        if isinstance(node, (exp.EQ, exp.NEQ)):
-            left, right = self.value(node.this), self.value(node.expression)
-            if isinstance(node, exp.EQ):
-                return lambda row: _sql_same(left(row), right(row))
-            return lambda row: None if (v := _sql_same(left(row), right(row))) is None else not v
-        if type(node) in _COMPARE:
-            op = _COMPARE[type(node)]
-            left, right = self.value(node.this), self.value(node.expression)
-            return lambda row: _sql_order(op, left(row), right(row))
-        if isinstance(node, exp.In):
-            subject = self.value(node.this)
-            options = [self.value(e) for e in node.expressions]
-            if not options:
-                raise _Reject("IN needs a list of values", node)
-            return lambda row: _in3(subject(row), [o(row) for o in options])
-        if isinstance(node, exp.Is):
-            subject = self.value(node.this)
-            if not isinstance(node.expression, exp.Null):
-                raise _Reject("only IS [NOT] NULL is supported", node)
-            return lambda row: subject(row) is None
-        if isinstance(node, (exp.Boolean, exp.Column, exp.Anonymous)):
-            inner = self.value(node)
-            return lambda row: inner(row)
-        raise _Reject(f"unsupported expression {node.sql()!r}", node)
-
-
-def _attribute(event: Event | None, attr: str) -> Any:
-    if event is None:
-        return None
-    return event.field(attr) if attr != "time" else event.time
-
-
-def _json_path(event: Event | None, keys: list[str]) -> Any:
-    value: Any = None if event is None else event.data
-    for k in keys:
-        if not isinstance(value, dict) or k not in value:
-            return None
-        value = value[k]
-    return value
-
-
-def _arith(a: Any, b: Any, sign: int) -> Any:
-    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
-        return None
-    return a + sign * b
-
-
-def _greatest(values: list[Any]) -> Any:
-    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    return max(numbers) if len(numbers) == len(values) else None
+def _not3(v: bool | None) -> bool | None:
+    return None if v is None else not v
 
 
 def _and3(a: bool | None, b: bool | None) -> bool | None:
@@ -226,6 +154,209 @@ def _in3(subject: Any, options: list[Any]) -> bool | None:
     return None if any(r is None for r in results) else False
 
 
+def _between3(x: Any, low: Any, high: Any) -> bool | None:
+    return _and3(_sql_order(">=", x, low), _sql_order("<=", x, high))
+
+
+def _distinct(a: Any, b: Any) -> bool:
+    """``IS DISTINCT FROM``: never unknown, NULL is not distinct from NULL."""
+    if a is None or b is None:
+        return not (a is None and b is None)
+    return _sql_same(a, b) is False
+
+
+def _arith(a: Any, b: Any, sign: int) -> Any:
+    if not _is_number(a) or not _is_number(b):
+        return None
+    return a + sign * b
+
+
+def _abs(v: Any) -> Any:
+    return abs(v) if _is_number(v) else None
+
+
+def _neg(v: Any) -> Any:
+    return -v if _is_number(v) else None
+
+
+def _greatest(values: list[Any]) -> Any:
+    numbers = [v for v in values if _is_number(v)]
+    return max(numbers) if len(numbers) == len(values) else None
+
+
+def _attribute(event: Event | None, attr: str) -> Any:
+    if event is None:
+        return None
+    return event.field(attr) if attr != "time" else event.time
+
+
+def _json_path(event: Event | None, keys: list[str]) -> Any:
+    value: Any = None if event is None else event.data
+    for k in keys:
+        if not isinstance(value, dict) or k not in value:
+            return None
+        value = value[k]
+    # JSON_VALUE returns scalars: an object or an array is an error, and SQL:2016's default
+    # NULL ON ERROR makes it NULL (so `IS NULL` and `NOT (… = 1)` read it as a standard engine).
+    return None if isinstance(value, (dict, list)) else value
+
+
+def _micros(node: exp.Interval) -> int:
+    unit = str(node.unit.name if node.unit else "").upper()
+    unit = unit[:-1] if unit.endswith("S") else unit
+    if unit not in _UNITS:
+        raise _Reject(f"unknown interval unit {unit!r}; expected one of {', '.join(_UNITS)}", node)
+    amount = node.this.name if isinstance(node.this, exp.Literal) else ""
+    if not re.fullmatch(r"[+-]?\d{1,12}", amount.strip()):
+        raise _Reject("an interval needs an integer amount (at most 12 digits): "
+                      "INTERVAL '5' MINUTE", node)
+    return int(amount) * _UNITS[unit]
+
+
+# ------------------------------------------------------------------ expression compiler
+
+_COMPARE: dict[type[exp.Expression], str] = {exp.LT: "<", exp.LTE: "<=", exp.GT: ">", exp.GTE: ">="}
+
+_CONDITIONS = (exp.And, exp.Or, exp.Not, exp.EQ, exp.NEQ, exp.LT, exp.LTE, exp.GT, exp.GTE, exp.In,
+               exp.Is, exp.Between, exp.NullSafeEQ, exp.NullSafeNEQ)
+"""The nodes :meth:`_Compiler.condition` compiles; every other node is a value."""
+
+
+class _Compiler:
+    """sqlglot's tree → closures over a row. ``value`` and ``condition`` hand a node to each
+    other only across :data:`_CONDITIONS`, so an unknown node is rejected, never looped on."""
+
+    def __init__(self, aliases: dict[str, int]) -> None:
+        self.aliases = aliases
+        self.used: set[int] = set()
+
+    def alias(self, column: exp.Column) -> int:
+        name, attr = _column_parts(column)
+        if not name:
+            raise _Reject(f"column {attr!r} needs an alias (a.{attr})", column)
+        if name not in self.aliases:
+            raise _Reject(f"unknown alias {name!r}; the aliases are "
+                          f"{', '.join(sorted(self.aliases))}", column)
+        index = self.aliases[name]
+        self.used.add(index)
+        return index
+
+    def value(self, node: exp.Expression) -> Value:
+        if isinstance(node, exp.Paren):
+            return self.value(node.this)
+        if isinstance(node, _CONDITIONS):
+            return self.condition(node)
+        if isinstance(node, exp.Column):
+            index = self.alias(node)
+            attr = _column_parts(node)[1]
+            if attr == "data":
+                raise _Reject("a.data is the JSON payload; read a field with "
+                              "JSON_VALUE(a.data, '$.field')", node)
+            return lambda row: _attribute(row[index], attr)
+        if isinstance(node, exp.Literal):
+            literal: Any = node.this
+            if not node.is_string:
+                try:
+                    literal = number(str(node.this))
+                except ValueError as exc:
+                    raise _Reject(str(exc), node) from None
+            return lambda row: literal
+        if isinstance(node, exp.Boolean):
+            truth = bool(node.this)
+            return lambda row: truth
+        if isinstance(node, exp.Null):
+            return lambda row: None
+        if isinstance(node, exp.Interval):
+            micros = _micros(node)
+            return lambda row: micros
+        if isinstance(node, exp.Anonymous) and str(node.this).upper() == "JSON_VALUE":
+            return self.json_value(node)
+        if isinstance(node, (exp.Add, exp.Sub)):
+            left, right = self.value(node.this), self.value(node.expression)
+            sign = 1 if isinstance(node, exp.Add) else -1
+            return lambda row: _arith(left(row), right(row), sign)
+        if isinstance(node, exp.Abs):
+            inner = self.value(node.this)
+            return lambda row: _abs(inner(row))
+        if isinstance(node, exp.Neg):
+            inner = self.value(node.this)
+            return lambda row: _neg(inner(row))
+        if isinstance(node, exp.Greatest):
+            parts = [self.value(node.this), *(self.value(e) for e in node.expressions)]
+            return lambda row: _greatest([p(row) for p in parts])
+        if isinstance(node, exp.Func):
+            name = node.name if isinstance(node, exp.Anonymous) else node.sql_name()
+            raise _Reject(f"unknown function {name.upper()}(); the functions are JSON_VALUE, "
+                          "ABS and GREATEST", node)
+        raise _Reject(f"unsupported expression {type(node).__name__.upper()}: expected a "
+                      "column, a literal, an INTERVAL, arithmetic or a condition", node)
+
+    def json_value(self, node: exp.Anonymous) -> Value:
+        args = node.expressions
+        if len(args) != 2 or not isinstance(args[1], exp.Literal) or not args[1].is_string \
+                or not isinstance(args[0], exp.Column) or _column_parts(args[0])[1] != "data":
+            raise _Reject("JSON_VALUE takes (alias.data, '$.path')", node)
+        index = self.alias(args[0])
+        path = args[1].this
+        if not re.fullmatch(r"\$(\.[A-Za-z0-9_\-]+)+", path):
+            raise _Reject(f"unsupported JSON path {path!r}; expected '$.field' or "
+                          "'$.field.subfield'", node)
+        keys = path.split(".")[1:]
+        return lambda row: _json_path(row[index], keys)
+
+    def condition(self, node: exp.Expression) -> Value:
+        if isinstance(node, exp.Paren):
+            return self.condition(node.this)
+        if isinstance(node, (exp.And, exp.Or)):
+            left, right = self.condition(node.this), self.condition(node.expression)
+            if isinstance(node, exp.And):
+                return lambda row: _and3(left(row), right(row))
+            return lambda row: _or3(left(row), right(row))
+        if isinstance(node, exp.Not):
+            inner = self.condition(node.this)
+            return lambda row: _not3(inner(row))
+        if isinstance(node, (exp.EQ, exp.NEQ)):
+            left, right = self.value(node.this), self.value(node.expression)
+            if isinstance(node, exp.EQ):
+                return lambda row: _sql_same(left(row), right(row))
+            return lambda row: _not3(_sql_same(left(row), right(row)))
+        if isinstance(node, (exp.NullSafeEQ, exp.NullSafeNEQ)):
+            left, right = self.value(node.this), self.value(node.expression)
+            if isinstance(node, exp.NullSafeNEQ):
+                return lambda row: _distinct(left(row), right(row))
+            return lambda row: not _distinct(left(row), right(row))
+        if type(node) in _COMPARE:
+            op = _COMPARE[type(node)]
+            left, right = self.value(node.this), self.value(node.expression)
+            return lambda row: _sql_order(op, left(row), right(row))
+        if isinstance(node, exp.Between):
+            subject, low = self.value(node.this), self.value(node.args["low"])
+            high = self.value(node.args["high"])
+            if node.args.get("symmetric"):
+                return lambda row: _or3(_between3(x := subject(row), lo := low(row), hi := high(row)),
+                                        _between3(x, hi, lo))
+            return lambda row: _between3(subject(row), low(row), high(row))
+        if isinstance(node, exp.In):
+            if node.args.get("query") or node.args.get("unnest") or node.args.get("field"):
+                raise _Reject("IN takes a list of values: x IN (1, 2)", node)
+            subject = self.value(node.this)
+            options = [self.value(e) for e in node.expressions]
+            if not options:
+                raise _Reject("IN needs a list of values: x IN (1, 2)", node)
+            return lambda row: _in3(subject(row), [o(row) for o in options])
+        if isinstance(node, exp.Is):
+            subject = self.value(node.this)
+            test = node.expression
+            if isinstance(test, exp.Null):
+                return lambda row: subject(row) is None
+            if isinstance(test, exp.Boolean):
+                truth = bool(test.this)
+                return lambda row: subject(row) is truth
+            raise _Reject("IS takes NULL, TRUE or FALSE", node)
+        inner = self.value(node)
+        return lambda row: _truth(inner(row))
+
+
 # ------------------------------------------------------------------ query structure
 
 
@@ -242,40 +373,82 @@ class _Branch:
     """No row spans more than this (µs) — derived from the time conditions; None: unbounded."""
 
 
+def _unwrap(node: exp.Expression) -> exp.Expression:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
+
+
 def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
-    if isinstance(node, exp.And):
-        return _conjuncts(node.this) + _conjuncts(node.expression)
-    if isinstance(node, exp.Paren) and isinstance(node.this, exp.And):
-        return _conjuncts(node.this)
-    return [node]
+    """The operands of a (parenthesised) AND chain, left to right; iterative, as a chain may be
+    long."""
+    out: list[exp.Expression] = []
+    stack = [node]
+    while stack:
+        item = _unwrap(stack.pop())
+        if isinstance(item, exp.And):
+            stack.extend([item.expression, item.this])
+        else:
+            out.append(item)
+    return out
 
 
-def _branch(select: exp.Select) -> _Branch:
+def _only(node: exp.Expression, allowed: set[str]) -> None:
+    """Refuse any clause of ``node`` this language does not have (ORDER BY, LIMIT, USING …)."""
+    for key, value in node.args.items():
+        if key not in allowed and value not in (None, False, [], ""):
+            raise _Reject(f"{key.rstrip('_').upper()} is not part of this language",
+                          value if isinstance(value, exp.Expression) else node)
+
+
+def _stream(table: exp.Table) -> str | None:
+    """``events`` (any case, unquoted) is every event; another name is a CloudEvents type,
+    matched exactly when quoted and in lower case when not (SQL folds unquoted names)."""
+    if table.args.get("db") or table.args.get("catalog"):
+        dotted = ".".join(part.name for part in table.parts)
+        raise _Reject(f"a type with dots is quoted: \"{dotted}\"", table)
+    if not isinstance(table.this, exp.Identifier):
+        raise _Reject("FROM and JOIN take a stream name", table)
+    _only(table, {"this", "alias"})
+    name = _name(table.this)
+    return None if name == "events" and not table.this.quoted else name
+
+
+def _branch(select: exp.Expression) -> _Branch:
     if not isinstance(select, exp.Select):
         raise _Reject("each part of the query must be a SELECT", select)
-    for clause in ("group", "having", "order", "limit", "distinct", "qualify", "with"):
-        if select.args.get(clause):
-            raise _Reject(f"{clause.upper()} is not part of this language", select)
+    _only(select, {"expressions", "from", "from_", "joins", "where"})
     source = select.args.get("from_") or select.args.get("from")
     if source is None:
         raise _Reject("SELECT needs FROM", select)
-    tables = [source.this] + [j.this for j in select.args.get("joins") or []]
+    joins = select.args.get("joins") or []
+    tables = [source.this] + [j.this for j in joins]
+    if len(tables) > MAX_ALIASES:
+        raise _Reject(f"a SELECT joins at most {MAX_ALIASES} aliases", joins[MAX_ALIASES - 1])
     names: list[str] = []
     streams: list[str | None] = []
     for table in tables:
         if not isinstance(table, exp.Table):
             raise _Reject("FROM and JOIN take a stream name, not a subquery", table)
-        alias = table.alias or table.name
+        alias_node = table.args.get("alias")
+        if isinstance(alias_node, exp.TableAlias) and alias_node.columns:
+            raise _Reject("an alias names an event, not its columns", alias_node)
+        alias = _name(alias_node.this) if isinstance(alias_node, exp.TableAlias) else ""
+        stream = _stream(table)
+        alias = alias or _name(table.this)
         if alias in names:
             raise _Reject(f"alias {alias!r} is used twice", table)
         names.append(alias)
-        streams.append(None if table.name == "events" and not table.this.quoted else table.name)
+        streams.append(stream)
     aliases = {n: i for i, n in enumerate(names)}
     checks: list[list[Value]] = [[] for _ in names]
     conditions: list[exp.Expression] = []
-    for join in select.args.get("joins") or []:
-        if join.side or (join.kind and join.kind.upper() not in ("INNER",)):
+    for join in joins:
+        if join.side or (join.kind and join.kind.upper() not in ("INNER",)) or join.method:
             raise _Reject("only inner joins (all pairs) are supported", join)
+        if join.args.get("using"):
+            raise _Reject("JOIN takes ON, not USING", join)
+        _only(join, {"this", "on", "kind"})
         on = join.args.get("on")
         if on is None:
             raise _Reject("JOIN needs ON", join)
@@ -292,7 +465,7 @@ def _branch(select: exp.Select) -> _Branch:
     for item in select.expressions:
         if isinstance(item, exp.Null):
             projection.append(None)
-        elif isinstance(item, exp.Column) and item.name == "id":
+        elif isinstance(item, exp.Column) and _column_parts(item)[1] == "id":
             projection.append(_Compiler(aliases).alias(item))
         else:
             raise _Reject("the projection lists alias.id (the constituents) or NULL", item)
@@ -303,64 +476,109 @@ def _branch(select: exp.Select) -> _Branch:
 
 # ------------------------------------------------------------------ retention
 
+Term = frozenset[int]
+"""A time term: the aliases whose latest time it is ({a} for a.time, GREATEST(a.time, …))."""
 
-def _time_term(node: exp.Expression, aliases: dict[str, int]) -> frozenset[int] | None:
-    """``a.time`` → {a}; ``GREATEST(a.time, b.time, …)`` → {a, b, …}; else None."""
-    if isinstance(node, exp.Paren):
-        return _time_term(node.this, aliases)
-    if isinstance(node, exp.Column) and node.name == "time" and node.table in aliases:
-        return frozenset([aliases[node.table]])
+Linear = tuple[dict[Term, int], float]
+"""Σ coefficient × term + constant (µs)."""
+
+
+def _linear(node: exp.Expression, aliases: dict[str, int]) -> Linear | None:
+    """A sum of time terms and constants (intervals, numbers: times are µs); None otherwise."""
+    node = _unwrap(node)
+    if isinstance(node, exp.Column):
+        alias, attr = _column_parts(node)
+        return ({frozenset([aliases[alias]]): 1}, 0.0) if attr == "time" else None
     if isinstance(node, exp.Greatest):
-        parts = [_time_term(e, aliases) for e in [node.this, *node.expressions]]
-        if any(p is None for p in parts):
+        members: set[int] = set()
+        for part in [node.this, *node.expressions]:
+            inner = _linear(part, aliases)
+            if inner is None or inner[1] != 0 or list(inner[0].values()) != [1]:
+                return None
+            members |= next(iter(inner[0]))
+        return {frozenset(members): 1}, 0.0
+    if isinstance(node, exp.Interval):
+        return {}, float(_micros(node))
+    if isinstance(node, exp.Literal) and not node.is_string:
+        return {}, float(number(str(node.this)))
+    if isinstance(node, exp.Neg):
+        inner = _linear(node.this, aliases)
+        return None if inner is None else _scale(inner, -1)
+    if isinstance(node, (exp.Add, exp.Sub)):
+        left, right = _linear(node.this, aliases), _linear(node.expression, aliases)
+        if left is None or right is None:
             return None
-        return frozenset().union(*parts)  # type: ignore[arg-type]
+        return _plus(left, right if isinstance(node, exp.Add) else _scale(right, -1))
     return None
 
 
-def _offset(node: exp.Expression, aliases: dict[str, int]) -> tuple[frozenset[int], int] | None:
-    """A time term plus or minus a constant interval."""
-    if isinstance(node, exp.Paren):
-        return _offset(node.this, aliases)
-    if isinstance(node, (exp.Add, exp.Sub)) and isinstance(node.expression, exp.Interval):
-        inner = _offset(node.this, aliases)
-        amount = _Compiler(aliases).value(node.expression)([])
-        if inner is None or not isinstance(amount, int):
-            return None
-        return inner[0], inner[1] + (amount if isinstance(node, exp.Add) else -amount)
-    term = _time_term(node, aliases)
-    return None if term is None else (term, 0)
+def _scale(form: Linear, k: int) -> Linear:
+    return {t: k * c for t, c in form[0].items()}, k * form[1]
+
+
+def _plus(a: Linear, b: Linear) -> Linear:
+    terms = dict(a[0])
+    for t, c in b[0].items():
+        terms[t] = terms.get(t, 0) + c
+    return {t: c for t, c in terms.items() if c}, a[1] + b[1]
+
+
+def _at_most(small: exp.Expression, big: exp.Expression,
+             aliases: dict[str, int]) -> list[Linear]:
+    """``small <= big`` as forms that are ≤ 0; ``ABS(u) <= big`` is ``u <= big`` and
+    ``-u <= big``. (``big >= ABS(u)`` alone says nothing bounded, nor does an unknown side.)"""
+    small = _unwrap(small)
+    b = _linear(big, aliases)
+    if b is None:
+        return []
+    if isinstance(small, exp.Abs):
+        u = _linear(small.this, aliases)
+        return [] if u is None else [_plus(u, _scale(b, -1)), _plus(_scale(u, -1), _scale(b, -1))]
+    s = _linear(small, aliases)
+    return [] if s is None else [_plus(s, _scale(b, -1))]
+
+
+def _differences(cond: exp.Expression,
+                 aliases: dict[str, int]) -> list[tuple[Term, Term, float]]:
+    """The difference constraints ``x − y ≤ d`` a conjunct states between two time terms."""
+    cond = _unwrap(cond)
+    forms: list[Linear] = []
+    if isinstance(cond, (exp.LT, exp.LTE, exp.EQ)):  # < is read as <=: a safe, wider bound
+        forms += _at_most(cond.this, cond.expression, aliases)
+    if isinstance(cond, (exp.GT, exp.GTE, exp.EQ)):
+        forms += _at_most(cond.expression, cond.this, aliases)
+    if isinstance(cond, exp.Between) and not cond.args.get("symmetric"):
+        forms += _at_most(cond.args["low"], cond.this, aliases)
+        forms += _at_most(cond.this, cond.args["high"], aliases)
+    out = []
+    for terms, constant in forms:  # x − y + constant ≤ 0
+        if sorted(terms.values()) == [-1, 1]:
+            x = next(t for t, c in terms.items() if c == 1)
+            y = next(t for t, c in terms.items() if c == -1)
+            out.append((x, y, -constant))
+    return out
 
 
 def _horizon(conditions: list[exp.Expression], aliases: dict[str, int]) -> int | None:
     """The largest time distance two events of one row can have, from the conditions read as
     difference constraints (x − y ≤ d) over alias times and GREATEST terms; None if some pair
-    is unbounded. What an interval join needs to keep: events older than now − horizon can
-    join nothing new (the service assumes events are published in time order)."""
+    is unbounded. What an interval join needs to keep: events older than the newest one minus
+    the horizon can join nothing new."""
     INF = float("inf")
-    edges: dict[tuple[frozenset[int], frozenset[int]], float] = {}
+    edges: dict[tuple[Term, Term], float] = {}
 
-    def bound(x: frozenset[int], y: frozenset[int], d: float) -> None:  # x − y ≤ d
+    def bound(x: Term, y: Term, d: float) -> None:  # x − y ≤ d
         edges[(y, x)] = min(edges.get((y, x), INF), d)
 
     for cond in conditions:
-        kind = type(cond)
-        if kind not in (exp.LT, exp.LTE, exp.GT, exp.GTE, exp.EQ):
-            continue
-        left, right = _offset(cond.this, aliases), _offset(cond.expression, aliases)
-        if left is None or right is None:
-            continue
-        (lx, a), (rx, b) = left, right  # lx + a  op  rx + b
-        if kind in (exp.LT, exp.LTE, exp.EQ):
-            bound(lx, rx, b - a)
-        if kind in (exp.GT, exp.GTE, exp.EQ):
-            bound(rx, lx, a - b)
+        for x, y, d in _differences(cond, aliases):
+            bound(x, y, d)
     nodes = {frozenset([i]) for i in aliases.values()} | {n for pair in edges for n in pair}
     groups = [g for g in nodes if len(g) > 1]
     for g in groups:
         for m in g:
             bound(frozenset([m]), g, 0)  # every member is at most the greatest
-    dist: dict[tuple[frozenset[int], frozenset[int]], float] = {}
+    dist: dict[tuple[Term, Term], float] = {}
     for _ in range(len(nodes) + 1):
         dist = {(u, v): 0.0 if u == v else edges.get((u, v), INF) for u in nodes for v in nodes}
         for k in nodes:
@@ -386,13 +604,21 @@ def _horizon(conditions: list[exp.Expression], aliases: dict[str, int]) -> int |
 
 
 def _selects(node: exp.Expression) -> list[exp.Expression]:
-    if isinstance(node, exp.Union):
-        if node.args.get("distinct"):
-            raise _Reject("UNION removes duplicates; this language has UNION ALL only", node)
-        return _selects(node.this) + _selects(node.expression)
-    if isinstance(node, (exp.Intersect, exp.Except)):
-        raise _Reject(f"{node.key.upper()} is not part of this language", node)
-    return [node]
+    """The SELECTs of a UNION ALL chain, left to right (iterative: a chain may be long)."""
+    out: list[exp.Expression] = []
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, exp.Union):
+            if item.args.get("distinct"):
+                raise _Reject("UNION removes duplicates; this language has UNION ALL only", item)
+            _only(item, {"this", "expression", "distinct"})
+            stack.extend([item.expression, item.this])
+        elif isinstance(item, (exp.Intersect, exp.Except)):
+            raise _Reject(f"{item.key.upper()} is not part of this language", item)
+        else:
+            out.append(item)
+    return out
 
 
 # ------------------------------------------------------------------ evaluation
@@ -403,8 +629,12 @@ class Evaluator:
         self.branches = branches
         # Per branch and alias: the stored events that pass the alias's own checks.
         self.pools: list[list[list[Event]]] = [[[] for _ in b.names] for b in branches]
+        self.newest: int | None = None
+        """The latest event time seen: the watermark (no lateness) that retention runs on."""
 
     def push(self, event: Event) -> list[Detection]:
+        self._refuse_late(event)
+        self.newest = event.time if self.newest is None else max(self.newest, event.time)
         out: list[Detection] = []
         for b, branch in enumerate(self.branches):
             pools = self.pools[b]
@@ -427,13 +657,27 @@ class Evaluator:
                 if fits[i]:
                     pools[i].append(event)
             if branch.horizon is not None:
-                limit = event.time - branch.horizon
-                for pool in pools:
+                limit = self.newest - branch.horizon
+                for pool in pools:  # in time order: later events are never older (no lateness)
                     expired = 0
                     while expired < len(pool) and pool[expired].time < limit:
                         expired += 1
                     del pool[:expired]
         return out
+
+    def _refuse_late(self, event: Event) -> None:
+        """An event older than the newest one may need partners a bounded join has released
+        already (those older than newest − horizon): rather than answer without them, refuse it.
+        Only a join of two or more aliases releases anything; a single alias needs no partner."""
+        if self.newest is None or event.time >= self.newest:
+            return
+        for branch in self.branches:
+            if branch.horizon is not None and len(branch.names) > 1 and any(
+                    self._fits(branch, i, event) for i in range(len(branch.names))):
+                raise EventRejected(
+                    "late", f"event {event.id!r} at {event.time} µs arrived after one at "
+                    f"{self.newest} µs; this join keeps events only {branch.horizon} µs behind "
+                    "the newest, so it takes events in time order")
 
     def stored(self) -> int:
         return sum(len(pool) for pools in self.pools for pool in pools)
@@ -497,7 +741,9 @@ def _column(alias: str, path: str) -> str:
         return f"JSON_VALUE({alias}.data, {_quote('$.' + rest)})"
     if head == "data":
         raise Unrenderable("a test on the whole data object")
-    return f"{alias}.{head}"
+    if head in ("id", "type", "source", "subject", "time"):
+        return f"{alias}.{head}"
+    return f'{alias}."{head}"'  # an extension attribute, quoted: its name keeps its case
 
 
 def _condition(pred: ast.Predicate, alias: str) -> str | None:
@@ -614,22 +860,13 @@ class SqlLanguage:
     capability: Capability = CG3
 
     def parse(self, text: str) -> SqlQuery:
+        check_text(self.name, text, _SQL)
+        tree = _parse_sql(self.name, text)
+        deep = too_deep(tree, lambda node: list(node.iter_expressions()))
+        if deep is not None:
+            raise depth_error(self.name, text, *_where(deep, text))
         try:
-            tree = sqlglot.parse_one(text)
-        except ParseError as exc:
-            err = exc.errors[0] if exc.errors else {}
-            line = int(err.get("line") or 1)
-            start = err.get("start")
-            column = (start - (text.rfind("\n", 0, start) + 1) + 1) if isinstance(start, int) \
-                else int(err.get("col") or 1)
-            message = re.sub(r"<Token token_type: TokenType\.(\w+), text: (.*?), line.*?>",
-                             lambda m: "end of query" if m.group(1) == "SENTINEL"
-                             else repr(m.group(2)), str(err.get("description") or exc))
-            if "end of query" in message:
-                line, column = text.count("\n") + 1, len(text.splitlines()[-1] if text else "") + 1
-            raise NativeQueryError(self.name, message, line, column, text) from None
-        try:
-            branches = tuple(_branch(s) for s in _selects(tree))  # type: ignore[arg-type]
+            branches = tuple(_branch(s) for s in _selects(tree))
         except _Reject as exc:
             line, column = _where(exc.node, text)
             raise NativeQueryError(self.name, str(exc), line, column, text) from None
@@ -642,13 +879,79 @@ class SqlLanguage:
         return sqlglot.parse_one(text).sql()  # printed by sqlglot: normalised, valid SQL
 
 
+def _parse_sql(language: str, text: str) -> exp.Expression:
+    """sqlglot's tree of the query; its errors as query errors with a position."""
+    try:
+        _every_join_has_on(language, text)
+        tree = sqlglot.parse_one(text)
+    except ParseError as exc:
+        err = exc.errors[0] if exc.errors else {}
+        line = int(err.get("line") or 1)
+        start = err.get("start")
+        column = position(text, start)[1] if isinstance(start, int) else int(err.get("col") or 1)
+        message = re.sub(r"<Token token_type: TokenType\.(\w+), text: (.*?), line.*?>",
+                         lambda m: "end of query" if m.group(1) == "SENTINEL"
+                         else repr(m.group(2)), str(err.get("description") or exc))
+        message = re.sub(r"\x1b\[[0-9;]*m", "", message)  # sqlglot underlines with ANSI codes
+        if message.startswith("No expression was parsed"):
+            message = "the query is empty; expected SELECT …"
+        if "end of query" in message:
+            line, column = position(text, len(text.rstrip()))
+        raise NativeQueryError(language, message, line, column, text) from None
+    except RecursionError:
+        # Brackets are bounded before parsing; a chain of prefix operators (NOT NOT …) is not,
+        # and sqlglot descends once per operator.
+        raise NativeQueryError(language, "the query nests too deeply for the SQL parser (a "
+                               "chain of NOT or of other prefix operators?)", 1, 1, text) from None
+    except SqlglotError as exc:
+        raise NativeQueryError(language, f"cannot read the query: {exc}", 1, 1, text) from None
+    if not isinstance(tree, exp.Expression):
+        raise NativeQueryError(language, "the query is empty; expected SELECT …", 1, 1, text)
+    return tree
+
+
+def _every_join_has_on(language: str, text: str) -> None:
+    """Refuse a JOIN whose ON does not come before the next JOIN. This language has no nested
+    joins, and sqlglot tries them on each such JOIN and backtracks: its time doubles per JOIN
+    (a 600-byte query took minutes). Tokenizing is linear."""
+    pending = None
+    for token in Tokenizer().tokenize(text):
+        if token.token_type in (TokenType.JOIN, TokenType.STRAIGHT_JOIN):
+            if pending is not None:
+                break
+            pending = token
+        elif token.token_type in (TokenType.ON, TokenType.USING):
+            pending = None
+    else:
+        return
+    raise NativeQueryError(language, "JOIN needs ON before the next JOIN: JOIN stream AS alias "
+                           "ON condition", *position(text, pending.start), text)
+
+
+def _span(node: exp.Expression) -> tuple[int, int] | None:
+    """First and last character index of the tokens under ``node`` (sqlglot keeps positions on
+    identifiers, literals and function names)."""
+    starts = [n.meta["start"] for n in node.walk() if "start" in n.meta]
+    ends = [n.meta["end"] for n in node.walk() if "end" in n.meta]
+    return (min(starts), max(ends)) if starts and ends else None
+
+
 def _where(node: exp.Expression | None, text: str) -> tuple[int, int]:
-    """Best-effort position of a rejected construct: the first occurrence of its SQL."""
+    """The position of a rejected construct: its first token, or for a set operation its
+    keyword (after the left operand)."""
     if node is None:
         return (1, 1)
-    needle = node.key.upper() if isinstance(node, exp.Union) else node.sql().split(" ")[0]
-    index = text.upper().find(needle.upper())
-    if index < 0:
+    if isinstance(node, (exp.Union, exp.Intersect, exp.Except)):
+        left = _span(node.this)
+        index = text.upper().find(node.key.upper(), left[1] + 1 if left else 0)
+        return position(text, index) if index >= 0 else (1, 1)
+    span = _span(node)
+    if span is None:
         return (1, 1)
-    line = text.count("\n", 0, index) + 1
-    return (line, index - (text.rfind("\n", 0, index) + 1) + 1)
+    if isinstance(node, exp.Join):  # the join's keywords, before its stream
+        index = text.upper().rfind("JOIN", 0, span[0])
+        if index >= 0:
+            words = re.search(r"(?:\b(?:NATURAL|LEFT|RIGHT|FULL|OUTER|INNER|CROSS|SEMI|ANTI)\s+)*$",
+                              text[:index].upper())
+            return position(text, words.start() if words else index)
+    return position(text, span[0])

@@ -36,11 +36,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from lark import Lark, Transformer
-from lark.exceptions import UnexpectedInput, VisitError
+from lark import Lark, Token, Transformer
 
 from adapters.filters import TICK_TYPE
-from adapters.native import Detection, NativeQueryError, Unrenderable, syntax_error
+from adapters.native import Detection, Unrenderable, number_token, parse_lark, string_token
 from mediator.eva import ast
 from mediator.eva.classes import required_types, resolve, same
 from mediator.eva.events import Event
@@ -165,8 +164,8 @@ class _Build(Transformer[Any, Any]):
         return Composite("or", tuple(items))
 
     def label(self, items: list[Any]) -> str:
-        token = items[0]
-        return str(json.loads(str(token))) if token.type == "ESCAPED_STRING" else str(token)
+        token: Token = items[0]
+        return string_token(token) if token.type == "ESCAPED_STRING" else str(token)
 
     def partial(self, items: list[Any]) -> Term:
         return Term(items[0], tuple(i for i in items[1:] if i is not None), True)
@@ -184,10 +183,10 @@ class _Build(Transformer[Any, Any]):
         return Var(str(items[0]))
 
     def text(self, items: list[Any]) -> Scalar:
-        return Scalar(json.loads(str(items[0])))
+        return Scalar(string_token(items[0]))
 
     def number(self, items: list[Any]) -> Scalar:
-        return Scalar(json.loads(str(items[0])))
+        return Scalar(number_token(items[0]))
 
     def true(self, items: list[Any]) -> Scalar:
         return Scalar(True)
@@ -233,17 +232,18 @@ def _match_children(queries: tuple[Child, ...], data: list[tuple[str | None, Any
     if not partial and len(queries) != len(data):
         return []
     out: list[dict[str, str]] = []
-
-    def assign(i: int, used: frozenset[int], b: dict[str, str]) -> None:
+    # Depth-first over (next query child, data children used, binding so far) with an explicit
+    # stack: a term may list more children than Python's stack has frames.
+    stack: list[tuple[int, frozenset[int], dict[str, str]]] = [(0, frozenset(), binding)]
+    while stack:
+        i, used, b = stack.pop()
         if i == len(queries):
             out.append(b)
-            return
+            continue
         for j, (key, value) in enumerate(data):
             if j not in used:
                 for b2 in _match_child(queries[i], key, value, b):
-                    assign(i + 1, used | {j}, b2)
-
-    assign(0, frozenset(), binding)
+                    stack.append((i + 1, used | {j}, b2))
     return out
 
 
@@ -448,14 +448,7 @@ class XChangeLanguage:
     capability: Capability = CG4
 
     def parse(self, text: str) -> XChangeQuery:
-        try:
-            tree = _PARSER.parse(text)
-        except UnexpectedInput as exc:
-            raise syntax_error(self.name, exc, text, _DESCRIBE, _PARSER) from None
-        try:
-            query: Query = _Build().transform(tree)
-        except VisitError as exc:
-            raise NativeQueryError(self.name, str(exc.orig_exc), 1, 1, text) from None
+        query: Query = parse_lark(self.name, _PARSER, text, _DESCRIBE, _Build())
         return XChangeQuery(text, query)
 
     def render(self, expr: ast.Expr, doc: ast.Document) -> str:

@@ -23,6 +23,7 @@ from mediator.eva.notify import to_cloudevent
 from mediator.eva.parser import parse
 from mediator.eva.reference import evaluate
 from mediator.federation import via
+from tests.helpers import peak_stored
 from tests.strategies import CLASSES, documents, trace_of, traces
 from transforms.plan import Remote, nodes
 from transforms.planner import has_context
@@ -240,6 +241,16 @@ BAD = [
     ("cg4", "andthen[[a, b]] within 2h", "partial andthen"),
     ("cg4", "and{a, b} within 2 fortnights", "expected a duration"),
     ("cg5", "profile P = ((all_dup(A); all_dup(B))_5s)_all_pairs", "unknown class"),
+    # issue 11: what raised another exception (JSONDecodeError, RecursionError, TokenError)
+    ("cg1", '[type = "\\q"]', "is not a valid string"),
+    ("cg1", "NOT(" * 40 + '[type = "a"]' + ")" * 40, "brackets nest deeper than 32 levels"),
+    ("cg1", '[data.k = 1e999]', "out of range"),
+    ("cg2", " ; ".join(["a"] * 200), "nests deeper than 128 levels"),
+    ("cg3", "SELECT a.id FROM x AS a WHERE FOO()", "unknown function FOO()"),
+    ("cg3", "SELECT a.id FROM x AS a WHERE a.type = 'x", "unterminated quote"),
+    ("cg3", "SELECT a.id FROM x AS a WHERE a.time > 1e999", "out of range"),
+    ("cg4", 'a{"\\q"}', "is not a valid string"),
+    ("cg4", "or{" * 40 + "a" + "}" * 40, "brackets nest deeper than 32 levels"),
 ]
 
 
@@ -382,11 +393,7 @@ def test_sql_interval_join_state_stays_bounded() -> None:
                 "all_dup(C))_3us)_all_pairs\n")
     query = SqlLanguage().parse(SqlLanguage().render(doc.profiles[0].expr, doc))
     assert [b.horizon for b in query.branches] == [8]
-    evaluator = query.evaluator()
-    peak = 0
-    for i in range(3000):
-        evaluator.push(Event(f"e{i}", "s", "abc"[i % 3], i, i))
-        peak = max(peak, evaluator.stored())
+    peak = peak_stored(query.evaluator())
     assert peak <= 3 * 9
     timeless = SqlLanguage().parse("SELECT x.id, y.id FROM a AS x JOIN b AS y ON y.time > x.time")
     assert timeless.branches[0].horizon is None
