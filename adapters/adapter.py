@@ -18,8 +18,8 @@ from typing import Any, Protocol
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from adapters.client import detection
-from adapters.native import Detection, NativeQueryError, native_text
+from adapters.client import detection, query_error
+from adapters.native import Detection, native_text
 from adapters.registry import language
 from adapters.wire import SERVICE_NAME, base_pb2, base_pb2_grpc
 from mediator.eva import ast
@@ -87,7 +87,7 @@ class ServiceAdapter:
                 yield message
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                raise NativeQueryError(self._language.name, exc.details() or "rejected") from None
+                raise query_error(exc, self._language.name, native) from None
             raise
         finally:
             call.cancel()

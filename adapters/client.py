@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import grpc
+from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_status import rpc_status
 
 from adapters.native import Detection, NativeQueryError
 from adapters.wire import SERVICE_NAME, base_pb2, base_pb2_grpc
 from mediator.eva.events import Event, from_cloudevent, to_cloudevent
+
+BATCH_BYTES = 1024 * 1024
+"""A Publish message is sent once its events reach this size (well under the service's limit)."""
+
+_POSITION = re.compile(r"line (\d+), column (\d+): (.*)", re.DOTALL)
 
 
 def detection(message: Any) -> Detection:
@@ -22,12 +30,34 @@ def detection(message: Any) -> Detection:
     return Detection(message.time_us, constituents, message.text, extra)
 
 
+def query_error(exc: grpc.RpcError, language: str, query: str) -> NativeQueryError:
+    """The error an INVALID_ARGUMENT from Subscribe stands for, placed in the caller's own copy
+    of the query (so the line is shown whole): the position and message come from the
+    ``BadRequest`` violation of field ``query``; without one, the status message as it is."""
+    try:
+        status = rpc_status.from_call(exc)
+    except ValueError:  # details that disagree with the status: use the message
+        status = None
+    for detail in status.details if status is not None else ():
+        if not detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            continue
+        bad = error_details_pb2.BadRequest()
+        detail.Unpack(bad)
+        for violation in bad.field_violations:
+            found = _POSITION.fullmatch(violation.description)
+            if violation.field == "query" and found:
+                line, column, message = found.groups()
+                return NativeQueryError(language, message, int(line), int(column), query)
+    return NativeQueryError(language, exc.details() or "rejected")
+
+
 class BaseClient:
     def __init__(self, address: str, timeout: float = 10.0) -> None:
         self.address = address
         self.channel = grpc.insecure_channel(address)
         self.stub = base_pb2_grpc.BaseServiceStub(self.channel)
         self.timeout = timeout
+        self._max_advance: int | None = None
 
     def close(self) -> None:
         self.channel.close()
@@ -51,8 +81,19 @@ class BaseClient:
 
     def capabilities(self) -> dict[str, Any]:
         reply = self.stub.Capabilities(base_pb2.CapabilitiesRequest(), timeout=self.timeout)
+        self._max_advance = reply.max_advance_us
         return {"group": reply.group, "language": reply.language,
-                "capability": json.loads(reply.capability_json)}
+                "capability": json.loads(reply.capability_json),
+                "limits": {"max_advance_us": reply.max_advance_us,
+                           "max_query_bytes": reply.max_query_bytes,
+                           "max_message_bytes": reply.max_message_bytes}}
+
+    def max_advance(self) -> int:
+        """How far one request may move the service clock (0: no limit)."""
+        if self._max_advance is None:
+            self.capabilities()
+        assert self._max_advance is not None
+        return self._max_advance
 
     def subscribe(self, query: str, subscription_id: str = "") -> Any:
         """The stream of native notifications (an iterator that is also a gRPC call: ``cancel()``
@@ -66,15 +107,44 @@ class BaseClient:
 
     def publish(self, events: Iterable[Event], advance_to: int | None = None,
                 batch: int = 256) -> Any:
-        """Publish in order, ``batch`` events per message; then let the clock run."""
+        """Publish in order, up to ``batch`` events (and ``BATCH_BYTES``) per message; then let
+        the clock run to ``advance_to``. The service moves its clock at most ``max_advance()``
+        per request, so a longer gap before an event, or a longer final advance, is sent as
+        steps (each step's detections are queued before the next is computed)."""
+        limit = self.max_advance()
 
         def messages() -> Iterator[Any]:
             pending: list[str] = []
+            size = 0
+            clock: int | None = None
+
+            def steps(until: int) -> Iterator[Any]:
+                nonlocal clock
+                while clock is not None and limit and until - clock > limit:
+                    clock += limit
+                    yield base_pb2.PublishRequest(advance_to_us=clock)
+
             for e in events:
-                pending.append(json.dumps(to_cloudevent(e)))
-                if len(pending) == batch:
+                if clock is not None and limit and e.time - clock > limit:
+                    if pending:
+                        yield base_pb2.PublishRequest(cloudevents=pending)
+                        pending, size = [], 0
+                    yield from steps(e.time)
+                text = json.dumps(to_cloudevent(e))
+                if pending and size + len(text) > BATCH_BYTES:
+                    yield base_pb2.PublishRequest(cloudevents=pending)
+                    pending, size = [], 0
+                pending.append(text)
+                size += len(text)
+                if len(pending) >= batch:
+                    yield base_pb2.PublishRequest(cloudevents=pending)
+                    pending, size = [], 0
+                clock = e.time if clock is None else max(clock, e.time)
+            if advance_to is not None and clock is not None and advance_to - clock > limit > 0:
+                if pending:
                     yield base_pb2.PublishRequest(cloudevents=pending)
                     pending = []
+                yield from steps(advance_to)
             if pending or advance_to is not None:
                 yield base_pb2.PublishRequest(cloudevents=pending, advance_to_us=advance_to or 0)
 
@@ -87,7 +157,8 @@ def remote_transport(address: str, group: str) -> Any:
     A service whose group is not ``group`` is refused (its language would not understand)."""
     client = BaseClient(address)
     client.wait_ready()
-    served = client.capabilities()["group"]
+    caps = client.capabilities()
+    served, name = caps["group"], caps["language"]
     if served != group:
         raise ConnectionError(f"the service at {address} serves {served}, not {group}")
 
@@ -98,7 +169,7 @@ def remote_transport(address: str, group: str) -> Any:
             first = next(stream)
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                raise NativeQueryError(group, exc.details() or "rejected") from None
+                raise query_error(exc, name, text) from None
             raise
         assert first.ready
         out: list[Detection] = []

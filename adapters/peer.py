@@ -9,10 +9,11 @@ can take the peer's answer over exactly.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.native import Detection, NativeQueryError
+from adapters.native import Detection, NativeQueryError, check_size
 from mediator.eva import ast
 from mediator.eva.engine import Engine, EngineConfig
 from mediator.eva.events import Event
@@ -32,11 +33,44 @@ def occurrence(extra: dict[str, Any]) -> tuple[tuple[int, int, Any], Occ]:
     return tuples_from_json(extra["emitted"]), occ
 
 
+def constituent_age(doc: ast.Document, tick: int) -> int | None:
+    """How far (µs) before the instant it is reported at a constituent of any of ``doc``'s
+    occurrences can lie; None when nothing bounds it.
+
+    Not the retention horizon of :mod:`mediator.eva.retention`, which bounds how long a *node*
+    keeps an occurrence (its state size): a unique_pairs node with single selections keeps one
+    element, but that element may be arbitrarily old. Along any path of the tree, each
+    conjunction or sequence adds its span (a stored operand lies within it of the newest one)
+    and a negation its span (an anchored one reports at t(a) + T); the sum over the whole tree
+    bounds every path, plus one tick for the clock's granularity. Unbounded: an inf span,
+    repeated_pairs (a stored, older composite can be reported later) and end-of-interval
+    evaluation (a result waits until its interval closes).
+    """
+    total = tick
+    for profile in doc.profiles:
+        if profile.evaluation is ast.Evaluation.END_OF_INTERVAL:
+            return None
+        for node in ast.walk(profile.expr):
+            if isinstance(node, ast.Negation):
+                total += node.span
+            elif isinstance(node, ast.Conjunction | ast.Sequence):
+                if node.span is None or node.pairs is ast.Pairs.REPEATED:
+                    return None
+                total += node.span
+    return total
+
+
 class Evaluator:
     def __init__(self, doc: ast.Document, config: EngineConfig) -> None:
         self._engine = Engine(config)
         self._engine.add_document(doc)
+        # The events a notification may still name as constituents, by id: an occurrence
+        # carries ids only. Kept for the query's constituent age behind the clock (the newest
+        # event or advance: no instant before it is still to be reported), in arrival order.
         self._events: dict[str, Event] = {}
+        self._arrived: deque[Event] = deque()
+        self._keep = constituent_age(doc, config.tick)
+        self._clock: int | None = None
 
     def _detections(self, notes: list[Notification]) -> list[Detection]:
         out = []
@@ -51,10 +85,29 @@ class Evaluator:
 
     def push(self, event: Event) -> list[Detection]:
         self._events[event.id] = event
-        return self._detections(self._engine.push(event))
+        if self._keep is not None:
+            self._arrived.append(event)
+        out = self._detections(self._engine.push(event))
+        self._forget(event.time)
+        return out
 
     def advance(self, time: int) -> list[Detection]:
-        return self._detections(self._engine.close(time))
+        out = self._detections(self._engine.close(time))
+        self._forget(time)
+        return out
+
+    def _forget(self, now: int) -> None:
+        """Drop the events no occurrence reported from ``now`` on can contain."""
+        if self._keep is None or self._engine.origin is None:
+            return  # unbounded, or the clock has not started (no event yet)
+        if self._clock is None or now > self._clock:
+            self._clock = now
+        oldest = self._clock - self._keep
+        arrived = self._arrived
+        while arrived and arrived[0].time < oldest:
+            event = arrived.popleft()
+            if self._events.get(event.id) is event:  # not a later event with the same id
+                del self._events[event.id]
 
 
 @dataclass(frozen=True)
@@ -76,6 +129,9 @@ class PeerLanguage:
         self.config = EngineConfig(tick=tick)
 
     def parse(self, text: str) -> PeerQuery:
+        # The size limit every native language shares; nesting is bounded by the EVA parser's
+        # own limits (docs/language.md), which do not recurse.
+        check_size(self.name, text)
         try:
             doc = parse(text, "<query>")
         except ProfileError as exc:

@@ -1,52 +1,72 @@
 """A base service as a gRPC server: ``evamed base-service --group G --listen ADDR``.
 
-One process per language group (DESIGN §6) serving ``eva.base.v1.BaseService`` and the standard
-``grpc.health.v1.Health``. Events are evaluated in the order they are published; every
-subscription has its own evaluator of its native query and a bounded queue of notifications.
+One process per language group (DESIGN §6) serving ``eva.base.v1.BaseService``, the standard
+``grpc.health.v1.Health`` and server reflection, on ``grpc.aio``: every call is a task of one
+event loop, not a thread, so open subscriptions never use up the server (one client never
+stalls the others).
 
-Robustness: a query the language rejects ends its Subscribe with INVALID_ARGUMENT and the
-parser's message (line, column, what was expected); a malformed event is counted, reported
-in the Publish reply and skipped; a subscriber that disconnects is removed by the RPC's
-termination callback; ``Publish`` is back-pressured — the next event is read only once the
-previous one's notifications are queued, and a queue is bounded, so a slow subscriber slows
-publishing rather than growing memory. A subscriber that stays full for ``stall_timeout``
-seconds is dropped (RESOURCE_EXHAUSTED) so that it cannot stall the others forever.
+Order: events are evaluated in the order they are published, across clients — one Publish
+message at a time holds the order lock (a message is bounded by the receive limit, a clock step
+by ``max_advance``), and the loop is yielded to every few milliseconds, so Subscribe,
+Unsubscribe, Capabilities and Health are answered while a publisher is being served.
+
+Robustness (docs/backends.md): a bad query ends its Subscribe with INVALID_ARGUMENT, a short
+message and the position as a ``google.rpc.BadRequest`` field violation, never UNKNOWN; a query
+over ``MAX_QUERY_BYTES`` is refused before parsing; a malformed event, or one an evaluator
+refuses (``EventRejected``), is counted in ``PublishReply.rejected`` and the batch goes on; the
+clock moves at most ``max_advance`` per request and in slices of ``slice``, so no request
+holds the service for long nor piles up its detections; each subscription's queue is bounded
+(back-pressure) and a subscriber that stays full for ``stall_timeout`` seconds is dropped with
+RESOURCE_EXHAUSTED; Unsubscribe never waits; a second server on a taken port fails to start;
+shutdown reports NOT_SERVING while it drains.
 """
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import json
 import logging
-import queue
+import os
+import signal
+import socket
 import threading
+import time
 import uuid
-from collections.abc import Iterator
-from concurrent import futures
-from dataclasses import asdict, dataclass, field
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass
+from operator import methodcaller
 from typing import Any
 
 import grpc
+from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from grpc_status import rpc_status
 
-from adapters.native import Detection, Evaluator, Language, NativeQueryError
+from adapters.native import MAX_QUERY_BYTES, Detection, EventRejected, Language, NativeQueryError
 from adapters.registry import language as language_of
 from adapters.wire import SERVICE_NAME, base_pb2, base_pb2_grpc
 from mediator.eva.events import EventError, from_json_line, to_cloudevent
+from mediator.eva.units import format_span
 
 log = logging.getLogger("evamed.base")
 
 MAX_ERRORS = 100
-_END = object()
-
-
-@dataclass
-class _Subscription:
-    ident: str
-    query: str
-    evaluator: Evaluator
-    outbox: queue.Queue[Any]
-    dropped: str = ""
-    lock: threading.Lock = field(default_factory=threading.Lock)
+"""Error lines a PublishReply carries (the count in ``rejected`` is always complete)."""
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+"""The largest gRPC message the service takes (a Publish batch; the client batches under it)."""
+ADVANCE_TICKS = 86_400
+"""A request moves the service clock at most this many ticks (a day at the default 1 s tick):
+a CG-5 peer steps every tick of its clock, so this bounds one request's work."""
+SLICE_TICKS = 60
+"""The clock moves in slices of this many ticks; each slice's detections are queued before the
+next one is computed, so a long step never piles them up in memory."""
+YIELD_SECONDS = 0.005
+"""Evaluation gives the event loop a turn at least this often (other clients' calls run)."""
+MAX_SHOWN = 160
+"""Characters of a query line and of a parser message an error echoes: the message travels in
+gRPC metadata (8 KB by default), so a long line is cut around the position."""
 
 
 def notification(sub_id: str, d: Detection) -> Any:
@@ -56,143 +76,460 @@ def notification(sub_id: str, d: Detection) -> Any:
         extra_json=json.dumps(d.extra) if d.extra else "")
 
 
+def _excerpt(line: str, column: int) -> tuple[str, int]:
+    """At most MAX_SHOWN characters of ``line`` around ``column`` (1-based), and the column
+    within the excerpt."""
+    if len(line) <= MAX_SHOWN:
+        return line, column
+    start = max(0, min(column - 1 - MAX_SHOWN // 2, len(line) - MAX_SHOWN))
+    text = line[start:start + MAX_SHOWN]
+    shift = start
+    if start > 0:
+        text, shift = "…" + text[1:], start
+    if start + MAX_SHOWN < len(line):
+        text = text[:-1] + "…"
+    return text, column - shift
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN - 1] + "…"
+
+
+def query_status(error: NativeQueryError) -> grpc.Status:
+    """INVALID_ARGUMENT with a message that fits in metadata — the position, the parser's
+    message and the query's line cut around the position with a caret — and the position as a
+    ``BadRequest`` violation of field ``query`` (description ``line L, column C: message``)."""
+    message = _short(error.message)
+    text = f"{error.language} query:{error.line}:{error.column}: error: {message}"
+    lines = error.source.splitlines()
+    if 1 <= error.line <= len(lines):
+        shown, column = _excerpt(lines[error.line - 1], error.column)
+        text += f"\n  {shown}\n  {' ' * max(column - 1, 0)}^"
+    violation = error_details_pb2.BadRequest.FieldViolation(
+        field="query", description=f"line {error.line}, column {error.column}: {message}")
+    status = status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=text)
+    status.details.add().Pack(error_details_pb2.BadRequest(field_violations=[violation]))
+    return rpc_status.to_status(status)
+
+
+_WAKE = object()  # wakes a stream to look at its subscription's state
+
+
+@dataclass(eq=False)
+class _Subscription:
+    ident: str
+    evaluator: Any
+    outbox: asyncio.Queue[Any]
+    ended: bool = False
+    """Unsubscribed or gone: nothing more is queued; the stream ends once the queue is read."""
+    failure: tuple[grpc.StatusCode, str] | None = None
+    """Dropped: the stream ends with this status; what was queued is lost with it."""
+    clock: int | None = None
+    """The newest event time or advance the evaluator has seen (None: its clock has not
+    started). Each subscription has its own: it sees only what was published after it came."""
+
+
+def _refusal(what: str, refusals: list[str], subscriptions: int) -> str:
+    share = "" if subscriptions == 1 else f" (by {len(refusals)} of {subscriptions} subscriptions)"
+    return f"{what}: {refusals[0]}{share}"
+
+
+@dataclass
+class _Tally:
+    accepted: int = 0
+    rejected: int = 0
+    number: int = 0  # events seen in this call
+    errors: list[str] | None = None
+
+    def reject(self, message: str) -> None:
+        self.rejected += 1
+        if self.errors is None:
+            self.errors = []
+        if len(self.errors) < MAX_ERRORS:
+            self.errors.append(message)
+
+
 class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
     def __init__(self, group: str, lang: Language, queue_size: int = 1024,
-                 stall_timeout: float = 30.0) -> None:
+                 stall_timeout: float = 30.0, tick: int = 1_000_000,
+                 max_advance: int | None = None) -> None:
         self.group = group
         self.language = lang
         self.queue_size = queue_size
         self.stall_timeout = stall_timeout
+        self.max_advance = max_advance if max_advance is not None else ADVANCE_TICKS * tick
+        self.slice = max(1, min(SLICE_TICKS * tick, self.max_advance))
         self._subs: dict[str, _Subscription] = {}
-        self._lock = threading.Lock()  # one event at a time, in publish order
+        self._order = asyncio.Lock()  # one Publish message at a time, in arrival order
         self._seq = 0
-        self.subscribed = threading.Event()  # set at each registration (tests wait on it)
+        self._turn = time.monotonic()
+        self._closing = False
 
     @property
     def subscriptions(self) -> list[str]:
-        with self._lock:
-            return list(self._subs)
+        return list(self._subs)  # a copy made without running Python code: safe from a thread
 
     # ---------------------------------------------------------------- RPCs
 
-    def Capabilities(self, request: Any, context: grpc.ServicerContext) -> Any:
+    async def Capabilities(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         cap = asdict(self.language.capability)
         cap = {k: sorted(v) if isinstance(v, frozenset) else v for k, v in cap.items()}
-        return base_pb2.CapabilitiesReply(group=self.group, language=self.language.name,
-                                          capability_json=json.dumps(cap, default=list))
+        return base_pb2.CapabilitiesReply(
+            group=self.group, language=self.language.name,
+            capability_json=json.dumps(cap, default=list), max_advance_us=self.max_advance,
+            max_query_bytes=MAX_QUERY_BYTES, max_message_bytes=MAX_MESSAGE_BYTES)
 
-    def Subscribe(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+    async def Subscribe(self, request: Any, context: grpc.aio.ServicerContext
+                        ) -> AsyncIterator[Any]:
+        text: str = request.query
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > MAX_QUERY_BYTES:  # before any parser sees it
+            await context.abort_with_status(query_status(NativeQueryError(
+                self.language.name, f"the query is {size:,} bytes; a native query may be at "
+                f"most {MAX_QUERY_BYTES:,} bytes")))
+        evaluator = None
+        failure: grpc.Status | None = None
         try:
-            query = self.language.parse(request.query)
+            evaluator = self.language.parse(text).evaluator()
         except NativeQueryError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            failure = query_status(exc)
+        except RecursionError:
+            failure = query_status(NativeQueryError(
+                self.language.name, "the query nests too deeply to be read", 1, 1, text))
+        except Exception as exc:  # a parser bug must still answer the client as a bad query
+            log.exception("query not understood: %s", text[:MAX_SHOWN])
+            failure = query_status(NativeQueryError(
+                self.language.name, f"the query could not be read ({type(exc).__name__}: "
+                f"{_short(str(exc))})", 1, 1, text))
+        if failure is not None:
+            await context.abort_with_status(failure)
+        if self._closing:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the base service is shutting down")
         sub_id = request.subscription_id or uuid.uuid4().hex
-        sub = _Subscription(sub_id, request.query, query.evaluator(),
-                            queue.Queue(maxsize=self.queue_size))
-        with self._lock:
-            if sub_id in self._subs:
-                context.abort(grpc.StatusCode.ALREADY_EXISTS, f"subscription {sub_id!r} exists")
-            self._subs[sub_id] = sub
-
-        def gone() -> None:  # disconnect, cancel or normal end: the subscription goes away
-            with self._lock:
-                self._subs.pop(sub_id, None)
-
-        context.add_callback(gone)
-        self.subscribed.set()
-        log.info("subscribed %s: %s", sub_id, request.query)
-        yield base_pb2.NativeNotification(subscription_id=sub_id, ready=True)
-        while True:
-            try:
-                item = sub.outbox.get(timeout=0.5)
-            except queue.Empty:
-                if not context.is_active():
+        if sub_id in self._subs:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"subscription {sub_id!r} exists")
+        sub = _Subscription(sub_id, evaluator, asyncio.Queue(maxsize=self.queue_size))
+        self._subs[sub_id] = sub
+        log.info("subscribed %s: %s", sub_id, _short(text))
+        try:
+            yield base_pb2.NativeNotification(subscription_id=sub_id, ready=True)
+            while True:
+                if sub.failure is not None:
+                    await context.abort(*sub.failure)
+                if sub.ended and sub.outbox.empty():
                     return
-                continue
-            if item is _END:
-                if sub.dropped:
-                    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, sub.dropped)
-                return
-            yield item
+                item = await sub.outbox.get()
+                if item is not _WAKE:
+                    yield item
+        finally:  # unsubscribed, dropped, cancelled or disconnected: the subscription goes away
+            self._end(sub)
 
-    def Unsubscribe(self, request: Any, context: grpc.ServicerContext) -> Any:
-        with self._lock:
-            sub = self._subs.pop(request.subscription_id, None)
+    async def Unsubscribe(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        sub = self._subs.pop(request.subscription_id, None)
         if sub is not None:
-            sub.outbox.put(_END)  # after everything already queued
+            # Never waits: the stream ends after what is queued; a full queue needs no marker.
+            sub.ended = True
+            if not sub.outbox.full():
+                sub.outbox.put_nowait(_WAKE)
         return base_pb2.UnsubscribeReply(found=sub is not None)
 
-    def Publish(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Any:
-        accepted = rejected = 0
-        errors: list[str] = []
-        number = 0
-        for request in request_iterator:
-            with self._lock:
-                for text in request.cloudevents:
-                    number += 1
-                    try:
-                        event = from_json_line(text, seq=self._seq)
-                    except EventError as exc:
-                        rejected += 1
-                        if len(errors) < MAX_ERRORS:
-                            errors.append(f"event {number}: {exc}")
-                        continue
-                    self._seq += 1
-                    accepted += 1
-                    self._deliver(lambda ev, event=event: ev.push(event))
-                if request.advance_to_us:
-                    self._deliver(lambda ev, t=request.advance_to_us: ev.advance(t))
-        return base_pb2.PublishReply(accepted=accepted, rejected=rejected, errors=errors)
+    async def Publish(self, request_iterator: AsyncIterator[Any],
+                      context: grpc.aio.ServicerContext) -> Any:
+        tally = _Tally()
+        async for request in request_iterator:
+            # Shielded: a publisher that goes away mid-message does not leave an event seen by
+            # some subscriptions and not others (a message's work is bounded).
+            await asyncio.shield(self._message(request, tally))
+        return base_pb2.PublishReply(accepted=tally.accepted, rejected=tally.rejected,
+                                     errors=tally.errors or [])
 
-    # ---------------------------------------------------------------- internals
+    # ---------------------------------------------------------------- evaluation
 
-    def _deliver(self, step: Any) -> None:
-        for sub in list(self._subs.values()):
+    async def _message(self, request: Any, tally: _Tally) -> None:
+        async with self._order:
+            for text in request.cloudevents:
+                await self._event(text, tally)
+            if request.advance_to_us:
+                await self._advance(request.advance_to_us, tally)
+
+    async def _event(self, text: str, tally: _Tally) -> None:
+        tally.number += 1
+        what = f"event {tally.number}"
+        try:
+            event = from_json_line(text, seq=self._seq)
+        except EventError as exc:
+            tally.reject(f"{what}: {exc}")
+            return
+        except Exception as exc:  # whatever the line holds, only this event is refused
+            log.exception("%s could not be read", what)
+            tally.reject(f"{what}: could not be read ({type(exc).__name__}: {_short(str(exc))})")
+            return
+        self._seq += 1
+        subs = list(self._subs.values())
+        refusals: list[str] = []
+        for sub in subs:
+            refused = self._too_far(sub, event.time, "its time")
+            if not refused and sub.clock is not None and event.time - 1 - sub.clock > self.slice:
+                refused = await self._run_clock(sub, event.time - 1)  # the gap, in slices
+            if not refused:
+                refused = await self._apply(sub, methodcaller("push", event), what)
+                if sub.clock is None or event.time > sub.clock:
+                    sub.clock = event.time
+            if refused:
+                refusals.append(refused)
+            await self._pause()
+        if refusals:
+            tally.reject(_refusal(what, refusals, len(subs)))
+        else:
+            tally.accepted += 1
+
+    async def _advance(self, until: int, tally: _Tally) -> None:
+        what = f"advance_to_us {until}"
+        subs = list(self._subs.values())
+        refusals: list[str] = []
+        for sub in subs:
+            if sub.clock is None:  # no event yet: the evaluator's clock has not started
+                refused = await self._apply(sub, methodcaller("advance", until), what)
+            else:
+                refused = self._too_far(sub, until, "it") or await self._run_clock(sub, until)
+            if refused:
+                refusals.append(refused)
+            await self._pause()
+        if refusals:
+            tally.reject(_refusal(what, refusals, len(subs)))
+
+    def _too_far(self, sub: _Subscription, time: int, subject: str) -> str:
+        if sub.clock is None or time - sub.clock <= self.max_advance:
+            return ""
+        return (f"clock_jump: {subject} is {format_span(time - sub.clock)} after the "
+                f"subscription's clock ({sub.clock} µs); a request may move a clock by at most "
+                f"{format_span(self.max_advance)}: publish advance_to_us in steps before it")
+
+    async def _run_clock(self, sub: _Subscription, until: int) -> str:
+        """Move a subscription's clock to ``until`` in slices, each slice's detections queued
+        before the next is computed (at least one call: the evaluator may have work due)."""
+        assert sub.clock is not None
+        while True:
+            step = min(until, sub.clock + self.slice)
+            refused = await self._apply(sub, methodcaller("advance", step), f"advance_to_us {step}")
+            sub.clock = max(sub.clock, step)
+            if refused or sub.clock >= until:
+                return refused
+            await self._pause()
+
+    async def _apply(self, sub: _Subscription, step: Callable[[Any], list[Detection]],
+                     what: str) -> str:
+        """One step of a subscription's evaluator, its detections queued; why the evaluator
+        refused the step ('' if it took it or the subscription is gone)."""
+        if sub.ended:
+            return ""
+        try:
+            detections = step(sub.evaluator)
+        except EventRejected as exc:
+            return str(exc)
+        except Exception as exc:  # a bug in one evaluator must not take the service down
+            log.exception("subscription %s failed on %s", sub.ident, what)
+            self._fail(sub, grpc.StatusCode.INTERNAL,
+                       f"evaluation failed on {what}: {type(exc).__name__}: {_short(str(exc))}")
+            return f"evaluation failed ({type(exc).__name__}; the subscription was ended)"
+        for d in detections:
             try:
-                detections = step(sub.evaluator)
-            except Exception as exc:  # a bug in one evaluator must not take the service down
-                log.exception("subscription %s failed", sub.ident)
-                self._drop(sub, f"evaluation failed: {exc}")
-                continue
-            for d in detections:
-                try:
-                    sub.outbox.put(notification(sub.ident, d), timeout=self.stall_timeout)
-                except queue.Full:
-                    self._drop(sub, f"subscriber did not read for {self.stall_timeout}s "
-                                    f"(queue of {self.queue_size} full)")
-                    break
-
-    def _drop(self, sub: _Subscription, reason: str) -> None:
-        self._subs.pop(sub.ident, None)
-        sub.dropped = reason
-        while True:  # make room for the end marker; what was queued is lost with the subscriber
-            try:
-                sub.outbox.get_nowait()
-            except queue.Empty:
+                item = notification(sub.ident, d)
+            except Exception as exc:  # e.g. a value JSON cannot carry
+                log.exception("subscription %s: a detection could not be sent", sub.ident)
+                self._fail(sub, grpc.StatusCode.INTERNAL, f"a detection of {what} could not be "
+                           f"sent: {type(exc).__name__}: {_short(str(exc))}")
                 break
-        sub.outbox.put(_END)
+            if not await self._put(sub, item):
+                break
+        return ""
+
+    async def _put(self, sub: _Subscription, item: Any) -> bool:
+        """Queue a notification; back-pressure: wait while the queue is full, up to the stall
+        timeout. False if the subscription is gone (or is dropped now)."""
+        if sub.ended:
+            return False
+        try:
+            sub.outbox.put_nowait(item)
+            return True
+        except asyncio.QueueFull:
+            pass
+        try:
+            await asyncio.wait_for(sub.outbox.put(item), self.stall_timeout)
+        except TimeoutError:
+            self._fail(sub, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                       f"subscriber did not read for {self.stall_timeout}s (queue of "
+                       f"{self.queue_size} full)")
+            return False
+        return not sub.ended
+
+    async def _pause(self) -> None:
+        now = time.monotonic()
+        if now - self._turn >= YIELD_SECONDS:
+            await asyncio.sleep(0)
+            self._turn = time.monotonic()
+
+    def _fail(self, sub: _Subscription, code: grpc.StatusCode, reason: str) -> None:
+        if sub.failure is None:
+            sub.failure = (code, reason)
+        self._end(sub)
+        sub.outbox.put_nowait(_WAKE)  # room was just made
+
+    def _end(self, sub: _Subscription) -> None:
+        if self._subs.get(sub.ident) is sub:
+            del self._subs[sub.ident]
+        sub.ended = True
+        if sub.failure is not None or sub.outbox.full():
+            # Nobody will read it (dropped or gone): empty it so that a publisher waiting
+            # for room goes on at once.
+            while not sub.outbox.empty():
+                sub.outbox.get_nowait()
+
+    def close(self) -> None:
+        """End every subscription (UNAVAILABLE): the service is going away."""
+        self._closing = True
+        for sub in list(self._subs.values()):
+            self._fail(sub, grpc.StatusCode.UNAVAILABLE, "the base service is shutting down")
+
+
+# ------------------------------------------------------------------ serving
 
 
 @dataclass
-class Running:
-    server: grpc.Server
+class Served:
+    """A base service running on the current event loop."""
+
+    server: grpc.aio.Server
     port: int
     service: BaseService
+    health: health.aio.HealthServicer
+
+    async def stop(self, drain: float = 0.0, grace: float | None = 2.0) -> None:
+        """Graceful shutdown: health says NOT_SERVING for ``drain`` seconds (clients and load
+        balancers move away; calls are still served), then subscriptions end (UNAVAILABLE) and
+        calls in flight get ``grace`` seconds."""
+        await self.health.enter_graceful_shutdown()
+        if drain > 0:
+            await asyncio.sleep(drain)
+        self.service.close()
+        await self.server.stop(grace)
 
 
-def serve(group: str, listen: str, tick: int = 1_000_000, max_workers: int = 16,
-          queue_size: int = 1024, stall_timeout: float = 30.0) -> Running:
-    """Start a base service (``listen`` may use port 0: any free port)."""
-    lang = language_of(group, tick)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers))
-    service = BaseService(group, lang, queue_size, stall_timeout)
+async def start(group: str, listen: str, tick: int = 1_000_000, queue_size: int = 1024,
+                stall_timeout: float = 30.0, max_advance: int | None = None,
+                lang: Language | None = None) -> Served:
+    """Start a base service on the running loop (``listen`` may use port 0: any free port);
+    ``lang``: another language than the group's own (tests). A port another server listens on
+    is refused (no port sharing): OSError saying why."""
+    lang = lang if lang is not None else language_of(group, tick)
+    server = grpc.aio.server(options=[
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ])
+    service = BaseService(group, lang, queue_size, stall_timeout, tick, max_advance)
     base_pb2_grpc.add_BaseServiceServicer_to_server(service, server)
-    health_servicer = health.HealthServicer()
+    health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(listen)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME), server)
+    try:
+        port = server.add_insecure_port(listen)
+    except RuntimeError:
+        port = 0
     if port == 0:
-        raise OSError(f"cannot listen on {listen}")
-    server.start()
+        raise OSError(f"cannot listen on {listen}: {_bind_error(listen)}")
+    await server.start()
     for name in ("", SERVICE_NAME):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return Running(server, port, service)
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return Served(server, port, service, health_servicer)
+
+
+def _bind_error(listen: str) -> str:
+    """Why ``listen`` cannot be bound, in the operating system's words (gRPC's own message
+    only says that it failed)."""
+    host, _, port = listen.rpartition(":")
+    try:
+        with socket.create_server((host.strip("[]") or "::", int(port))):
+            pass
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return "the port is in use (ports are not shared: is another server running on it?)"
+        return os.strerror(exc.errno) if exc.errno else str(exc)
+    except ValueError:
+        return f"expected host:port, found {listen!r}"
+    return "gRPC could not bind it"
+
+
+async def run(group: str, listen: str, ready: Callable[[int], None], tick: int = 1_000_000,
+              queue_size: int = 1024, max_advance: int | None = None, drain: float = 1.0,
+              grace: float = 2.0) -> None:
+    """Serve until SIGTERM or SIGINT, then shut down gracefully (``Served.stop``); a second
+    signal skips the drain. ``ready(port)`` is called once the service answers."""
+    served = await start(group, listen, tick, queue_size, max_advance=max_advance)
+    loop = asyncio.get_running_loop()
+    stop, hurry = asyncio.Event(), asyncio.Event()
+
+    def on_signal() -> None:
+        (hurry if stop.is_set() else stop).set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    ready(served.port)
+    await stop.wait()
+    log.info("shutting down: NOT_SERVING for %ss, then %ss for calls in flight", drain, grace)
+    await served.health.enter_graceful_shutdown()
+    try:
+        await asyncio.wait_for(hurry.wait(), drain)
+        grace = 0  # a second signal: no more waiting
+    except TimeoutError:
+        pass
+    await served.stop(0, grace)
+
+
+class Running:
+    """A base service on its own event loop in a background thread, for synchronous callers
+    (tests, benchmarks, embedding): ``port``, ``service``, ``stop()``."""
+
+    def __init__(self, group: str, listen: str, **options: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name=f"evamed-base-{group}")
+        self._thread.start()
+        try:
+            self.served = self.call(start(group, listen, **options))
+        except BaseException:
+            self._close_loop()
+            raise
+        self.port = self.served.port
+        self.service = self.served.service
+        self.server = self  # what serve() returned before: ``running.server.stop(grace).wait()``
+
+    def call(self, coroutine: Any) -> Any:
+        """Run a coroutine on the service's loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def stop(self, grace: float | None = 0, drain: float = 0.0) -> threading.Event:
+        if self._thread.is_alive():
+            self.call(self.served.stop(drain, grace))
+            self._close_loop()
+        done = threading.Event()
+        done.set()
+        return done
+
+    def _close_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+
+def serve(group: str, listen: str, tick: int = 1_000_000, queue_size: int = 1024,
+          stall_timeout: float = 30.0, max_advance: int | None = None,
+          lang: Language | None = None) -> Running:
+    """Start a base service in a background thread (``listen`` may use port 0)."""
+    return Running(group, listen, tick=tick, queue_size=queue_size, stall_timeout=stall_timeout,
+                   max_advance=max_advance, lang=lang)
+
+
+__all__ = ["BaseService", "Running", "Served", "notification", "query_status", "run",
+           "serve", "start"]

@@ -1,0 +1,503 @@
+"""Base services over gRPC (issue 11): one client never stalls the others, a bad query or event
+gets a clear answer and loses nothing else, the clock cannot be run away with, and the process
+starts, drains and stops as an operator expects."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_status import rpc_status
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adapters.client import BaseClient, query_error
+from adapters.native import MAX_QUERY_BYTES, Detection, EventRejected, NativeQueryError
+from adapters.peer import Evaluator as PeerEvaluator
+from adapters.registry import language
+from adapters.service import Running, serve
+from adapters.wire import SERVICE_NAME, base_pb2, base_pb2_grpc
+from mediator.eva.engine import EngineConfig
+from mediator.eva.events import Event, to_cloudevent
+from mediator.eva.parser import parse
+from tests.strategies import documents, trace_of, traces
+
+EVAMED = str(Path(sys.executable).with_name("evamed"))
+HOUR = 3_600_000_000
+
+
+def lines(events: list[Event]) -> list[str]:
+    return [json.dumps(to_cloudevent(e)) for e in events]
+
+
+def ids(stream: Any) -> list[str]:
+    return [json.loads(m.constituents[0])["id"] for m in stream]
+
+
+@pytest.fixture
+def cg1() -> Iterator[Running]:
+    running = serve("cg1", "127.0.0.1:0")
+    yield running
+    running.stop()
+
+
+# ------------------------------------------------------------------ many clients at once
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def test_a_thousand_subscriptions_while_another_client_publishes(cg1: Running) -> None:
+    """1,000 open subscriptions (a thread server had 16 threads: the 17th call waited for
+    good); meanwhile another client publishes, Capabilities and Health answer, and every
+    subscriber receives exactly its detections. Prints the figures (no timing assertion)."""
+    n_subs, n_events = 1000, 100
+    address = f"127.0.0.1:{cg1.port}"
+    trace = [Event(f"{'a' if i % 5 == 0 else 'b'}{i}", "s", "a" if i % 5 == 0 else "b", i + 1, i)
+             for i in range(n_events)]
+    wanted = [e.id for e in trace if e.type == "a"]
+    figures: dict[str, float] = {}
+
+    async def scenario() -> None:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = base_pb2_grpc.BaseServiceStub(channel)
+            health = health_pb2_grpc.HealthStub(channel)
+            before = rss_mb()
+            start = time.perf_counter()
+            calls = [stub.Subscribe(base_pb2.SubscribeRequest(query='[type = "a"]',
+                                                              subscription_id=f"s{i}"))
+                     for i in range(n_subs)]
+            firsts = await asyncio.wait_for(asyncio.gather(*(c.read() for c in calls)), 120)
+            assert all(f.ready for f in firsts)
+            figures["open_s"] = time.perf_counter() - start
+            figures["rss_mb"] = rss_mb() - before
+            assert len(cg1.service.subscriptions) == n_subs
+
+            async def drain(call: Any) -> list[str]:
+                out = []
+                while (message := await call.read()) is not grpc.aio.EOF:
+                    out.append(json.loads(message.constituents[0])["id"])
+                return out
+
+            readers = [asyncio.ensure_future(drain(c)) for c in calls]
+            publish_start = time.perf_counter()
+            publisher = asyncio.ensure_future(asyncio.to_thread(
+                lambda: BaseClient(address).publish(trace, batch=10)))
+            latencies = []
+            while not publisher.done():  # other clients' calls are answered meanwhile
+                asked = time.perf_counter()
+                caps = await stub.Capabilities(base_pb2.CapabilitiesRequest(), timeout=30)
+                check = await health.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME),
+                                           timeout=30)
+                latencies.append(time.perf_counter() - asked)
+                assert caps.group == "cg1" and check.status == health_pb2.HealthCheckResponse.SERVING
+                await asyncio.sleep(0.05)
+            reply = await publisher
+            figures["publish_s"] = time.perf_counter() - publish_start
+            figures["answer_max_s"] = max(latencies, default=0.0)
+            assert (reply.accepted, reply.rejected) == (n_events, 0)
+            found = await asyncio.gather(*(stub.Unsubscribe(
+                base_pb2.UnsubscribeRequest(subscription_id=f"s{i}"), timeout=60)
+                for i in range(n_subs)))
+            assert all(f.found for f in found)
+            got = await asyncio.wait_for(asyncio.gather(*readers), 120)
+            assert all(g == wanted for g in got)
+
+    asyncio.run(scenario())
+    print(f"\n{n_subs} subscriptions opened in {figures['open_s']:.2f} s "
+          f"(+{figures['rss_mb']:.0f} MB RSS, client and server); {n_events} events published "
+          f"meanwhile in {figures['publish_s']:.2f} s = {n_events / figures['publish_s']:,.0f} "
+          f"events/s, {n_events * n_subs / figures['publish_s']:,.0f} evaluations/s, "
+          f"{len(wanted) * n_subs:,} notifications; Capabilities+Health answered in at most "
+          f"{figures['answer_max_s'] * 1000:.0f} ms")
+
+
+def test_unsubscribe_returns_at_once_when_the_subscribers_queue_is_full() -> None:
+    """A subscriber that stopped reading has a full queue and a publisher waiting on it:
+    Unsubscribe answers at once (it used to `put` the end marker without a timeout), and the
+    subscriber still gets everything queued before it, then a normal end."""
+    running = serve("cg1", "127.0.0.1:0", queue_size=2, stall_timeout=60)
+    pad = "x" * 4096  # large, so that gRPC's flow-control window fills and the queue after it
+    events = [Event(f"a{i}", "s", "a", i + 1, i, {"pad": pad}) for i in range(2000)]
+    try:
+        with BaseClient(f"127.0.0.1:{running.port}") as client:
+            stream = client.subscribe('[type = "a"]', "slow")
+            assert next(stream).ready
+            replies: list[Any] = []
+            publisher = threading.Thread(target=lambda: replies.append(client.publish(events)))
+            publisher.start()
+            deadline = time.monotonic() + 30
+            sub = None
+            while time.monotonic() < deadline:  # wait until the queue is full
+                sub = running.service._subs.get("slow")
+                if sub is not None and sub.outbox.full():
+                    break
+                time.sleep(0.05)
+            assert sub is not None and sub.outbox.full()
+            assert client.stub.Unsubscribe(base_pb2.UnsubscribeRequest(subscription_id="slow"),
+                                           timeout=5).found
+            got = ids(stream)  # what was queued before, in order, then a normal end
+            assert len(got) >= 2 and got == [e.id for e in events][:len(got)]
+            publisher.join(timeout=30)
+            assert replies and replies[0].accepted == len(events)
+    finally:
+        running.stop()
+
+
+# ------------------------------------------------------------------ bad queries
+
+
+class Crashing:
+    """A language whose parser has a bug (raises something else than NativeQueryError)."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.inner = language("cg1")
+        self.error = error
+        self.name, self.group, self.capability = "boolean", "cg1", self.inner.capability
+
+    def parse(self, text: str) -> Any:
+        if text.startswith("crash"):
+            raise self.error
+        if text.startswith("huge") and len(text) > MAX_QUERY_BYTES:
+            raise AssertionError("an oversize query must be refused before parsing")
+        return self.inner.parse(text)
+
+    def render(self, expr: Any, doc: Any) -> str:
+        return self.inner.render(expr, doc)
+
+
+def subscribe_error(address: str, query: str) -> grpc.RpcError:
+    with BaseClient(address) as client, pytest.raises(grpc.RpcError) as info:
+        next(client.subscribe(query))
+    return info.value
+
+
+def violation(error: grpc.RpcError) -> error_details_pb2.BadRequest.FieldViolation:
+    status = rpc_status.from_call(error)
+    assert status is not None, "no google.rpc.Status details"
+    bad = error_details_pb2.BadRequest()
+    assert status.details[0].Unpack(bad)
+    return bad.field_violations[0]
+
+
+@pytest.mark.parametrize("crash", [RuntimeError("parser bug"), RecursionError(), KeyError("x")])
+def test_a_query_the_parser_chokes_on_is_invalid_argument_not_unknown(crash: Exception) -> None:
+    running = serve("cg1", "127.0.0.1:0", lang=Crashing(crash))
+    try:
+        error = subscribe_error(f"127.0.0.1:{running.port}", "crash me")
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+        assert "boolean query:1:1: error:" in error.details()
+        assert violation(error).field == "query"
+        with BaseClient(f"127.0.0.1:{running.port}") as client:
+            assert client.health() == "SERVING"
+    finally:
+        running.stop()
+
+
+def test_a_long_query_line_is_cut_and_the_position_travels_in_bad_request(cg1: Running) -> None:
+    """An 8 KB line with an error at its end, echoed whole with a caret, made the client see
+    RESOURCE_EXHAUSTED (the message travels in metadata); now the line is cut around the
+    position and the client rebuilds the whole error from the BadRequest field violation."""
+    address = f"127.0.0.1:{cg1.port}"
+    query = '[type = "' + "a" * 8000 + '" & ]'
+    assert len(query) > 8000
+    error = subscribe_error(address, query)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+    assert len(error.details()) < 1000
+    assert error.details().splitlines()[-1].strip() == "^"
+    found = violation(error)
+    assert found.field == "query" and found.description.startswith(f"line 1, column {len(query)}:")
+    rebuilt = query_error(error, "boolean", query)
+    assert (rebuilt.line, rebuilt.column) == (1, len(query))
+    assert rebuilt.source == query and str(rebuilt).splitlines()[-1].strip() == "^"
+
+
+def test_an_oversize_query_is_refused_before_parsing() -> None:
+    """A 1 MB query took 27 s and 257 MB to be rejected; it is refused by its size."""
+    running = serve("cg1", "127.0.0.1:0", lang=Crashing(RuntimeError()))
+    try:
+        error = subscribe_error(f"127.0.0.1:{running.port}", "huge" + "x" * (1 << 20))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+        assert f"at most {MAX_QUERY_BYTES:,} bytes" in error.details()
+        assert violation(error).field == "query"
+    finally:
+        running.stop()
+
+
+QUERY_CHARS = st.sampled_from(list('[]{}()=<>!&|;,."\'*AND OR NOT SELECT FROM a b type 1 \n'))
+
+
+@pytest.mark.parametrize("group", ["cg0", "cg1", "cg2", "cg3", "cg4", "cg5"])
+def test_fuzzed_queries_are_registered_or_invalid_argument(group: str) -> None:
+    """Random text in each language's alphabet: a query is either registered (ready) or refused
+    with INVALID_ARGUMENT — never UNKNOWN."""
+    running = serve(group, "127.0.0.1:0")
+    client = BaseClient(f"127.0.0.1:{running.port}")
+
+    @settings(max_examples=40, deadline=None)
+    @given(st.lists(QUERY_CHARS, max_size=40).map("".join))
+    def check(text: str) -> None:
+        stream = client.subscribe(text)
+        try:
+            assert next(stream).ready
+            stream.cancel()
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, (text, exc)
+
+    try:
+        check()
+    finally:
+        client.close()
+        running.stop()
+
+
+# ------------------------------------------------------------------ bad events
+
+
+class Picky:
+    """cg1, but its evaluator refuses events whose data says so, and fails on 'boom'."""
+
+    def __init__(self) -> None:
+        self.inner = language("cg1")
+        self.name, self.group, self.capability = "boolean", "cg1", self.inner.capability
+
+    def parse(self, text: str) -> Any:
+        inner = self.inner.parse(text)
+
+        class Evaluator:
+            def __init__(self) -> None:
+                self.ev = inner.evaluator()
+
+            def push(self, event: Event) -> list[Detection]:
+                if (event.data or {}).get("refuse"):
+                    raise EventRejected("late", f"{event.id} is older than the state kept")
+                return self.ev.push(event)
+
+            def advance(self, time: int) -> list[Detection]:
+                return self.ev.advance(time)
+
+        class Query:
+            def evaluator(self) -> Evaluator:
+                return Evaluator()
+
+        return Query()
+
+    def render(self, expr: Any, doc: Any) -> str:
+        return self.inner.render(expr, doc)
+
+
+def test_one_bad_event_in_a_batch_is_rejected_and_the_rest_evaluated(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An event an evaluator refuses (EventRejected) and one whose reading fails unexpectedly
+    each count in `rejected` with a reason; the events after them are evaluated (one bad event
+    used to end the whole Publish with UNKNOWN)."""
+    import adapters.service as service
+    from mediator.eva.events import from_json_line as reading
+
+    def fragile(line: str, seq: int = 0) -> Event:
+        if "unreadable" in line:
+            raise ValueError("a bug in reading")
+        return reading(line, seq)
+
+    monkeypatch.setattr(service, "from_json_line", fragile)
+    running = serve("cg1", "127.0.0.1:0", lang=Picky())
+    try:
+        with BaseClient(f"127.0.0.1:{running.port}") as client:
+            stream = client.subscribe('[type = "a"]', "s")
+            assert next(stream).ready
+            batch = [Event("a1", "s", "a", 1, 0), Event("a2", "s", "a", 2, 1, {"refuse": True}),
+                     Event("a3", "s", "a", 3, 2, {"note": "unreadable"}), Event("a4", "s", "a", 4, 3)]
+            reply = client.stub.Publish(iter([base_pb2.PublishRequest(cloudevents=lines(batch))]))
+            assert (reply.accepted, reply.rejected) == (2, 2)
+            assert reply.errors[0] == "event 2: late: a2 is older than the state kept"
+            assert reply.errors[1].startswith("event 3: could not be read (ValueError")
+            client.unsubscribe("s")
+            assert ids(stream) == ["a1", "a4"]
+    finally:
+        running.stop()
+
+
+# ------------------------------------------------------------------ the clock
+
+
+NEGATION = 'class A = type == "a"\nprofile P = ((not A)_5s)_all_pairs\n'
+
+
+def test_a_clock_advance_far_ahead_is_refused_and_does_not_hold_the_service() -> None:
+    """CG-5 steps every tick: `advance_to_us` 100 years ahead held the service (and grew its
+    memory by hundreds of MB) for good. An advance or event more than max_advance past a
+    subscription's clock is rejected with the reason; the service answers meanwhile."""
+    running = serve("cg5", "127.0.0.1:0")
+    years = 100 * 365 * 86_400_000_000
+    try:
+        with BaseClient(f"127.0.0.1:{running.port}") as client:
+            stream = client.subscribe(NEGATION, "neg")
+            assert next(stream).ready
+            first = lines(trace_of("a1@1000000"))
+            far = lines([Event("a2", "s", "a", years, 1)])
+            reply = client.stub.Publish(iter([
+                base_pb2.PublishRequest(cloudevents=first),
+                base_pb2.PublishRequest(advance_to_us=years),
+                base_pb2.PublishRequest(cloudevents=far)]), timeout=30)
+            assert (reply.accepted, reply.rejected) == (1, 2)
+            assert "clock_jump" in reply.errors[0] and "advance_to_us" in reply.errors[0]
+            assert reply.errors[1].startswith("event 2: clock_jump: its time is")
+            assert "at most 1d" in reply.errors[1]
+            assert client.health() == "SERVING"
+            client.unsubscribe("neg")
+            assert list(stream) == []  # nothing was stepped
+    finally:
+        running.stop()
+
+
+def test_long_advances_are_stepped_by_the_client_with_every_detection() -> None:
+    """The client steps a gap longer than the service's max_advance; the slices' detections are
+    all delivered, in order, exactly as one evaluator run over the same trace gives them."""
+    hour_ticks = ('class A = type == "a"\nclass H = every 10min\n'
+                  "profile P = ((all_dup(A); all_dup(H))_1h)_all_pairs\n")
+    running = serve("cg5", "127.0.0.1:0", max_advance=HOUR)
+    trace = trace_of("a1@1000000 a2@20000000000 a3@90000000000")  # gaps of 5.5 h and 19.4 h
+    until = 90_000_000_000 + 2 * HOUR
+    try:
+        with BaseClient(f"127.0.0.1:{running.port}") as client:
+            assert client.capabilities()["limits"]["max_advance_us"] == HOUR
+            stream = client.subscribe(hour_ticks, "h")
+            assert next(stream).ready
+            reply = client.publish(trace, advance_to=until)
+            assert (reply.accepted, reply.rejected) == (3, 0), reply.errors
+            client.unsubscribe("h")
+            got = [(m.time_us, m.text) for m in stream]
+        direct = language("cg5").parse(hour_ticks).evaluator()
+        want = [d for e in trace for d in direct.push(e)] + direct.advance(until)
+        assert got == [(d.time, d.text) for d in want] and len(got) == 18
+    finally:
+        running.stop()
+
+
+def test_a_peer_keeps_only_the_events_its_horizon_needs() -> None:
+    """CG-5 kept every published event for the life of a subscription; now only those the
+    query's constituent age (its spans) can still need. Unbounded queries keep them all."""
+    config = EngineConfig()
+    bounded = PeerEvaluator(parse('class A = type == "a"\nclass B = type == "b"\n'
+                                  "profile P = ((all_dup(A); all_dup(B))_5s)_all_pairs\n"), config)
+    unbounded = PeerEvaluator(parse('class A = type == "a"\nclass B = type == "b"\n'
+                                    "profile P = ((all_dup(A); all_dup(B))_inf)_unique_pairs\n"),
+                              config)
+    found = 0
+    for i in range(20_000):
+        e = Event(f"e{i}", "s", "ab"[i % 2], i * 100_000, i)
+        found += len(bounded.push(e))
+        unbounded.push(e)
+    assert found > 0
+    assert len(bounded._events) <= 7 * 10 + 1  # 5 s + one tick, at 10 events a second
+    assert len(unbounded._events) == 20_000
+
+
+@settings(max_examples=300, deadline=None)
+@given(documents(), traces(max_size=30), st.sampled_from([1, 2, 5]))
+def test_a_peer_that_forgets_events_reports_the_same_constituents(
+        doc: Any, trace: list[Event], tick: int) -> None:
+    config = EngineConfig(tick=tick)
+    forgetting, keeping = PeerEvaluator(doc, config), PeerEvaluator(doc, config)
+    keeping._keep = None
+    end = (trace[-1].time if trace else 0) + 20
+    a = [d for e in trace for d in forgetting.push(e)] + forgetting.advance(end)
+    b = [d for e in trace for d in keeping.push(e)] + keeping.advance(end)
+    assert [(d.text, [e.id for e in d.constituents]) for d in a] == \
+        [(d.text, [e.id for e in d.constituents]) for d in b]
+
+
+# ------------------------------------------------------------------ the process
+
+
+def start_process(*args: str) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([EVAMED, "base-service", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("serving "), (line, proc.stderr.read() if proc.stderr else "")
+    return proc, line.split()[-1]
+
+
+def test_a_second_service_on_the_same_port_exits_with_a_clear_message() -> None:
+    first, address = start_process("--group", "cg1", "--listen", "127.0.0.1:0")
+    try:
+        second = subprocess.run([EVAMED, "base-service", "--group", "cg2", "--listen", address],
+                                capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2
+        assert "serving" not in second.stdout
+        message = " ".join(second.stderr.split())
+        assert f"cannot listen on {address}: the port is in use" in message, second.stderr
+        with BaseClient(address) as client:
+            assert client.capabilities()["group"] == "cg1"  # the first one is untouched
+    finally:
+        first.terminate()
+        first.wait(timeout=30)
+
+
+def test_sigterm_drains_with_not_serving_and_exits_within_seconds() -> None:
+    proc, address = start_process("--group", "cg1", "--listen", "127.0.0.1:0")
+    try:
+        with grpc.insecure_channel(address) as channel:
+            watch = health_pb2_grpc.HealthStub(channel).Watch(
+                health_pb2.HealthCheckRequest(service=SERVICE_NAME))
+            assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+            stub = base_pb2_grpc.BaseServiceStub(channel)
+            stream = stub.Subscribe(base_pb2.SubscribeRequest(query='[type = "a"]'))
+            assert next(stream).ready
+            sent = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
+            with BaseClient(address) as client:  # still answering while it drains
+                assert client.health() == "NOT_SERVING"
+            with pytest.raises(grpc.RpcError) as info:
+                next(stream)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert proc.wait(timeout=20) == 0
+            print(f"\nSIGTERM to exit: {time.monotonic() - sent:.1f} s")
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_server_reflection_lists_the_services(cg1: Running) -> None:
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+        ProtoReflectionDescriptorDatabase,
+    )
+
+    with grpc.insecure_channel(f"127.0.0.1:{cg1.port}") as channel:
+        database = ProtoReflectionDescriptorDatabase(channel)
+        services = set(database.get_services())
+        assert {SERVICE_NAME, "grpc.health.v1.Health",
+                "grpc.reflection.v1alpha.ServerReflection"} <= services
+        found = database.FindFileContainingSymbol(SERVICE_NAME)
+        assert found.name == "eva/base/v1/base.proto"
+        assert [m.name for m in found.service[0].method] == [
+            "Capabilities", "Subscribe", "Unsubscribe", "Publish"]
+
+
+def test_a_query_error_keeps_its_position_through_the_client(cg1: Running) -> None:
+    with BaseClient(f"127.0.0.1:{cg1.port}") as client, pytest.raises(grpc.RpcError) as info:
+        next(client.subscribe('AND([type = "a"])'))
+    error = query_error(info.value, "boolean", 'AND([type = "a"])')
+    assert isinstance(error, NativeQueryError)
+    assert (error.line, error.column) == (1, 17) and "expected ','" in error.message
