@@ -11,6 +11,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, TextIO
 
@@ -33,9 +34,34 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 err = Console(stderr=True)
 
 
+def _print_version(wanted: bool) -> None:
+    if not wanted:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    from mediator.eva.native import engine_kind
+
+    try:
+        number = version("evamed")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        number = "(not installed)"
+    print(f"evamed {number} ({engine_kind()})")
+    raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=_print_version,
+        help="Print the version and whether the engine runs compiled or as pure Python.")] = False,
+) -> None:
+    pass
+
+
 def _load(path: Path) -> ast.Document:
     try:
-        source = path.read_text(encoding="utf-8")
+        # Bytes: the parser reports a byte that is not UTF-8 at its line and column.
+        source = path.read_bytes()
     except OSError as exc:
         err.print(f"[red]error:[/] cannot read {path}: {exc.strerror}")
         raise typer.Exit(2) from None
@@ -118,6 +144,9 @@ def replay(
                                                           "instead of stderr.")] = None,
     tick: Annotated[str, typer.Option(help="Default clock granularity for negations.")] = "1s",
     lateness: Annotated[str, typer.Option(help="Allowed lateness per source.")] = "0s",
+    horizon: Annotated[str, typer.Option(help="How far ahead of the newest event time an event "
+                                              "may lie; further ones are dead letters "
+                                              "(future). 'inf': no limit.")] = "1d",
     until: Annotated[str | None, typer.Option(help="End of the trace (RFC 3339); default: the "
                                                    "last event's time.")] = None,
     summary: Annotated[bool, typer.Option(help="Print a count per profile to stderr.")] = False,
@@ -163,22 +192,34 @@ def replay(
     if engine_name == "spark" and via is not None:
         err.print("[red]error:[/] --engine spark and --via exclude each other")
         raise typer.Exit(2)
+    if engine_name == "spark":
+        _require_java()
     doc = _load(profiles)
     names = _known_profiles(doc, profile, profiles)
-    config = EngineConfig(tick=tick_us, allowed_lateness=_span_option(lateness, "lateness") or 0)
+    horizon_us = None if horizon == "inf" else _span_option(horizon, "horizon") or 0
+    if horizon_us is not None and horizon_us <= 0:
+        err.print(f"[red]error:[/] --horizon {horizon!r}: expected a positive span such as 1d, "
+                  "or inf")
+        raise typer.Exit(2)
+    # Ids are remembered for the profiles' retention even when they are evaluated elsewhere
+    # (--via, --engine spark), so every path refuses the same duplicates.
+    config = EngineConfig(tick=tick_us, allowed_lateness=_span_option(lateness, "lateness") or 0,
+                          remember=_longest_retention(doc, profile))
     on_spark = engine_name == "spark"
     letters = 0
-    late: set[int] = set()
+    refused: set[int] = set()  # events dead-lettered (late, future, duplicate)
     sink: TextIO = sys.stderr
 
     def on_dead(letter: DeadLetter) -> None:
         nonlocal letters
         letters += 1
-        if letter.reason == "late" and letter.event is not None:
-            late.add(id(letter.event))
+        if letter.event is not None:
+            refused.add(id(letter.event))
         sink.write(json.dumps(dead_letter_record(letter)) + "\n")
 
-    engine = Engine(config, on_dead)
+    # The horizon is an admission rule: engines that evaluate what this one admitted (Spark's,
+    # one per bucket) must not apply it again to their own, partial, newest event time.
+    engine = Engine(replace(config, horizon=horizon_us), on_dead)
     if via is None and not on_spark:  # otherwise it only admits events (watermarks, letters)
         engine.add_document(doc, profile or None)
     counts: Counter[str] = Counter()
@@ -196,10 +237,10 @@ def replay(
             try:
                 event = from_json_line(line, seq=len(admitted))
             except EventError as exc:
-                engine.malformed(f"line {number}: {exc}", line.rstrip("\n"))
+                engine.malformed(f"line {number}: {exc}", _raw(line))
                 continue
             emit(engine.push(event))
-            if id(event) not in late:
+            if id(event) not in refused:
                 admitted.append(event)
         emit(engine.close(end))
     if via is not None:
@@ -212,11 +253,11 @@ def replay(
         from spark_jobs.session import build_session
 
         last = end if end is not None else max(e.time for e in admitted)
-        for line in spark_replay(build_session(master), profiles.read_text(encoding="utf-8"),
-                                 admitted, config=config, origin=engine.origin, end=last,
-                                 profiles=profile or None):
-            counts[json.loads(line)["subject"]] += 1
-            sys.stdout.write(line + "\n")
+        for composite in spark_replay(build_session(master), profiles.read_text(encoding="utf-8"),
+                                      admitted, config=config, origin=engine.origin, end=last,
+                                      profiles=profile or None):
+            counts[json.loads(composite)["subject"]] += 1
+            sys.stdout.write(composite + "\n")
     if summary:
         table = Table(title="composites per profile")
         table.add_column("profile")
@@ -227,12 +268,39 @@ def replay(
         err.print(table)
 
 
-def _event_lines(path: Path, stack: ExitStack) -> Iterator[tuple[int, str]]:
+def _require_java() -> None:
+    """Exit 2 with what to install, before Spark starts, if there is no Java."""
+    from spark_jobs.session import java_missing
+
+    missing = java_missing()
+    if missing is not None:
+        err.print(f"[red]error:[/] {missing}", soft_wrap=True)  # one line
+        raise typer.Exit(2)
+
+
+def _longest_retention(doc: ast.Document, wanted: list[str] | None) -> int | None:
+    """The longest retention horizon of the profiles replayed; None if one is unbounded."""
+    longest: int | None = 0
+    for p in doc.profiles:
+        if not wanted or p.name in wanted:
+            horizon = retention(p.expr).horizon
+            longest = None if horizon is None or longest is None else max(longest, horizon)
+    return longest
+
+
+def _raw(line: bytes) -> str:
+    """A line as a dead letter's ``raw`` text: bytes that are not UTF-8 written as \\xNN."""
+    return line.rstrip(b"\n").decode("utf-8", "backslashreplace")
+
+
+def _event_lines(path: Path, stack: ExitStack) -> Iterator[tuple[int, bytes]]:
     """(line number, line) of a JSON-lines file or stdin ('-'), blank lines skipped; exit 2 if
-    the file cannot be read."""
+    the file cannot be read. Bytes: each line is decoded on its own (events.from_json_line), so
+    one that is not UTF-8 is a dead letter, not the end of the run — the same from a file and
+    from stdin (whose text layer would turn such bytes into lone surrogates)."""
     try:
-        handle = sys.stdin if str(path) == "-" else stack.enter_context(
-            open(path, encoding="utf-8"))  # noqa: SIM115 - the caller's ExitStack closes it
+        handle = sys.stdin.buffer if str(path) == "-" else stack.enter_context(
+            open(path, "rb"))  # noqa: SIM115 - the caller's ExitStack closes it
     except OSError as exc:
         err.print(f"[red]error:[/] cannot read {path}: {exc.strerror}")
         raise typer.Exit(2) from None
@@ -291,7 +359,7 @@ def _replay_native(group: str, query_file: Path, events_file: Path, end: int | N
                 trace.append(from_json_line(line, seq=len(trace)))
             except EventError as exc:
                 sys.stderr.write(json.dumps({"reason": "malformed", "detail": f"line {number}: {exc}",
-                                             "raw": line.rstrip("\n")}) + "\n")
+                                             "raw": _raw(line)}) + "\n")
     trace.sort(key=lambda e: e.key)
     last = end if end is not None else (trace[-1].time if trace else 0)
     try:
@@ -373,9 +441,9 @@ def compose(
     table: Annotated[Path | None, typer.Option(help="A profile table kept by the mediator "
                                                     "(followed while the job runs), instead "
                                                     "of --profiles.")] = None,
-    since: Annotated[str, typer.Option(help="Registration time of --profiles (RFC 3339): "
-                                            "they see later events.")]
-        = "1970-01-01T00:00:00Z",
+    since: Annotated[str | None, typer.Option(
+        help="Registration time of --profiles (RFC 3339): they see later events. Default: "
+             "the first event, as replay registers (its time − lateness).")] = None,
     spool: Annotated[Path | None, typer.Option(help="Directory of CloudEvents JSON-lines "
                                                     "files, taken in modification order.")]
         = None,
@@ -409,6 +477,7 @@ def compose(
         check_layout,
         config_tuple,
         directory_sink,
+        refusal,
         start,
         write_table,
     )
@@ -422,6 +491,7 @@ def compose(
     if buckets < 1:
         err.print(f"[red]error:[/] --buckets {buckets}: expected a positive number")
         raise typer.Exit(2)
+    _require_java()
     tick_us = _span_option(tick, "tick") or 1_000_000
     late_us = _span_option(lateness, "lateness") or 0
     config = EngineConfig(tick=tick_us, allowed_lateness=late_us, sources=tuple(source or ()))
@@ -430,7 +500,7 @@ def compose(
     if profiles is not None:
         _load(profiles)  # exit 2 with the parser's message
         table = checkpoint / "profiles.json"
-        registered = _time_option(since, "since") or 0
+        registered = _time_option(since, "since")  # None: at the job's first event
         write_table(str(table), [Registration(profiles.read_text(encoding="utf-8"), registered)])
     elif table is not None and not table.is_file():
         err.print(f"[red]error:[/] no profile table at {table}")
@@ -440,7 +510,7 @@ def compose(
     try:  # before Spark starts (start checks again, for its other callers)
         check_layout(str(checkpoint / "spark"), job)
     except LayoutError as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
     spark = build_session(master, "evamed-compose")
     if redis is not None:
@@ -450,13 +520,20 @@ def compose(
         assert spool is not None and out is not None
         query = start(spark, job, str(spool), str(checkpoint / "spark"),
                       directory_sink(str(out)), lateness=delay, max_files=max_files)
-    if once:
-        query.processAllAvailable()
-        query.stop()
-        return
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: query.stop())
-    query.awaitTermination()
+    try:
+        if once:
+            query.processAllAvailable()
+            query.stop()
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: query.stop())
+        query.awaitTermination()
+    except Exception as exc:  # the query failed in Spark: refused checkpoint state in one line
+        refused = refusal(exc)
+        if refused is None:
+            raise
+        err.print(f"[red]error:[/] {refused}", soft_wrap=True)
+        raise typer.Exit(2) from None
 
 
 @app.command("base-service")
@@ -466,30 +543,29 @@ def base_service(
         = "127.0.0.1:50051",
     tick: Annotated[str, typer.Option(help="A peer mediator's (cg5) default clock.")] = "1s",
     queue_size: Annotated[int, typer.Option(help="Notifications buffered per subscriber.")] = 1024,
+    max_advance: Annotated[str | None, typer.Option(
+        help="How far one request may move a subscription's clock (default 86400 ticks: a day "
+             "at 1s); farther is rejected, the client steps.")] = None,
 ) -> None:
     """Run the reference base service of a language group: eva.base.v1.BaseService (native
-    queries in, native notifications out) and standard health checking."""
-    import signal
-    import threading
+    queries in, native notifications out), standard health checking and server reflection.
+    SIGTERM or SIGINT: health says NOT_SERVING for a second, then calls get 2 s to finish."""
+    import asyncio
 
-    from adapters.service import serve
+    from adapters.service import run
 
     if group not in GROUPS:
         err.print(f"[red]error:[/] --group {group!r}: expected one of {', '.join(GROUPS)}")
         raise typer.Exit(2)
     tick_us = _span_option(tick, "tick") or 1_000_000
-    try:
-        running = serve(group, listen, tick_us, queue_size=queue_size)
-    except (OSError, RuntimeError) as exc:
-        err.print(f"[red]error:[/] cannot listen on {listen}: {exc}")
-        raise typer.Exit(2) from None
     host = listen.rsplit(":", 1)[0]
-    print(f"serving {group} on {host}:{running.port}", flush=True)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
-    running.server.stop(grace=2).wait()
+    try:
+        asyncio.run(run(group, listen, lambda port: print(f"serving {group} on {host}:{port}",
+                                                          flush=True), tick_us, queue_size,
+                        _span_option(max_advance, "max-advance")))
+    except (OSError, RuntimeError) as exc:  # the port is taken (no sharing) or not ours
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
 
 
 def main() -> None:

@@ -38,7 +38,8 @@ Output = tuple[str, str, dict[str, Any]]
 class Composer(Protocol):
     def register(self, text: str, at: int | None = None) -> list[str]:
         """Register a profile document; its profiles see events after ``at`` (default: the
-        newest event fed so far). Returns the profile names."""
+        newest event fed so far; before any, the first event, as replay). Returns the profile
+        names."""
         ...
 
     def remove(self, name: str) -> bool: ...
@@ -113,7 +114,8 @@ class SparkComposer:
     def register(self, text: str, at: int | None = None) -> list[str]:
         self._settle()  # what was fed before is evaluated under the table it was fed under
         doc = parse(text)
-        start_at = at if at is not None else (self._newest if self._newest is not None else 0)
+        # Nothing fed yet: at the first event, as the in-process composer (and replay) registers.
+        start_at = at if at is not None else self._newest
         self._registrations.append(Registration(text, start_at))
         write_table(self.table, self._registrations)
         return [p.name for p in doc.profiles]

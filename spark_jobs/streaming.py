@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
+import re
 import uuid
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -36,15 +37,18 @@ from mediator.eva.engine import DeadLetter, Engine, EngineConfig
 from mediator.eva.events import Event, EventError, from_json_line
 from mediator.eva.notify import composite_line, dead_letter_record
 from mediator.eva.semantics import Notification
-from mediator.eva.snapshot import restore, snapshot
+from mediator.eva.snapshot import FORMAT as SNAPSHOT_FORMAT
+from mediator.eva.snapshot import SnapshotError, restore, snapshot
 from spark_jobs.routing import config_tuple, document, event_matchers, memberships
 
-__all__ = ["LayoutError", "Registration", "StreamJob", "check_layout", "config_tuple",
-           "directory_sink", "route", "spool_file", "spool_lines", "start", "write_table"]
+__all__ = ["CheckpointError", "LayoutError", "Registration", "StreamJob", "anchor_line",
+           "check_layout", "config_tuple", "directory_sink", "refusal", "route", "spool_file",
+           "spool_lines", "start", "write_table"]
 
 ROUTED = "profile STRING, bucket INT, seq LONG, ts TIMESTAMP, line STRING"
 OUT = "kind STRING, profile STRING, ident STRING, payload STRING"
 ANCHOR = -1  # a row that only keeps a profile without `per` alive (its clock may report)
+# and tells it its frame's first event (anchor_line)
 
 
 @dataclass(frozen=True)
@@ -60,16 +64,19 @@ class StreamJob:
 @dataclass(frozen=True)
 class Registration:
     """A registered document: its text and when it was registered (µs; its profiles see
-    events after that, EVA Def. 3.5)."""
+    events after that, EVA Def. 3.5). ``registered`` None: at the job's first event, as
+    ``evamed replay`` registers (its clock starts at the first event's time − lateness − 1 µs;
+    docs/spark.md, "Registration")."""
 
     text: str
-    registered: int
+    registered: int | None
     removed: frozenset[str] = frozenset()  # profiles of the document no longer evaluated
 
     @property
     def token(self) -> str:
         """Identifies this registration: a profile re-registered later gets a fresh engine."""
-        return f"{self.registered}:{zlib.crc32(self.text.encode())}"
+        at = "first" if self.registered is None else self.registered
+        return f"{at}:{zlib.crc32(self.text.encode())}"
 
 
 def _write_whole(path: str, text: str) -> None:
@@ -89,8 +96,8 @@ def write_table(path: str, registrations: list[Registration]) -> None:
 def _table(path: str, version: int) -> dict[str, tuple[Registration, str | None, list[Any]]]:
     """profile name → (its registration, its per path, matchers of its event classes)."""
     with open(path, encoding="utf-8") as handle:
-        entries = [Registration(e["text"], int(e["registered"]), frozenset(e.get("removed", ())))
-                   for e in json.load(handle)]
+        entries = [Registration(e["text"], None if e["registered"] is None else int(e["registered"]),
+                                frozenset(e.get("removed", ()))) for e in json.load(handle)]
     out = {}
     for entry in entries:
         doc = document(entry.text)
@@ -143,31 +150,101 @@ def _keep(key: tuple[str, int], stamp: str, engine: Engine | None) -> None:
             _ENGINES.popitem(last=False)
 
 
+def anchor_line(seqs: list[int], events: list[Event | None]) -> str:
+    """What an anchor row carries: the frame's first event in arrival order, as JSON
+    ``[seq, time]`` — a profile registered at the job's first event begins there."""
+    return json.dumps(min((seq, e.time) for seq, e in zip(seqs, events, strict=True)
+                          if e is not None))
+
+
+def _anchor_first(line: str) -> tuple[int, int] | None:
+    try:
+        seq, time = json.loads(line)
+    except (ValueError, TypeError):
+        return None  # an anchor without it (written by an older job)
+    return (seq, time) if type(seq) is int and type(time) is int else None
+
+
+def _begin_at_first(engine: Engine, rows: list[tuple[int, str]], watermark: int | None) -> None:
+    """Start the clock of an engine registered at the job's first event as replay starts it:
+    just before the first event in arrival order, less the allowed lateness. A profile
+    without ``per`` gets every frame's first event (anchors), so its first event is the job's;
+    a ``per`` bucket begins at its own first event (the engine's rule, Engine.push), which
+    answers the same: a partition starts at its own first event. With declared sources the
+    job's first events are spread over calls; the engine begins itself once its own events
+    cover every source, or, once the job's watermark moves (every source has reported), at
+    its earliest event held or seen in that call (docs/spark.md, "Registration")."""
+    late = engine.config.allowed_lateness
+    firsts = [first for seq, line in rows
+              if seq == ANCHOR and (first := _anchor_first(line)) is not None]
+    if not engine.config.sources:
+        if firsts:
+            engine.begin(min(firsts)[1] - late - 1)
+        return
+    if watermark is None:
+        return
+    times = [time for _, time in firsts]
+    for seq, line in rows:
+        if seq != ANCHOR:
+            with suppress(EventError):  # a malformed line has no time
+                times.append(from_json_line(line).time)
+    held = engine.next_instant()  # an engine not begun holds only buffered events
+    times += [held] if held is not None else []
+    if times:
+        engine.begin(min(times) - late - 1)
+
+
 def _step(engine: Engine, rows: list[tuple[int, str]], watermark: int | None,
-          registered: int) -> list[Notification]:
+          registered: int | None) -> list[Notification]:
     """One call's work on a key's engine, the same live and in a replay of the log: the
     clock to the watermark (events behind it are then late, and dead-lettered as such), then the
-    rows in arrival order."""
-    notes = engine.advance(watermark) if watermark is not None else []
+    rows in arrival order. ``registered`` None: registered at the job's first event."""
+    if registered is None and engine.origin is None:
+        _begin_at_first(engine, rows, watermark)
+    notes = engine.advance(watermark) if watermark is not None and engine.origin is not None else []
     for seq, line in rows:
+        if seq == ANCHOR:
+            continue
         try:
             event = from_json_line(line, seq=seq)
         except EventError as exc:
             engine.malformed(str(exc), line)
             continue
-        if event.time <= registered:
+        if registered is not None and event.time <= registered:
             continue  # before the profile was registered: not its event (Def. 3.5)
         notes.extend(engine.push(event))
     return notes
 
 
+class CheckpointError(ValueError):
+    """State in a checkpoint that this job did not write (or an older, pickle-based one):
+    refused, never run."""
+
+
+def refusal(exc: BaseException) -> str | None:
+    """The message of a CheckpointError that failed a query, found in the text of Spark's
+    exception (which carries the Python worker's traceback), or None if it was not one."""
+    found = re.search(r"CheckpointError: (.+)", str(exc))
+    return found.group(1).strip() if found else None
+
+
 def _pack(rows: list[tuple[int, str]], watermark: int | None) -> bytes:
-    return zlib.compress(pickle.dumps((watermark, rows), pickle.HIGHEST_PROTOCOL), 1)
+    # Data only (JSON), like the engine snapshots: a checkpoint must not be able to run code.
+    return zlib.compress(json.dumps([watermark, rows], separators=(",", ":")).encode(), 1)
 
 
 def _unpack(blob: bytes) -> tuple[int | None, list[tuple[int, str]]]:
-    watermark, rows = pickle.loads(zlib.decompress(blob))
-    return watermark, rows
+    try:
+        watermark, rows = json.loads(zlib.decompress(blob))
+        entries = [(seq, line) for seq, line in rows]
+    except (ValueError, TypeError, zlib.error) as exc:
+        raise CheckpointError(f"a log entry that is not this job's ({type(exc).__name__}: "
+                              f"{exc})") from None
+    if not (watermark is None or type(watermark) is int) or not all(
+            type(seq) is int and type(line) is str for seq, line in entries):
+        raise CheckpointError("a log entry that is not this job's (expected [watermark, "
+                              "[[seq, line], …]])")
+    return watermark, entries
 
 
 def composer_processor(job: StreamJob) -> Any:
@@ -211,14 +288,19 @@ def composer_processor(job: StreamJob) -> Any:
                     if cached is not None:
                         return cached, int(logged)
                     blob, _ = self.snap.get()
-                    engine = restore(bytes(blob))
-                    for item in self.log.get():
-                        watermark, rows = _unpack(bytes(item[0]))
-                        _step(engine, rows, watermark, entry.registered)
+                    try:
+                        engine = restore(bytes(blob))
+                        for item in self.log.get():
+                            watermark, rows = _unpack(bytes(item[0]))
+                            _step(engine, rows, watermark, entry.registered)
+                    except (SnapshotError, CheckpointError) as exc:
+                        raise CheckpointError(f"checkpoint state of profile {key[0]} bucket "
+                                              f"{key[1]} refused: {exc}") from None
                     return engine, int(logged)
             engine = Engine(EngineConfig(*job.config))
             engine.add_document(document(entry.text), [key[0]])
-            engine.begin(entry.registered)
+            if entry.registered is not None:
+                engine.begin(entry.registered)  # else at its first event (_begin_at_first)
             return engine, job.log_rows  # nothing in the state store yet: the call writes it
 
         def _call(self, key: tuple[str, int], rows: list[tuple[int, str]],
@@ -229,6 +311,7 @@ def composer_processor(job: StreamJob) -> Any:
                 return
             entry = found[0]
             engine, logged = self._take(key, entry)
+            waiting = engine.origin is None
             letters: list[str] = []
             engine.dead_letter = lambda letter: letters.append(
                 json.dumps(dead_letter_record(letter)))
@@ -237,6 +320,8 @@ def composer_processor(job: StreamJob) -> Any:
             watermark = watermark_ms * 1000 - 1 if watermark_ms > 0 else None
             notes = _step(engine, rows, watermark, entry.registered)
             engine.dead_letter = _ignore
+            if not waiting:  # anchors matter to an engine that has not begun only
+                rows = [row for row in rows if row[0] != ANCHOR]
             logged += len(rows) + 1
             if logged >= job.log_rows:
                 self.snap.update((snapshot(engine), entry.token))
@@ -264,7 +349,7 @@ def composer_processor(job: StreamJob) -> Any:
             batch: list[tuple[int, str]] = []
             for frame in rows:
                 batch.extend(zip(frame["seq"].tolist(), frame["line"].tolist(), strict=True))
-            batch = sorted(row for row in batch if row[0] != ANCHOR)
+            batch.sort()  # arrival order; anchors (seq ANCHOR) first
             yield from self._call((key[0], int(key[1])), batch,
                                   timerValues.getCurrentWatermarkInMs())
 
@@ -291,11 +376,12 @@ LAYOUT = "evamed-layout.json"
 
 
 def check_layout(checkpoint: str, job: StreamJob) -> None:
-    """Refuse a checkpoint whose state was filed under another layout; record the layout in a
-    new one. State is keyed by (profile, bucket) and each engine keeps the configuration it was
-    created with, so resuming with other buckets would evaluate a partition in two engines (or
-    in none of its old state), and another configuration would mix two in one job."""
-    text = json.dumps({"buckets": job.buckets, "config": job.config})
+    """Refuse a checkpoint whose state was filed under another layout, or written in another
+    state format; record the layout in a new one. State is keyed by (profile, bucket) and each
+    engine keeps the configuration it was created with, so resuming with other buckets would
+    evaluate a partition in two engines (or in none of its old state), and another
+    configuration would mix two in one job."""
+    text = json.dumps({"buckets": job.buckets, "config": job.config, "state": SNAPSHOT_FORMAT})
     path = os.path.join(checkpoint, LAYOUT)
     if not os.path.exists(path):
         os.makedirs(checkpoint, exist_ok=True)
@@ -303,6 +389,10 @@ def check_layout(checkpoint: str, job: StreamJob) -> None:
         return
     with open(path, encoding="utf-8") as handle:
         found = json.load(handle)
+    if found.get("state", 1) != SNAPSHOT_FORMAT:  # format 1 (pickles) had no such entry
+        raise LayoutError(f"checkpoint {checkpoint} holds state in format {found.get('state', 1)}"
+                          f"; this evamed reads format {SNAPSHOT_FORMAT} only (data, where 1 "
+                          "was pickles): start on a fresh checkpoint")
     layout = json.loads(text)  # as JSON has it (the config's tuples are lists there)
     if found != layout:
         changed = ", ".join(f"{name} {found.get(name)} → {value}"
@@ -385,7 +475,9 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str,
             # key at least, so that an event no profile wants (a heartbeat) still moves the
             # watermark, which is global: every key's timer for a buffered instant then fires.
             keys = [name for name, (_, per, _) in table if per is None] or [n for n, _ in table[:1]]
-            out.extend((name, 0, ANCHOR, max(times), "") for name in keys if times)
+            if times:
+                first = anchor_line(seqs, events)
+                out.extend((name, 0, ANCHOR, max(times), first) for name in keys)
             frame_out = pd.DataFrame(out, columns=["profile", "bucket", "seq", "ts", "line"])
             frame_out["ts"] = pd.to_datetime(frame_out["ts"], unit="us", utc=True)
             yield frame_out

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +16,7 @@ from mediator.eva import ast
 from mediator.eva.engine import Engine, EngineConfig
 from mediator.eva.events import Event
 from mediator.eva.notify import to_cloudevent
-from mediator.eva.snapshot import restore, snapshot
+from mediator.eva.snapshot import SnapshotError, restore, snapshot
 from tests.strategies import documents, traces
 
 
@@ -78,3 +79,70 @@ def test_a_snapshot_restores_in_a_fresh_process(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          check=True)
     assert json.loads(out.stdout) == [to_cloudevent(n) for n in rest] and rest
+
+
+def _forged(document: object, version: str = "2") -> bytes:
+    """Bytes shaped like a snapshot: the version line, then compressed JSON records."""
+    import zlib
+
+    return f"evamed-engine-snapshot {version}\n".encode() + zlib.compress(
+        json.dumps(document).encode())
+
+
+def _engine_bytes() -> bytes:
+    from mediator.eva.parser import parse
+
+    engine = Engine(EngineConfig())
+    engine.add_document(parse('class A = type == "a"\nprofile S per data.k = A\n'))
+    engine.push(Event("e1", "s", "a", 1_000_000, 0, {"k": 1}))
+    return snapshot(engine)
+
+
+def test_a_snapshot_is_data_with_a_version() -> None:
+    """Written as a version line and JSON records (no pickle): a reader needs no code from it."""
+    import zlib
+
+    data = _engine_bytes()
+    head, _, body = data.partition(b"\n")
+    assert head == b"evamed-engine-snapshot 2"
+    assert set(json.loads(zlib.decompress(body))) == {"classes", "root"}
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    (_forged({"classes": {}, "root": None}, "3"), "format '3'; this evamed reads format 2"),
+    (b"\x80\x05garbage", "pickled engine (snapshot format 1"),
+    (b"PK\x03\x04", "not an evamed engine snapshot"),
+    (_forged({"classes": {"posix.system": []}, "root": None}), "'posix.system' is not engine state"),
+    (_forged({"classes": {}, "root": ["v", 0, "builtins.eval", "1"]}),
+     "'builtins.eval' is not engine state"),
+    (_forged({"classes": {}, "root": ["k", "subprocess.Popen"]}), "not engine state"),
+    (_forged({"classes": {"mediator.eva.nodes.Budget": ["__class__"]}, "root": None}),
+     "are not those of mediator.eva.nodes.Budget"),
+    (_forged({"classes": {}, "root": ["r", 7]}), "reference [7] to nothing"),
+    (_forged({"classes": {}, "root": ["zz"]}), "unknown record ['zz']"),
+    (_forged({"classes": {}, "root": ["t", 1]}), "holds a tuple, not an engine"),
+    (_forged({"classes": {}, "root": ["v", 0, "mediator.eva.events.Event", 1]}),
+     "malformed engine snapshot: TypeError"),
+    (b"evamed-engine-snapshot 2\nnot zlib", "malformed engine snapshot: error"),
+])
+def test_what_is_not_a_snapshot_is_refused(data: bytes, message: str) -> None:
+    """A checkpoint is only data: other versions, pickles, classes or attributes outside the
+    engine's own, and malformed records are refused with SnapshotError, nothing run."""
+    with pytest.raises(SnapshotError) as caught:
+        restore(data)
+    assert message in str(caught.value), str(caught.value)
+
+
+def test_a_pickle_in_place_of_a_snapshot_runs_nothing(tmp_path: Path) -> None:
+    """The old format was a pickle: whoever could write a checkpoint ran code in the workers."""
+    import pickle
+
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self) -> tuple[object, ...]:
+            return (open, (str(marker), "w"))
+
+    with pytest.raises(SnapshotError):
+        restore(pickle.dumps(Payload()))
+    assert not marker.exists()

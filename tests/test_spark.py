@@ -103,7 +103,125 @@ def test_engine_option_is_checked() -> None:
     assert result.exit_code == 2 and "expected inprocess or spark" in result.output
 
 
+def test_each_session_has_its_own_scratch_directory(spark: Any) -> None:
+    """spark.local.dir (shuffle files, RocksDB working copies) was one fixed directory under the
+    system temp directory, shared by every job on the machine: now one per session."""
+    import os
+    import tempfile
+
+    from spark_jobs.session import _scratch
+
+    local = spark.sparkContext.getConf().get("spark.local.dir")
+    assert os.path.isdir(local) and os.path.basename(local).startswith("evamed-spark-")
+    assert local != os.path.join(tempfile.gettempdir(), "evamed-spark")
+    assert _scratch() != _scratch()
+
+
+@pytest.mark.parametrize("command", ["compose", "replay"])
+@pytest.mark.parametrize("java_home", [None, "empty"])
+def test_spark_commands_without_java_say_what_to_install(tmp_path: Path, command: str,
+                                                         java_home: str | None) -> None:
+    """Without Java, PySpark failed with an 87-line traceback about its gateway: the CLI looks
+    for Java first (JAVA_HOME/bin/java, else java on PATH, as Spark's launcher does) and says in
+    one line what to install, exit 2."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "day.jsonl").write_text(json.dumps(SENTINEL) + "\n")  # Spark would start
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env["PATH"] = str(tmp_path / "empty")  # no java on it
+    if java_home is not None:
+        env["JAVA_HOME"] = str(tmp_path / java_home)
+    args = {"compose": ["--profiles", "examples/logistics/profiles.eva", "--spool", str(tmp_path),
+                        "--out", str(tmp_path / "out"), "--checkpoint", str(tmp_path / "ck")],
+            "replay": ["--profiles", "examples/logistics/profiles.eva", "--events",
+                       str(tmp_path / "day.jsonl"), "--engine", "spark"]}[command]
+    result = subprocess.run([str(Path(sys.executable).parent / "evamed"), command, *args],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "openjdk-17-jre-headless" in result.stderr and "Traceback" not in result.stderr
+    assert ("JAVA_HOME is" if java_home else "no java on PATH") in result.stderr
+    assert not (tmp_path / "ck").exists()  # checked before anything is written
+
+
 # ------------------------------------------------------------------ the streaming job
+
+
+def test_compose_refuses_a_checkpoint_of_pickled_state_before_spark_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint written before state was data only (its layout has no state format) holds
+    pickles, which are never read: refused up front, exit 2, Spark not started."""
+    import spark_jobs.session
+
+    monkeypatch.setattr(spark_jobs.session, "build_session", lambda *a, **k: pytest.fail("started"))
+    profiles = tmp_path / "p.eva"
+    profiles.write_text('class A = type == "a"\nprofile S = A\n')
+    (tmp_path / "ck" / "spark").mkdir(parents=True)
+    config = list(config_tuple(EngineConfig()))
+    (tmp_path / "ck" / "spark" / "evamed-layout.json").write_text(
+        json.dumps({"buckets": 16, "config": config}))
+    result = CliRunner().invoke(app, [
+        "compose", "--once", "--checkpoint", str(tmp_path / "ck"), "--profiles", str(profiles),
+        "--spool", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "holds state in format 1" in result.output, result.output
+
+
+def test_compose_reports_refused_checkpoint_state_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """State the job did not write fails the query inside Spark (a worker's CheckpointError in
+    Spark's exception text): `evamed compose` says so in one line, exit 2, no traceback."""
+    import spark_jobs.session
+    import spark_jobs.streaming
+
+    class Query:
+        def processAllAvailable(self) -> None:
+            raise RuntimeError("[PYTHON_EXCEPTION] Traceback (most recent call last):\n  File "
+                               "...\nspark_jobs.streaming.CheckpointError: checkpoint state of "
+                               "profile S bucket 3 refused: not an evamed engine snapshot\n\tat "
+                               "org.apache.spark...")
+
+        def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr(spark_jobs.session, "build_session", lambda *a, **k: object())
+    monkeypatch.setattr(spark_jobs.streaming, "start", lambda *a, **k: Query())
+    profiles = tmp_path / "p.eva"
+    profiles.write_text('class A = type == "a"\nprofile S per data.k = A\n')
+    result = CliRunner().invoke(app, [
+        "compose", "--once", "--checkpoint", str(tmp_path / "ck"), "--profiles", str(profiles),
+        "--spool", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == ("error: checkpoint state of profile S bucket 3 refused: "
+                                     "not an evamed engine snapshot")
+
+
+def test_compose_once_prints_what_replay_prints(spark: Any, tmp_path: Path) -> None:
+    """`evamed compose --once` over the README's logistics day writes exactly the composites
+    `evamed replay` prints, byte for byte. Without --since the profiles are registered at the
+    first event, as replay registers; they were registered in 1970, and the time classes
+    ticked from then: 20,572 composites for replay's 57. The job writes a file per micro-batch,
+    each sorted, so the lines are compared sorted (replay prints in report order)."""
+    import subprocess
+    import sys
+
+    spool, out = tmp_path / "spool", tmp_path / "out"
+    spool.mkdir()
+    subprocess.run([sys.executable, "examples/logistics/generate.py", "--out",
+                    str(spool / "day.jsonl")], check=True, capture_output=True)
+    runner = CliRunner()
+    profiles = "examples/logistics/profiles.eva"
+    plain = runner.invoke(app, ["replay", "--profiles", profiles, "--events",
+                                str(spool / "day.jsonl")])
+    assert plain.exit_code == 0, plain.output
+    composed = runner.invoke(app, ["compose", "--once", "--profiles", profiles, "--spool",
+                                   str(spool), "--out", str(out), "--checkpoint",
+                                   str(tmp_path / "ckpt")])
+    assert composed.exit_code == 0, composed.output
+    want = plain.stdout.splitlines()
+    assert sorted(_written(out, "composite")) == sorted(want) and len(want) > 50
 
 
 def test_streaming_job_equals_the_engine_and_resumes_from_its_checkpoint(

@@ -20,8 +20,10 @@ from mediator.eva.events import from_cloudevent, from_json_line
 from spark_jobs import streaming
 from spark_jobs.streaming import (
     ANCHOR,
+    CheckpointError,
     Registration,
     StreamJob,
+    anchor_line,
     composer_processor,
     config_tuple,
     profiles,
@@ -94,10 +96,12 @@ class _Clock:
         return self.ms
 
 
-def _run(job: StreamJob, files: list[list[str]], forget: bool) -> dict[str, list[str]]:
+def _run(job: StreamJob, files: list[list[str]], forget: bool,
+         lateness_ms: int = 0) -> dict[str, list[str]]:
     """Feed the files as micro-batches the way Spark would: per batch, each key's rows in one
-    call (the watermark is the newest time of earlier batches), then the keys whose timer the
-    watermark passed. ``forget`` empties the worker's cache before every call."""
+    call (the watermark is the newest time of earlier batches less the lateness), then the keys
+    whose timer the watermark passed. ``forget`` empties the worker's cache before every
+    call."""
     handles: dict[tuple[str, int], _Handle] = defaultdict(_Handle)
     out: dict[str, list[str]] = defaultdict(list)
     watermark = 0
@@ -122,18 +126,20 @@ def _run(job: StreamJob, files: list[list[str]], forget: bool) -> dict[str, list
         table = sorted(profiles(job).items())
         batch: dict[tuple[str, int], list[tuple[int, str]]] = defaultdict(list)
         newest = watermark
-        for line in lines:
-            event = from_json_line(line)
+        events = [from_json_line(line) for line in lines]
+        seqs = list(range(seq, seq + len(lines)))
+        for line, event in zip(lines, events, strict=True):
             for key in route(table, job.buckets, event):
                 batch[key].append((seq, line))
             newest = max(newest, event.time // 1000)
             seq += 1
+        first = anchor_line(seqs, list(events))  # the frame's first event, as the fan-out sends
         for name, (_, per, _) in table:
             if per is None:
-                batch.setdefault((name, 0), []).append((ANCHOR, ""))
+                batch.setdefault((name, 0), []).append((ANCHOR, first))
         for key, rows in sorted(batch.items()):
             call(key, rows)
-        watermark = newest
+        watermark = max(watermark, newest - lateness_ms)
         for key, handle in sorted(handles.items()):
             if any(timer <= watermark for timer in handle.timers):
                 call(key, None)
@@ -154,3 +160,80 @@ def test_cached_or_rebuilt_the_engine_answers_the_same(tmp_path: Path, log_rows:
     got = _run(job, files, forget)
     assert sorted(got["composite"]) == sorted(want) and len(want) > 50
     assert not got["dead_letter"]
+
+
+@pytest.mark.parametrize(("log_rows", "forget", "lateness"), [(2_000, False, 0), (1, True, 0),
+                                                              (10**9, True, 2_000_000)])
+def test_registered_at_the_first_event_the_job_answers_as_replay(
+        tmp_path: Path, log_rows: int, forget: bool, lateness: int) -> None:
+    """A registration without a time (`evamed compose --profiles` without --since) starts as
+    replay starts: at the first event less the lateness. It started in 1970, so time classes
+    ticked from then (P5 fired for every day since 1970, P3 paired a 1970 tick): 20,572
+    composites for replay's 57. Engines rebuilt from snapshot and log keep the start."""
+    from mediator.eva.engine import Engine
+    from mediator.eva.events import parse_time
+    from mediator.eva.notify import composite_line
+    from mediator.eva.parser import parse
+
+    text, events, _ = logistics_day()
+    config = EngineConfig(allowed_lateness=lateness)
+    engine = Engine(config)
+    engine.add_document(parse(text))
+    trace = [from_cloudevent(e, i) for i, e in enumerate(events)]
+    want = [composite_line(n)[1] for e in trace for n in engine.push(e)]
+    want += [composite_line(n)[1] for n in engine.close(parse_time(SENTINEL["time"]))]
+    table = str(tmp_path / "profiles.json")
+    write_table(table, [Registration(text, None)])
+    job = StreamJob(table, config_tuple(config), 4, log_rows)
+    lines = [json.dumps(e) for e in events]
+    files = [lines[i:i + 60] for i in range(0, len(lines), 60)] + [[json.dumps(SENTINEL)]]
+    got = _run(job, files, forget, lateness // 1000)
+    assert sorted(got["composite"]) == sorted(want) and len(want) > 50
+    assert not got["dead_letter"]
+
+
+def _evil(marker: Path) -> bytes:
+    """A pickle that creates ``marker`` when unpickled: what the checkpoint state was."""
+    import pickle
+
+    class Payload:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (open, (str(marker), "w"))
+
+    return pickle.dumps(Payload())
+
+
+@pytest.mark.parametrize("part", ["snapshot", "log"])
+def test_tampered_checkpoint_state_is_refused_and_runs_no_code(tmp_path: Path,
+                                                               part: str) -> None:
+    """Whoever can write the checkpoint directory must not run code in the workers: state
+    is data only (JSON records), and a key whose snapshot or log is not the job's fails with
+    CheckpointError naming the key — the pickle in it is never unpickled."""
+    import zlib
+
+    text = 'class A = type == "a"\nprofile S = A\n'
+    table = str(tmp_path / "profiles.json")
+    write_table(table, [Registration(text, None)])
+    job = StreamJob(table, config_tuple(EngineConfig()), 1, 10**9)
+    rows = [(i, json.dumps({"specversion": "1.0", "id": f"e{i}", "source": "s", "type": "a",
+                            "time": f"2026-03-02T10:00:0{i}Z"})) for i in range(3)]
+    handle = _Handle()
+
+    def call(chunk: list[tuple[int, str]]) -> list[Any]:
+        streaming._ENGINES.clear()  # as on another worker, or after a restart
+        processor = composer_processor(job)
+        processor.init(handle)
+        frame = pd.DataFrame(chunk, columns=["seq", "line"])
+        return list(processor.handleInputRows(("S", 0), iter([frame]), _Clock(0)))
+
+    call(rows[:1])
+    call(rows[1:2])  # logged: the key now has a snapshot and a log entry
+    marker = tmp_path / "ran"
+    if part == "snapshot":
+        token = handle.states["snapshot"].get()[1]
+        handle.states["snapshot"].update((_evil(marker), token))
+    else:
+        handle.states["log"].items[0] = (zlib.compress(_evil(marker)),)
+    with pytest.raises(CheckpointError, match="profile S bucket 0 refused"):
+        call(rows[2:])
+    assert not marker.exists()
