@@ -157,6 +157,62 @@ def test_replay_via_a_group_prints_what_plain_replay_prints(files: tuple[Path, P
         assert via.stderr == plain.stderr
 
 
+def _cancel(ident: str, when: str) -> str:
+    return json.dumps({"specversion": "1.0", "id": ident, "source": "urn:orders",
+                       "type": "order.cancelled", "time": when, "data": {"customer": "A"}})
+
+
+# a, a copy of a (refused: `duplicate`), b, c; then a real gap of three days: d is held (beyond
+# the default 1d horizon) until e, an hour after it, confirms the jump.
+ADMISSION = [_cancel("a", "2026-03-02T10:00:00Z"), _cancel("a", "2026-03-02T10:00:01Z"),
+             _cancel("b", "2026-03-02T10:00:02Z"), _cancel("c", "2026-03-02T10:00:03Z"),
+             _cancel("d", "2026-03-05T10:00:00Z"), _cancel("e", "2026-03-05T11:00:00Z")]
+
+
+@pytest.mark.parametrize("via", [None, "cg5", "cg3"])
+def test_replay_admits_every_event_once_on_every_path(tmp_path: Path, via: str | None) -> None:
+    """The CLI kept the id() of refused events to tell which to pass on, and CPython gives a
+    freed event's address to a later one: --via (and --engine spark) never saw c."""
+    events = tmp_path / "e.jsonl"
+    events.write_text("\n".join(ADMISSION) + "\n")
+    result = runner.invoke(app, ["replay", "--profiles", "examples/logistics/profiles.eva",
+                                 "--profile", "P7", "--events", str(events),
+                                 *(["--via", via] if via else [])])
+    assert result.exit_code == 0, result.output
+    assert [json.loads(x)["data"]["constituents"] for x in result.stdout.splitlines()] == [
+        ["a"], ["b"], ["c"], ["d"], ["e"]]
+    assert [(r["reason"], r["event"]["id"]) for r in map(json.loads, result.stderr.splitlines())
+            ] == [("duplicate", "a")]
+
+
+def test_replay_on_spark_is_given_exactly_the_admitted_events(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Spark path's admitted list, without starting Spark: each admitted event once, in
+    arrival order, numbered as the in-process engine numbers them."""
+    import spark_jobs.batch
+    import spark_jobs.session
+
+    seen: dict[str, object] = {}
+
+    def fake_replay(spark: object, text: str, events: list[object], **options: object
+                    ) -> list[str]:
+        seen.update(events=events, **options)
+        return []
+
+    monkeypatch.setattr(spark_jobs.session, "java_missing", lambda: None)
+    monkeypatch.setattr(spark_jobs.session, "build_session", lambda *a, **k: object())
+    monkeypatch.setattr(spark_jobs.batch, "replay", fake_replay)
+    events = tmp_path / "e.jsonl"
+    events.write_text("\n".join(ADMISSION) + "\n")
+    result = runner.invoke(app, ["replay", "--profiles", "examples/logistics/profiles.eva",
+                                 "--profile", "P7", "--events", str(events), "--engine", "spark"])
+    assert result.exit_code == 0, result.output
+    admitted = seen["events"]
+    assert isinstance(admitted, list)
+    assert [(e.id, e.seq) for e in admitted] == [("a", 0), ("b", 1), ("c", 2), ("d", 3), ("e", 4)]
+    assert seen["end"] == admitted[-1].time
+
+
 def test_replay_native_prints_the_services_own_notifications(files: tuple[Path, Path],
                                                              tmp_path: Path) -> None:
     _, events = files
@@ -183,6 +239,61 @@ def test_replay_native_and_via_refuse_bad_input(files: tuple[Path, Path], tmp_pa
         assert result.exit_code == 2 and "Traceback" not in result.output, args
     unknown = runner.invoke(app, ["base-service", "--group", "cg7"])
     assert unknown.exit_code == 2 and "expected one of cg0" in unknown.output
+
+
+def _balanced_disjunction(low: int, high: int) -> str:
+    """A disjunction of the classes C(low % 4) … C((high − 1) % 4), high − low − 1 operators,
+    as a balanced tree (log2 levels deep: inside EVA's 50)."""
+    if high - low == 1:
+        return f"C{low % 4}"
+    mid = (low + high) // 2
+    return (f"(all_dup({_balanced_disjunction(low, mid)}) | "
+            f"all_dup({_balanced_disjunction(mid, high)}))_all_pairs")
+
+
+LONG = {  # issue 11 review: what passes `evamed check` but broke the native languages' limits
+    # 99 terms: 98 levels, just under EVA's 100; comparisons CG-3 keeps and != it widens away
+    "and-chain": "class A = " + " and ".join(
+        ['type == "a"'] + [f"data.k{i} != {i}" if i % 2 else f"data.n > {-i - 1}"
+                           for i in range(98)]) + '\nclass B = type == "b"\n'
+    "profile S = ((all_dup(A); all_dup(B))_5s)_all_pairs\nprofile T = A\n",
+    "disjunction": "".join(f'class C{j} = type == "{"ab"[j % 2]}" and data.n > {-j}\n'
+                           for j in range(4)) + f"profile D = {_balanced_disjunction(0, 1001)}\n",
+}
+TOO_LONG = {("disjunction", "cg3"): "bytes; a native query may be at most 65,536 bytes (64 KiB)"}
+"""Where a language genuinely cannot take the query (docs/backends.md, Limits): CG-3 states a
+disjunction as a UNION ALL of one SELECT per operand, 1,001 of them here."""
+
+
+@pytest.mark.parametrize("group", ["cg0", "cg1", "cg2", "cg3", "cg4", "cg5"])
+@pytest.mark.parametrize("profile", list(LONG))
+def test_replay_via_takes_what_check_takes_or_names_the_native_limit(
+        tmp_path: Path, profile: str, group: str) -> None:
+    """A 40-term and-chain in a class broke CG-1's and CG-3's nesting limits (a rich traceback),
+    a 100-term one sqlglot's stack, and a 1,000-operator disjunction CG-3's size: chains are now
+    rendered flat and read n-ary, and what a language still cannot take exits 2 with one line
+    naming its limit."""
+    path = tmp_path / "long.eva"
+    path.write_text(LONG[profile])
+    assert runner.invoke(app, ["check", str(path)]).exit_code == 0
+    events = tmp_path / "e.jsonl"
+    lines = [cloud(f"{k}{i}", k, s, n=n, k0=0 if i == 2 else 5) for i, (k, s, n) in enumerate(
+        [("a", 1, 5), ("b", 3, 5), ("a", 4, -3), ("b", 6, 5), ("a", 10, 5), ("b", 12, -1)])]
+    events.write_text("\n".join(json.dumps(e) for e in lines) + "\n")
+    args = ["replay", "--profiles", str(path), "--events", str(events)]
+    plain = runner.invoke(app, args)
+    via = runner.invoke(app, [*args, "--via", group])
+    assert plain.exit_code == 0 and len(plain.stdout.splitlines()) >= 3, plain.output
+    limit = TOO_LONG.get((profile, group))
+    if limit is None:
+        assert via.exit_code == 0, via.output
+        assert via.stdout == plain.stdout and via.stderr == plain.stderr
+        return
+    assert via.exit_code == 2 and via.stdout == ""
+    assert via.stderr.count("\n") == 1 and "Traceback" not in via.stderr, via.stderr
+    assert via.stderr.startswith(f"error: profile D: the {group} service (sql) refuses the query "
+                                 "the mediator would subscribe for it: "), via.stderr
+    assert limit in via.stderr, via.stderr
 
 
 def test_explain_shows_the_native_query_each_service_is_asked(files: tuple[Path, Path]) -> None:

@@ -26,10 +26,11 @@ from mediator.eva.events import (
     format_time,
     from_json_line,
     parse_time,
+    to_cloudevent,
 )
 from mediator.eva.parser import parse
 from mediator.eva.reference import evaluate
-from tests.helpers import profile_doc, run, signature
+from tests.helpers import both, profile_doc, run, signature
 from tests.strategies import documents, trace_of
 
 HEAD = ('{"specversion": "1.0", "id": "a", "source": "s", "type": "t", '
@@ -82,6 +83,29 @@ def test_integers_beyond_the_digit_limit_are_malformed() -> None:
     with pytest.raises(EventError, match="integer of more than 4300 digits"):
         from_json_line(line(data="9" * 5000))
     assert from_json_line(line(data="9" * 4300)).data == int("9" * 4300)
+
+
+@pytest.mark.parametrize("big", [12345678901234567890123, -9999999999999999999, 2**64,
+                                 -(2**63) - 1, 2**64 - 1, -(2**63), 10**4299])
+def test_integers_beyond_64_bits_are_read_exactly(big: int) -> None:
+    """orjson reads an integer outside [−2^63, 2^64) as a float: it is read again with json."""
+    for raw in (line(data=f'{{"customer": {big}, "note": "{"9" * 30}"}}'),
+                line(data=f"[1.5, {big}]", subject='"12345678901234567890123"')):
+        for text in (raw, raw.encode()):
+            data = from_json_line(text).data
+            values = [data["customer"]] if isinstance(data, dict) else data[1:]
+            assert values == [big] and type(values[0]) is int
+
+
+def test_customers_beyond_64_bits_are_two_partitions_of_p2() -> None:
+    """12345678901234567890123 and …124 were one float, so P2 paired two customers."""
+    doc = parse(Path("examples/logistics/profiles.eva").read_text())
+    lines = [HEAD.replace('"a"', f'"c{i}"').replace('"t"', '"order.cancelled"')
+             + f', "data": {{"customer": 1234567890123456789012{i}}}}}' for i in (3, 4)]
+    trace = [from_json_line(text, i) for i, text in enumerate(lines)]
+    assert [e.data["customer"] for e in trace] == [12345678901234567890123,
+                                                  12345678901234567890124]
+    assert replay(doc, trace, profiles=["P2"]) == []
 
 
 @pytest.mark.parametrize("stamp", ["0001-01-01T00:30:00+01:00", "9999-12-31T23:30:00-01:00"])
@@ -244,6 +268,9 @@ def test_a_restored_engine_still_refuses_duplicates_and_far_futures() -> None:
     restored = restore(snapshot(engine), letters.append)
     for e in trace_of("a1@12 a2@500"):
         restored.push(e)
+    assert [d.reason for d in letters] == ["duplicate"]  # a2 is held: the next event decides
+    again = restore(snapshot(restored), letters.append)  # and the snapshot holds it too
+    again.push(trace_of("b2@20")[0])
     assert [d.reason for d in letters] == ["duplicate", "future"]
 
 
@@ -255,6 +282,139 @@ def test_the_duplicate_memory_is_bounded(monkeypatch: pytest.MonkeyPatch) -> Non
     assert len(engine._ids) + len(engine._old_ids) <= 200
     run(engine, [Event("c999", "s", "c", 2000, 1000), Event("c0", "s", "c", 2001, 1001)])
     assert [d.event.id for d in letters if d.event] == ["c999"]  # c0: forgotten, admitted
+
+
+def test_copies_at_one_instant_are_refused_when_the_window_is_zero() -> None:
+    """A primitive profile without lateness has a window of 0: the memory used to rotate at
+    every event, so the third event of an instant forgot the first and a copy of it was
+    admitted — two composites with one id (the issue's very symptom)."""
+    from mediator.eva.notify import composite_id
+
+    engine, letters = engine_with(" = AB")
+    out = []
+    for e in trace_of("a1@5 b1@5 b2@5 b3@5 a1@5 b1@5 a2@6 a2@6"):
+        out.extend(engine.push(e))
+    out.extend(engine.close())
+    assert [(d.reason, d.event.id if d.event else None) for d in letters] == [
+        ("duplicate", "a1"), ("duplicate", "b1"), ("duplicate", "a2")]
+    ids = [composite_id(n) for n in out]
+    assert len(ids) == len(set(ids)) == 5
+
+
+def test_copies_at_the_edge_of_the_window_are_refused() -> None:
+    """The window is measured from the instants processed, not from each event's own time:
+    a copy at its original's time plus the window is still refused (also with lateness, where
+    the copy of the original's time is within it), and only past it is it forgotten."""
+    engine, letters = engine_with(" = ((all_dup(A); all_dup(B))_5us)_all_pairs")
+    run(engine, trace_of("a1@10 c1@15 a1@15"))  # 15 − 10 = the 5 µs window
+    assert [d.reason for d in letters] == ["duplicate"]
+    engine, letters = engine_with(" = A", allowed_lateness=3)
+    run(engine, trace_of("a1@10 c1@11 c2@12 c3@13 a1@10"))  # 13 − 10 = the 3 µs lateness
+    assert [d.reason for d in letters] == ["duplicate"]
+    engine, letters = engine_with(" = A", allowed_lateness=3)
+    assert run(engine, trace_of("a1@10 c1@14 c2@40 a1@40")) == [("a1",), ("a1",)]
+    assert letters == []  # 30 µs later: forgotten, a new event
+
+
+def test_a_copy_at_its_originals_time_is_refused_however_far_another_source_is_ahead() -> None:
+    """With several sources the newest time can run far ahead of a slow source, whose copies
+    are still on time: the memory follows the instants processed (held back by the slow
+    source), so a copy that could be admitted is always remembered."""
+    engine, letters = engine_with(" = A")
+    trace = [*trace_of("a1@10", "slow"), *trace_of("c1@100 c2@200 c3@300", "fast"),
+             *trace_of("a1@10", "slow")]
+    assert run(engine, trace) == [("a1",)]
+    assert [(d.reason, d.event.source if d.event else None) for d in letters] == [
+        ("duplicate", "slow")]
+
+
+# ---------------------------------------------------------------- the horizon
+
+
+def test_a_far_ahead_event_is_held_and_refused_when_the_next_one_is_back() -> None:
+    """An event beyond the horizon is held, not admitted: the next event (from any source)
+    decides. Back near the old newest time, the held one was a typo: `future`, naming both."""
+    engine, letters = engine_with(" = ((all_dup(A); all_dup(B))_5us)_all_pairs", horizon=100)
+    assert run(engine, trace_of("a1@10 b9@9999999 b1@12")) == [("a1", "b1")]
+    assert [(d.reason, d.event.id if d.event else None) for d in letters] == [("future", "b9")]
+    assert "and the next event ('b1' at 1970-01-01T00:00:00.000012Z) is not within" in (
+        letters[0].detail)
+
+
+def test_a_far_ahead_event_confirmed_by_the_next_one_is_admitted_in_order() -> None:
+    """A real gap: the next event is within the horizon of the held one (or beyond it), so
+    both are admitted, in arrival order — the answer is the one without a horizon."""
+    text = " = ((all_dup(A); all_dup(B))_50us)_all_pairs"
+    trace = trace_of("a1@10 b1@12 a2@500 b2@540 a3@700 a4@1000 b3@1010 b4@1011")
+    engine, letters = engine_with(text, horizon=100)
+    assert run(engine, trace) == both(text, trace) and letters == []
+    # The last event cannot be confirmed: refused, unless the end of the trace reaches it.
+    engine, letters = engine_with(text, horizon=100)
+    assert run(engine, trace_of("a1@10 a5@900")) == [] and [d.reason for d in letters] == [
+        "future"]
+    assert "no event came after it to confirm the jump" in letters[0].detail
+    engine, letters = engine_with(text, horizon=100)
+    engine.push(trace_of("a1@10")[0])
+    engine.push(trace_of("a5@900")[0])
+    assert engine.close(900) == [] and letters == []  # admitted: the trace ends at 900
+    # A clock (advance) within the horizon before the held event confirms it too.
+    engine, letters = engine_with(text, horizon=100)
+    engine.admitted = []
+    for e in trace_of("a1@10 b5@900"):
+        engine.push(e)
+    engine.advance(799)
+    assert [e.id for e in engine.admitted] == ["a1"]
+    engine.advance(800)
+    assert [e.id for e in engine.admitted] == ["a1", "b5"]
+    assert engine.close() == [] and letters == []
+    # A typo, then a real jump: the typo is refused, the jump held and confirmed in turn.
+    engine, letters = engine_with(text, horizon=100)
+    assert run(engine, trace_of("a1@10 b9@9999999 a2@500 b2@520")) == [("a2", "b2")]
+    assert [(d.reason, d.event.id if d.event else None) for d in letters] == [("future", "b9")]
+    # A copy of the held event confirms nothing.
+    engine, letters = engine_with(text, horizon=100)
+    run(engine, trace_of("a1@10 b9@5000 b9@5000 b1@20"))
+    assert [(d.reason, d.event.id if d.event else None) for d in letters] == [
+        ("duplicate", "b9"), ("future", "b9")]
+
+
+def _cancellations(days: list[float], customers: str) -> list[Event]:
+    return [Event(f"c{i}", "urn:orders", "order.cancelled", int(d * DAY), i,
+                  {"customer": customer}) for i, (d, customer) in enumerate(zip(days, customers,
+                                                                               strict=True))]
+
+
+def test_p2_over_gaps_of_days_loses_nothing_with_the_default_horizon() -> None:
+    """P2 (two cancellations by one customer within 4 weeks) over cancellations days apart:
+    with the horizon measured from the newest admitted time and a refused event not moving it,
+    the first gap of more than a day dead-lettered the rest of the trace (P2 gave nothing)."""
+    doc = parse(Path("examples/logistics/profiles.eva").read_text())
+    trace = _cancellations([0, 3, 4, 9, 9.5, 30], "ABABCC")
+    expected = signature(evaluate(doc, trace, profiles=["P2"]))
+    assert len(expected) == 3
+    letters: list[DeadLetter] = []
+    got = replay(doc, trace, profiles=["P2"], config=EngineConfig(horizon=DAY),
+                 dead_letter=letters.append, until=30 * DAY)
+    assert signature(got) == expected and letters == []
+
+
+def test_a_typo_in_the_middle_of_the_logistics_day_is_refused_and_changes_nothing() -> None:
+    """A year-9999 typo among the paper's events: held, refused by the next event (`future`),
+    and the day's answer and work are those of the day without it."""
+    from examples.logistics.generate import day
+    from mediator.eva.events import from_cloudevent
+
+    doc = parse(Path("examples/logistics/profiles.eva").read_text())
+    events = [from_cloudevent(e, i) for i, e in enumerate(day(7))]
+    typo = dataclasses.replace(events[100], id="typo", time=MAX_TIME - DAY)
+    expected = signature(replay(doc, events, config=EngineConfig(horizon=DAY)))
+    letters: list[DeadLetter] = []
+    engine = Engine(EngineConfig(horizon=DAY), letters.append)
+    engine.add_document(doc)
+    got = [n for e in [*events[:100], typo, *events[100:]] for n in engine.push(e)]
+    got += engine.close()
+    assert signature(got) == expected
+    assert [(d.reason, d.event.id if d.event else None) for d in letters] == [("future", "typo")]
 
 
 # ---------------------------------------------------------------- clock-driven work
@@ -383,3 +543,32 @@ def test_replay_horizon_option(tmp_path: Path) -> None:
         result = runner.invoke(app, ["replay", "--profiles", str(profiles), "--events",
                                      str(events), "--horizon", bad])
         assert result.exit_code == 2 and "--horizon" in result.output
+
+
+def test_replay_keeps_gaps_of_days_and_refuses_a_typo_with_the_default_horizon(
+        tmp_path: Path) -> None:
+    """`evamed replay` (horizon 1d) and the paper's P2 over cancellations days apart: every
+    jump is confirmed by the next event, the last by --until, so P2 reports what it reports
+    without a horizon; a year-9999 typo in the middle is refused (`future`) and changes
+    nothing. Before, the first gap of more than a day dead-lettered the rest of the trace."""
+    trace = _cancellations([0, 3, 4, 9, 9.5, 30], "ABABCC")
+    lines = [json.dumps(to_cloudevent(e)) for e in trace]
+    typo = json.dumps(to_cloudevent(dataclasses.replace(trace[2], id="typo",
+                                                        time=parse_time("9999-03-02T00:00:00Z"))))
+    events = tmp_path / "e.jsonl"
+    events.write_text("\n".join([*lines[:2], typo, *lines[2:]]) + "\n")
+    args = ["replay", "--profiles", "examples/logistics/profiles.eva", "--profile", "P2",
+            "--events", str(events)]
+    result = CliRunner().invoke(app, [*args, "--until", format_time(30 * DAY)])
+    assert result.exit_code == 0, result.output
+    assert [json.loads(x)["data"]["constituents"] for x in result.stdout.splitlines()] == [
+        ["c0", "c2"], ["c1", "c3"], ["c4", "c5"]]
+    letters = [json.loads(x) for x in result.stderr.splitlines()]
+    assert [(r["reason"], r["event"]["id"]) for r in letters] == [("future", "typo")]
+    # Without --until nothing confirms the last jump: a `future` letter says how to keep it.
+    result = CliRunner().invoke(app, args)
+    assert len(result.stdout.splitlines()) == 2
+    letters = [json.loads(x) for x in result.stderr.splitlines()]
+    assert [(r["reason"], r["event"]["id"]) for r in letters] == [("future", "typo"),
+                                                                  ("future", "c5")]
+    assert "raise the horizon" in letters[1]["detail"]

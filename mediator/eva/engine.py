@@ -69,15 +69,19 @@ class EngineConfig:
     partition is collected only when it gets an event, so partitions that stop getting events
     (a delivered parcel, a closed session) would keep their state for good."""
     horizon: int | None = None
-    """How far (µs) ahead of the newest event time an event may lie and be admitted; beyond it
-    the event is a dead letter with reason ``future``: a typo'd year would otherwise move the
-    clock there, and every later event would be late. None: no limit (``evamed replay``: 1d)."""
+    """How far (µs) ahead of the newest admitted event time an event may lie and be admitted
+    at once. One beyond it is held until the next event decides: admitted (before it) if that
+    event lies at most the horizon before it or later — the stream really moved — else a dead
+    letter with reason ``future``, as it is if the input ends first (``close`` before its
+    time). A typo'd year would otherwise move the clock there, and every later event would be
+    late. None: no limit (``evamed replay``: 1d)."""
     remember: int | None = 0
-    """At least how long (µs of event time behind the newest) an admitted event's (source, id)
-    is remembered, so that another event with both is a dead letter with reason ``duplicate``;
-    None: as long as the count allows. The engine remembers at least the allowed lateness and
-    the longest retention horizon of its profiles anyway: an engine that only admits events
-    for evaluation elsewhere (``replay --via``) is told the profiles' here."""
+    """At least how long (µs of event time: until every instant up to its time plus this is
+    processed) an admitted event's (source, id) is remembered, so that another event with both
+    is a dead letter with reason ``duplicate``; None: as long as the count allows. The engine
+    remembers at least the allowed lateness and the longest retention horizon of its profiles
+    anyway: an engine that only admits events for evaluation elsewhere (``replay --via``) is
+    told the profiles' here."""
 
 
 @dataclass(slots=True)
@@ -132,12 +136,19 @@ class Engine:
         self._out: list[Notification] = []
         self._next_sweep = self.config.sweep  # arrivals at which the next sweep is due
         # (source, id) of admitted events, in two generations: the older is dropped when the
-        # newest event time passes ``_rotate_at`` (so an id is kept for at least the window,
-        # at most twice it) or the newer holds REMEMBERED ids: two set look-ups per event.
+        # instants processed pass ``_rotate_at`` (the newest event time when it stopped being
+        # the newer, plus the window: so an id is kept until every instant up to its event's
+        # time plus the window is processed, at most about twice the window) or the newer
+        # holds REMEMBERED ids: two set look-ups per event.
         self._ids: set[tuple[str, str]] = set()
         self._old_ids: set[tuple[str, str]] = set()
         self._id_window: int | None = 0
         self._rotate_at = -(2**62)
+        self._held: Event | None = None  # beyond the horizon: the next event decides
+        self.admitted: list[Event] | None = None
+        """When a list, every admitted event is appended to it, in arrival order (the order
+        of its ``seq`` in keys): for a caller that only admits events here and evaluates them
+        elsewhere (``replay --via``, ``--engine spark``)."""
         self.instants = 0
         """Instants processed so far (introspection: clock-driven work is proportional to it)."""
         self.origin: int | None = None
@@ -224,36 +235,48 @@ class Engine:
     def push(self, event: Event) -> list[Notification]:
         """Accept one event (its arrival order becomes its ``seq``); returns whatever the
         watermark now lets the engine report."""
+        if self._held is not None:
+            return self._after_held(event)
         t = event.time
-        late = self.config.allowed_lateness
-        source_max = self._source_max
-        wm = source_max.get(event.source)
+        wm = self._source_max.get(event.source)
         done = self._done_until
-        if (wm is not None and t < wm - late) or (done is not None and t <= done):
+        if (wm is not None and t < wm - self.config.allowed_lateness) or (
+                done is not None and t <= done):
             self._late(event, wm, done)
             return []
         newest = self._max_time
         horizon = self.config.horizon
         if horizon is not None and newest is not None and t > newest + horizon:
-            self.dead_letter(DeadLetter(
-                "future", f"event time {label(t)} is more than {format_span(horizon)} ahead of "
-                f"the newest event time {label(newest)} (the horizon; raise it if the gap is "
-                "real)", event))
+            # A typo'd year or a real gap: only what comes next can tell.
+            self._held = event
             return []
-        ident = (event.source, event.id)
+        return self._admit(event, wm, done)
+
+    def _admit(self, event: Event, wm: int | None, done: int | None) -> list[Notification]:
+        """An event on time (``wm``: its source's newest time, ``done``: the instants
+        processed) is admitted unless a duplicate, and processed as far as the watermark
+        allows."""
+        t = event.time
         ids = self._ids
-        if ident in ids or ident in self._old_ids:
-            self.dead_letter(DeadLetter(
-                "duplicate", f"an event with source {brief_repr(event.source)} and id "
-                f"{brief_repr(event.id)} was already admitted (CloudEvents: source and id "
-                "identify an event)", event))
-            return []
-        if t >= self._rotate_at or len(ids) >= REMEMBERED:
+        if (done is not None and done > self._rotate_at) or len(ids) >= REMEMBERED:
+            # Every id in the older generation is of an event at most ``_rotate_at`` minus the
+            # window: a copy at its original's time is now late, and one at a new time meets
+            # nothing its original left (retention counts from the same instants). The newer
+            # generation's are at most the newest time so far.
             window = self._id_window
+            top = self._max_time
             self._old_ids = ids
             ids = self._ids = set()
-            self._rotate_at = t + window if window is not None else NEVER
+            self._rotate_at = NEVER if window is None else (t if top is None else top) + window
+        ident = (event.source, event.id)
+        if ident in ids or ident in self._old_ids:
+            self._duplicate(event, "was already admitted")
+            return []
         ids.add(ident)
+        if self.admitted is not None:
+            self.admitted.append(event)
+        late = self.config.allowed_lateness
+        source_max = self._source_max
         if done is None and (not self.config.sources or all(
                 source_max[s] > -(2**62) for s in self.config.sources if s != event.source)):
             # The clock starts just before the earliest time still acceptable once every
@@ -294,6 +317,57 @@ class Engine:
             self._done_until = bound
         return out
 
+    def _after_held(self, event: Event) -> list[Notification]:
+        """The event after one held beyond the horizon decides it: at most the horizon before
+        it or later, the stream moved there and the held event is admitted (first: it arrived
+        first); else it was a typo, a ``future`` dead letter. Then the event is taken as any
+        other (it may be held in turn). A copy of the held event decides nothing."""
+        held = self._held
+        assert held is not None
+        if event.source == held.source and event.id == held.id:
+            self._duplicate(event, "is held (beyond the horizon) already")
+            return []
+        self._held = None
+        horizon = self.config.horizon or 0
+        if event.time >= held.time - horizon:
+            out = self._admit(held, self._source_max.get(held.source), self._done_until)
+        else:
+            self._future(held, f"and the next event ({brief_repr(event.id)} at "
+                         f"{label(event.time)}) is not within {format_span(horizon)} before it "
+                         "or later: a jump nothing confirms (the horizon; raise it if the gap "
+                         "is real)")
+            out = []
+        return out + self.push(event)
+
+    def _release_held(self, until: int | None, final: bool) -> list[Notification]:
+        """The held event when no next event decides it: admitted if ``until`` (a clock that
+        moved, or the end of the trace) reaches the horizon before it; else, at the end
+        (``final``), a ``future`` dead letter."""
+        held = self._held
+        if held is None:
+            return []
+        if until is not None and until >= held.time - (self.config.horizon or 0):
+            self._held = None
+            return self._admit(held, self._source_max.get(held.source), self._done_until)
+        if final:
+            self._held = None
+            self._future(held, "and no event came after it to confirm the jump before the end "
+                         "of the input (raise the horizon, or end the trace at or after its "
+                         "time, if the gap is real)")
+        return []
+
+    def _future(self, event: Event, why: str) -> None:
+        self.dead_letter(DeadLetter(
+            "future", f"event time {label(event.time)} is more than "
+            f"{format_span(self.config.horizon or 0)} ahead of the newest event time "
+            f"{label(self._max_time or 0)}, {why}", event))
+
+    def _duplicate(self, event: Event, what: str) -> None:
+        self.dead_letter(DeadLetter(
+            "duplicate", f"an event with source {brief_repr(event.source)} and id "
+            f"{brief_repr(event.id)} {what} (CloudEvents: source and id identify an event)",
+            event))
+
     def _late(self, event: Event, wm: int | None, done: int | None) -> None:
         t = event.time
         late = self.config.allowed_lateness
@@ -326,15 +400,19 @@ class Engine:
         self.dead_letter(DeadLetter("malformed", detail, None, raw))
 
     def advance(self, time: int) -> list[Notification]:
-        """Declare that no event at or before ``time`` will come (e.g. from a wall clock)."""
-        return self._run_until(time)
+        """Declare that no event at or before ``time`` will come (e.g. from a wall clock); a
+        clock within the horizon before an event held beyond it confirms that event."""
+        out = self._release_held(time, False)
+        return out + self._run_until(time)
 
     def close(self, until: int | None = None) -> list[Notification]:
-        """End of input: process everything up to ``until`` (default: the newest event time)."""
+        """End of input: process everything up to ``until`` (default: the newest event time).
+        An event held beyond the horizon is admitted if ``until`` confirms it, else refused."""
+        out = self._release_held(until, True)
         end = until if until is not None else self._max_time
         if end is None:
-            return []
-        return self._run_until(end)
+            return out
+        return out + self._run_until(end)
 
     # ---------------------------------------------------------------- the instant loop
 
