@@ -108,9 +108,9 @@ class BaseClient:
     def publish(self, events: Iterable[Event], advance_to: int | None = None,
                 batch: int = 256) -> Any:
         """Publish in order, up to ``batch`` events (and ``BATCH_BYTES``) per message; then let
-        the clock run to ``advance_to``. The service moves its clock at most ``max_advance()``
-        per request, so a longer gap before an event, or a longer final advance, is sent as
-        steps (each step's detections are queued before the next is computed)."""
+        the clock run to ``advance_to``. The service steps a gap between events itself, but
+        moves its clock at most ``max_advance()`` per ``advance_to_us``: a longer final advance
+        is sent as steps."""
         limit = self.max_advance()
 
         def messages() -> Iterator[Any]:
@@ -125,11 +125,6 @@ class BaseClient:
                     yield base_pb2.PublishRequest(advance_to_us=clock)
 
             for e in events:
-                if clock is not None and limit and e.time - clock > limit:
-                    if pending:
-                        yield base_pb2.PublishRequest(cloudevents=pending)
-                        pending, size = [], 0
-                    yield from steps(e.time)
                 text = json.dumps(to_cloudevent(e))
                 if pending and size + len(text) > BATCH_BYTES:
                     yield base_pb2.PublishRequest(cloudevents=pending)

@@ -9,13 +9,15 @@ can take the peer's answer over exactly.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.native import Detection, NativeQueryError, check_size
+from adapters.native import Detection, EventRejected, NativeQueryError, check_size
 from mediator.eva import ast
-from mediator.eva.engine import Engine, EngineConfig
+from mediator.eva.engine import DeadLetter, Engine, EngineConfig
 from mediator.eva.events import Event
 from mediator.eva.notify import tuples_from_json, tuples_to_json
 from mediator.eva.parser import ProfileError, parse
@@ -23,6 +25,8 @@ from mediator.eva.printer import to_text
 from mediator.eva.semantics import Notification, Occ
 from mediator.eva.validate import refs
 from transforms.capability import CG5, Capability
+
+log = logging.getLogger("evamed.peer")
 
 
 def occurrence(extra: dict[str, Any]) -> tuple[tuple[int, int, Any], Occ]:
@@ -60,41 +64,106 @@ def constituent_age(doc: ast.Document, tick: int) -> int | None:
     return total
 
 
+def primitives(ident: Hashable) -> list[tuple[str, str]]:
+    """(source, id) of each primitive event an occurrence's identity names, in operand order
+    (the order of ``Occ.events``). The identities are built by :mod:`mediator.eva.semantics`:
+    a primitive is ``(source, id)``, a composite ``(tag, left, right)``, a tick ``("tick",
+    name, time)`` and an absence ``("not", tag, time[, anchor])`` — whose anchor is not one of
+    its constituents. Iterative: a composite may nest deeper than Python's stack."""
+    out: list[tuple[str, str]] = []
+    stack = [ident]
+    while stack:
+        item = stack.pop()
+        if not isinstance(item, tuple):
+            continue
+        if len(item) == 2:
+            out.append(item)
+        elif len(item) == 3 and isinstance(item[1], tuple):
+            stack.append(item[2])
+            stack.append(item[1])
+    return out
+
+
 class Evaluator:
     def __init__(self, doc: ast.Document, config: EngineConfig) -> None:
-        self._engine = Engine(config)
+        self._letters: list[DeadLetter] = []
+        self._engine = Engine(config, self._letters.append)
         self._engine.add_document(doc)
-        # The events a notification may still name as constituents, by id: an occurrence
-        # carries ids only. Kept for the query's constituent age behind the clock (the newest
-        # event or advance: no instant before it is still to be reported), in arrival order.
-        self._events: dict[str, Event] = {}
+        self._lateness = config.allowed_lateness
+        # The events a notification may still name as constituents, by (source, id) as an
+        # occurrence's identity names them (CloudEvents: source and id identify an event; an
+        # id alone does not). Only events the engine admitted: a refused duplicate must not
+        # replace its original. Kept for the query's constituent age behind the clock (the
+        # newest event or advance: no instant before it is still to be reported), in arrival
+        # order.
+        self._events: dict[tuple[str, str], Event] = {}
         self._arrived: deque[Event] = deque()
         self._keep = constituent_age(doc, config.tick)
         self._clock: int | None = None
+        # Each source's newest admitted event time, as the engine's watermarks see them
+        # (``reach``); sources declared in advance hold the clock back until they report.
+        self._newest: dict[str, int] = dict.fromkeys(config.sources, -(2**62))
 
     def _detections(self, notes: list[Notification]) -> list[Detection]:
         out = []
+        events = self._events
         for n in notes:
             occ = n.occ
             extra = {"profile": n.profile, "partition": n.partition, "ident": tuples_to_json(occ.ident),
                      "key": tuples_to_json(occ.key), "emitted": tuples_to_json(n.emitted),
                      "events": list(occ.events), "anchor": tuples_to_json(occ.anchor)}
-            constituents = tuple(self._events[i] for i in occ.events if i in self._events)
+            constituents = tuple(events[k] for k in primitives(occ.ident) if k in events)
             out.append(Detection(occ.time, constituents, f"{n.profile}{list(occ.events)}", extra))
         return out
 
     def push(self, event: Event) -> list[Detection]:
-        self._events[event.id] = event
+        """The event's detections; :class:`EventRejected` with the engine's reason (late,
+        duplicate, future, …) when the engine does not admit it."""
+        letters = self._letters
+        letters.clear()
+        notes = self._engine.push(event)
+        for letter in letters:
+            if letter.event is event:  # refused: the engine reported nothing for it
+                raise EventRejected(letter.reason, letter.detail)
+        self._report(letters)
+        self._events[(event.source, event.id)] = event
         if self._keep is not None:
             self._arrived.append(event)
-        out = self._detections(self._engine.push(event))
+        newest = self._newest.get(event.source)
+        if newest is None or event.time > newest:
+            self._newest[event.source] = event.time
+        out = self._detections(notes)
         self._forget(event.time)
         return out
 
     def advance(self, time: int) -> list[Detection]:
+        self._letters.clear()
         out = self._detections(self._engine.close(time))
+        self._report(self._letters)
         self._forget(time)
         return out
+
+    def next_instant(self) -> int | None:
+        return self._engine.next_instant()
+
+    def reach(self, event: Event) -> int | None:
+        """How far pushing ``event`` runs the engine's clock (every instant up to the result
+        completes), None if it does not: the engine's own frontier — every source's newest
+        time, this event's included, less the allowed lateness, less one. A service may run
+        the clock there in slices before the push; further would declare the instants of a
+        lagging source complete, which the push itself does not."""
+        newest = self._newest
+        own = newest.get(event.source)
+        if self._engine.origin is None or (own is not None and event.time <= own):
+            return None  # the first event starts the clock; a source's older event moves nothing
+        times = [t for s, t in newest.items() if s != event.source]
+        return min([event.time, *times]) - self._lateness - 1
+
+    def _report(self, letters: list[DeadLetter]) -> None:
+        """Dead letters that are not about the pushed event (``state_cap``: the engine evicted
+        stored occurrences) change no count of the service: they go to its log."""
+        for letter in letters:
+            log.warning("%s: %s", letter.reason, letter.detail)
 
     def _forget(self, now: int) -> None:
         """Drop the events no occurrence reported from ``now`` on can contain."""
@@ -104,10 +173,12 @@ class Evaluator:
             self._clock = now
         oldest = self._clock - self._keep
         arrived = self._arrived
+        events = self._events
         while arrived and arrived[0].time < oldest:
             event = arrived.popleft()
-            if self._events.get(event.id) is event:  # not a later event with the same id
-                del self._events[event.id]
+            key = (event.source, event.id)
+            if events.get(key) is event:  # not a later copy admitted after its id was forgotten
+                del events[key]
 
 
 @dataclass(frozen=True)

@@ -6,24 +6,29 @@ event loop, not a thread, so open subscriptions never use up the server (one cli
 stalls the others).
 
 Order: events are evaluated in the order they are published, across clients — one Publish
-message at a time holds the order lock (a message is bounded by the receive limit, a clock step
-by ``max_advance``), and the loop is yielded to every few milliseconds, so Subscribe,
-Unsubscribe, Capabilities and Health are answered while a publisher is being served.
+message at a time holds the order lock (a message is bounded by the receive limit, an explicit
+clock advance by ``max_advance``), and the loop is yielded to every few milliseconds, so
+Subscribe, Unsubscribe, Capabilities and Health are answered while a publisher is being served.
+The lock is never held waiting for a subscriber that stopped reading.
 
 Robustness (docs/backends.md): a bad query ends its Subscribe with INVALID_ARGUMENT, a short
 message and the position as a ``google.rpc.BadRequest`` field violation, never UNKNOWN; a query
 over ``MAX_QUERY_BYTES`` is refused before parsing; a malformed event, or one an evaluator
-refuses (``EventRejected``), is counted in ``PublishReply.rejected`` and the batch goes on; the
-clock moves at most ``max_advance`` per request and in slices of ``slice``, so no request
-holds the service for long nor piles up its detections; each subscription's queue is bounded
-(back-pressure) and a subscriber that stays full for ``stall_timeout`` seconds is dropped with
-RESOURCE_EXHAUSTED; Unsubscribe never waits; a second server on a taken port fails to start;
-shutdown reports NOT_SERVING while it drains.
+refuses (``EventRejected``), is counted in ``PublishReply.rejected`` and the batch goes on; an
+``advance_to_us`` moves a clock at most ``max_advance``; a quiet gap before an event is stepped
+by the service itself; the clock moves in slices of ``slice`` that skip to the evaluator's next
+instant, so a gap costs what it reports and its detections never pile up; each subscription's
+queue is bounded: a publisher waits for a subscriber that is reading (back-pressure, before it
+takes the order lock), never for one that has read nothing for ``stall_timeout`` — that one is
+dropped with RESOURCE_EXHAUSTED once its queue is full, so it cannot stall the others;
+Unsubscribe never waits and releases whoever waited on that subscriber; a second server on a
+taken port fails to start; shutdown reports NOT_SERVING while it drains.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import logging
@@ -34,7 +39,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from operator import methodcaller
 from typing import Any
 
@@ -47,7 +52,7 @@ from grpc_status import rpc_status
 from adapters.native import MAX_QUERY_BYTES, Detection, EventRejected, Language, NativeQueryError
 from adapters.registry import language as language_of
 from adapters.wire import SERVICE_NAME, base_pb2, base_pb2_grpc
-from mediator.eva.events import EventError, from_json_line, to_cloudevent
+from mediator.eva.events import Event, EventError, from_json_line, to_cloudevent
 from mediator.eva.units import format_span
 
 log = logging.getLogger("evamed.base")
@@ -57,13 +62,19 @@ MAX_ERRORS = 100
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 """The largest gRPC message the service takes (a Publish batch; the client batches under it)."""
 ADVANCE_TICKS = 86_400
-"""A request moves the service clock at most this many ticks (a day at the default 1 s tick):
-a CG-5 peer steps every tick of its clock, so this bounds one request's work."""
+"""An ``advance_to_us`` moves a subscription's clock at most this many ticks (a day at the
+default 1 s tick): a CG-5 query can report at every tick (a free-standing negation), so this
+bounds the work one explicit advance asks for. A gap between events is not limited: it is data,
+and the service steps it (``_catch_up``)."""
 SLICE_TICKS = 60
-"""The clock moves in slices of this many ticks; each slice's detections are queued before the
-next one is computed, so a long step never piles them up in memory."""
+"""The clock moves in slices of this many ticks (from the evaluator's next instant); each
+slice's detections are queued before the next one is computed, so a long step never piles
+them up in memory, and the loop is yielded to between slices."""
 YIELD_SECONDS = 0.005
 """Evaluation gives the event loop a turn at least this often (other clients' calls run)."""
+STALL_SECONDS = 1.0
+"""A subscriber that has read nothing for this long is not waited for: once its queue is full it
+is dropped (a reader that is reading, however slowly, is waited for: back-pressure)."""
 MAX_SHOWN = 160
 """Characters of a query line and of a parser message an error echoes: the message travels in
 gRPC metadata (8 KB by default), so a long line is cut around the position."""
@@ -127,6 +138,10 @@ class _Subscription:
     clock: int | None = None
     """The newest event time or advance the evaluator has seen (None: its clock has not
     started). Each subscription has its own: it sees only what was published after it came."""
+    read_at: float = field(default_factory=time.monotonic)
+    """When its stream last took a notification, or something was queued for it while it had
+    read everything: a subscriber with a backlog that has read nothing for the stall timeout
+    is no longer waited for."""
 
 
 def _refusal(what: str, refusals: list[str], subscriptions: int) -> str:
@@ -151,12 +166,14 @@ class _Tally:
 
 class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
     def __init__(self, group: str, lang: Language, queue_size: int = 1024,
-                 stall_timeout: float = 30.0, tick: int = 1_000_000,
+                 stall_timeout: float = STALL_SECONDS, tick: int = 1_000_000,
                  max_advance: int | None = None) -> None:
         self.group = group
         self.language = lang
-        self.queue_size = queue_size
+        self.queue_size = max(2, queue_size)  # back-pressure starts at half of it
         self.stall_timeout = stall_timeout
+        self._behind: set[_Subscription] = set()  # holding half their queue or more
+        self._read = asyncio.Event()  # a subscriber behind made room, or a subscription ended
         self.max_advance = max_advance if max_advance is not None else ADVANCE_TICKS * tick
         self.slice = max(1, min(SLICE_TICKS * tick, self.max_advance))
         self._subs: dict[str, _Subscription] = {}
@@ -219,6 +236,10 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
                 if sub.ended and sub.outbox.empty():
                     return
                 item = await sub.outbox.get()
+                sub.read_at = time.monotonic()
+                if sub in self._behind and sub.outbox.qsize() < self.queue_size // 2:
+                    self._behind.discard(sub)
+                    self._read.set()  # a publisher waiting for room may go on
                 if item is not _WAKE:
                     yield item
         finally:  # unsubscribed, dropped, cancelled or disconnected: the subscription goes away
@@ -227,8 +248,10 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
     async def Unsubscribe(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         sub = self._subs.pop(request.subscription_id, None)
         if sub is not None:
-            # Never waits: the stream ends after what is queued; a full queue needs no marker.
+            # Never waits: the stream ends after what is queued (a full queue needs no marker),
+            # and nobody waits for room in it any more.
             sub.ended = True
+            self._release(sub)
             if not sub.outbox.full():
                 sub.outbox.put_nowait(_WAKE)
         return base_pb2.UnsubscribeReply(found=sub is not None)
@@ -246,6 +269,7 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
     # ---------------------------------------------------------------- evaluation
 
     async def _message(self, request: Any, tally: _Tally) -> None:
+        await self._room()  # back-pressure, before taking the order lock
         async with self._order:
             for text in request.cloudevents:
                 await self._event(text, tally)
@@ -268,12 +292,10 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
         subs = list(self._subs.values())
         refusals: list[str] = []
         for sub in subs:
-            refused = self._too_far(sub, event.time, "its time")
-            if not refused and sub.clock is not None and event.time - 1 - sub.clock > self.slice:
-                refused = await self._run_clock(sub, event.time - 1)  # the gap, in slices
+            refused = await self._catch_up(sub, event)
             if not refused:
                 refused = await self._apply(sub, methodcaller("push", event), what)
-                if sub.clock is None or event.time > sub.clock:
+                if not refused and (sub.clock is None or event.time > sub.clock):
                     sub.clock = event.time
             if refused:
                 refusals.append(refused)
@@ -299,23 +321,57 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
             tally.reject(_refusal(what, refusals, len(subs)))
 
     def _too_far(self, sub: _Subscription, time: int, subject: str) -> str:
+        """Why an explicit advance is refused ('' if it is not): farther than max_advance."""
         if sub.clock is None or time - sub.clock <= self.max_advance:
             return ""
         return (f"clock_jump: {subject} is {format_span(time - sub.clock)} after the "
-                f"subscription's clock ({sub.clock} µs); a request may move a clock by at most "
-                f"{format_span(self.max_advance)}: publish advance_to_us in steps before it")
+                f"subscription's clock ({sub.clock} µs); an advance_to_us may move a clock by at "
+                f"most {format_span(self.max_advance)}: publish it in steps")
 
-    async def _run_clock(self, sub: _Subscription, until: int) -> str:
+    async def _catch_up(self, sub: _Subscription, event: Event) -> str:
+        """Before an event: run the subscription's clock across the gap to it, as far as the
+        event's own push would (``reach``; an evaluator without it: to just before the event,
+        events being taken in the order published). A quiet gap is no clock jump to refuse;
+        stepping it here, in slices, queues its detections slice by slice and yields to the
+        loop, where the push would compute them all at once."""
+        if sub.clock is None:
+            return ""  # the first event starts the evaluator's clock
+        reach = getattr(sub.evaluator, "reach", None)
+        until = reach(event) if reach is not None else event.time - 1
+        if until is None:
+            return ""
+        return await self._run_clock(sub, until, final=False)
+
+    async def _run_clock(self, sub: _Subscription, until: int, final: bool = True) -> str:
         """Move a subscription's clock to ``until`` in slices, each slice's detections queued
-        before the next is computed (at least one call: the evaluator may have work due)."""
+        before the next is computed. A slice starts at the evaluator's next instant
+        (``next_instant``): a quiet gap costs what it reports, not its length (an evaluator
+        that cannot tell is stepped slice after slice). ``final``: the clock must reach
+        ``until`` (an explicit advance: at least one call); otherwise (before a push) stop once
+        nothing is pending up to it."""
         assert sub.clock is not None
-        while True:
-            step = min(until, sub.clock + self.slice)
+        next_instant = getattr(sub.evaluator, "next_instant", None)
+        done = sub.clock
+        while not sub.ended:
+            if next_instant is not None:
+                pending = next_instant()
+            elif done < until:  # an evaluator that cannot tell: every slice
+                pending = done + 1
+            else:
+                pending = None
+            if pending is None or pending > until:
+                if not final:
+                    return ""
+                step = until
+            else:
+                step = min(until, max(pending, done) + self.slice)
             refused = await self._apply(sub, methodcaller("advance", step), f"advance_to_us {step}")
+            done = step
             sub.clock = max(sub.clock, step)
-            if refused or sub.clock >= until:
+            if refused or step >= until:
                 return refused
             await self._pause()
+        return ""
 
     async def _apply(self, sub: _Subscription, step: Callable[[Any], list[Detection]],
                      what: str) -> str:
@@ -345,23 +401,53 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
         return ""
 
     async def _put(self, sub: _Subscription, item: Any) -> bool:
-        """Queue a notification; back-pressure: wait while the queue is full, up to the stall
-        timeout. False if the subscription is gone (or is dropped now)."""
-        if sub.ended:
-            return False
-        try:
-            sub.outbox.put_nowait(item)
+        """Queue a notification. Publishers wait for room before they take the order lock
+        (``_room``); a queue can still fill within one message (a burst of detections): then a
+        subscriber that is reading is waited for, and one that has read nothing for the stall
+        timeout is dropped at once (RESOURCE_EXHAUSTED) — the lock is never held for a
+        subscriber that stopped reading. False if the subscription is gone (or dropped now)."""
+        while not sub.ended:
+            if sub.outbox.empty():  # it had read everything: it is idle from now on, not before
+                sub.read_at = time.monotonic()
+            try:
+                sub.outbox.put_nowait(item)
+            except asyncio.QueueFull:
+                idle = time.monotonic() - sub.read_at
+                if idle >= self.stall_timeout:
+                    self._fail(sub, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"subscriber too slow: {self.queue_size} notifications queued and "
+                               f"none read for {self.stall_timeout:g} s; it was dropped so that "
+                               "it cannot stall the others (the bound is the service's "
+                               "--queue-size)")
+                    return False
+                await self._wait_read(self.stall_timeout - idle)
+                continue
+            if sub.outbox.qsize() >= self.queue_size // 2:
+                self._behind.add(sub)
             return True
-        except asyncio.QueueFull:
-            pass
-        try:
-            await asyncio.wait_for(sub.outbox.put(item), self.stall_timeout)
-        except TimeoutError:
-            self._fail(sub, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                       f"subscriber did not read for {self.stall_timeout}s (queue of "
-                       f"{self.queue_size} full)")
-            return False
-        return not sub.ended
+        return False
+
+    async def _room(self) -> None:
+        """Back-pressure outside the order lock: wait while a subscriber that is reading holds
+        half its queue or more. One that has read nothing for the stall timeout is not waited
+        for (its queue fills and it is dropped)."""
+        while self._behind:
+            now = time.monotonic()
+            live = [s.read_at for s in self._behind if now - s.read_at < self.stall_timeout]
+            if not live:
+                return
+            await self._wait_read(min(live) + self.stall_timeout - now)
+
+    async def _wait_read(self, seconds: float) -> None:
+        """Until a subscriber behind makes room or a subscription ends, at most ``seconds``."""
+        self._read.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._read.wait(), max(seconds, 0.001))
+
+    def _release(self, sub: _Subscription) -> None:
+        """Nobody waits for room in ``sub`` any more (it ended)."""
+        self._behind.discard(sub)
+        self._read.set()
 
     async def _pause(self) -> None:
         now = time.monotonic()
@@ -376,14 +462,14 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
         sub.outbox.put_nowait(_WAKE)  # room was just made
 
     def _end(self, sub: _Subscription) -> None:
+        """Dropped, or its stream is over: nobody will read what is queued (an unsubscribed
+        stream still reads it: Unsubscribe does not come here)."""
         if self._subs.get(sub.ident) is sub:
             del self._subs[sub.ident]
         sub.ended = True
-        if sub.failure is not None or sub.outbox.full():
-            # Nobody will read it (dropped or gone): empty it so that a publisher waiting
-            # for room goes on at once.
-            while not sub.outbox.empty():
-                sub.outbox.get_nowait()
+        self._release(sub)
+        while not sub.outbox.empty():
+            sub.outbox.get_nowait()
 
     def close(self) -> None:
         """End every subscription (UNAVAILABLE): the service is going away."""
@@ -416,7 +502,7 @@ class Served:
 
 
 async def start(group: str, listen: str, tick: int = 1_000_000, queue_size: int = 1024,
-                stall_timeout: float = 30.0, max_advance: int | None = None,
+                stall_timeout: float = STALL_SECONDS, max_advance: int | None = None,
                 lang: Language | None = None) -> Served:
     """Start a base service on the running loop (``listen`` may use port 0: any free port);
     ``lang``: another language than the group's own (tests). A port another server listens on
@@ -524,7 +610,7 @@ class Running:
 
 
 def serve(group: str, listen: str, tick: int = 1_000_000, queue_size: int = 1024,
-          stall_timeout: float = 30.0, max_advance: int | None = None,
+          stall_timeout: float = STALL_SECONDS, max_advance: int | None = None,
           lang: Language | None = None) -> Running:
     """Start a base service in a background thread (``listen`` may use port 0)."""
     return Running(group, listen, tick=tick, queue_size=queue_size, stall_timeout=stall_timeout,

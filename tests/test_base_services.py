@@ -113,9 +113,10 @@ def test_a_subscriber_that_disconnects_is_cleaned_up(cg1: Running) -> None:
 
 
 def test_publish_is_back_pressured_and_a_stalled_subscriber_is_dropped(cg1: Running) -> None:
-    """Queues hold 2 notifications: a subscriber that stops reading blocks publishing until
-    the stall timeout drops it (RESOURCE_EXHAUSTED); one that reads gets everything. (The
-    events are large so that gRPC's own flow-control window fills first.)"""
+    """Queues hold 2 notifications: a subscriber that reads slows the publisher down and gets
+    everything; one that stops reading is waited for at most the stall timeout, then dropped
+    (RESOURCE_EXHAUSTED) once its queue is full. (The events are large so that gRPC's own
+    flow-control window fills first.)"""
     pad = "x" * 4096
     events = [Event(f"a{i}", "s", "a", i + 1, i, {"pad": pad}) for i in range(2000)]
     with BaseClient(f"127.0.0.1:{cg1.port}") as client:
@@ -136,7 +137,28 @@ def test_publish_is_back_pressured_and_a_stalled_subscriber_is_dropped(cg1: Runn
         with pytest.raises(grpc.RpcError) as info:
             list(stalled)
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "did not read" in info.value.details()
+        assert info.value.details().startswith(
+            "subscriber too slow: 2 notifications queued and none read for 0.5 s")
+
+
+def test_a_subscriber_idle_for_lack_of_notifications_is_not_taken_for_stalled(
+        cg1: Running) -> None:
+    """A subscriber that had nothing to read for longer than the stall timeout, then gets a
+    burst far larger than its queue from one event (300 pairs), is waited for like any
+    reader, not dropped."""
+    with BaseClient(f"127.0.0.1:{cg1.port}") as client:
+        reader = client.subscribe('AND([type = "a"], [type = "b"])', "idle")
+        assert next(reader).ready
+        got: list[list[str]] = []
+        thread = threading.Thread(target=lambda: got.extend(
+            [json.loads(c)["id"] for c in m.constituents] for m in reader))
+        thread.start()
+        assert client.publish(trace_of(" ".join(f"a{i}@{i + 1}" for i in range(300)))).accepted
+        time.sleep(1.0)  # twice the fixture's stall timeout, with nothing to read
+        assert client.publish(trace_of("b1@1000")).accepted == 1
+        client.unsubscribe("idle")
+        thread.join(timeout=10)
+        assert got == [[f"a{i}", "b1"] for i in range(300)]
 
 
 def test_the_async_adapter_interface(cg1: Running) -> None:

@@ -83,8 +83,9 @@ class BaseServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Publish(self, request_iterator, context):
-        """Events in, in order. Back-pressured: the server reads the next event only after the
-        previous one has been evaluated and its notifications queued (bounded per subscriber).
+        """Events in, in order. Back-pressured: the server reads the next message only after the
+        previous one has been evaluated and its notifications queued (bounded per subscriber; a
+        subscriber that stops reading is dropped rather than waited for).
         A bad event is rejected (counted, with a reason in errors) and the rest is evaluated.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
