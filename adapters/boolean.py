@@ -2,7 +2,7 @@
 
 Language (docs/backends.md §CG-1)::
 
-    query  := AND(query, query) | OR(query, query) | NOT(query) | filter
+    query  := AND(query, query, …) | OR(query, query, …) | NOT(query) | filter
     filter := [ condition ]        e.g. [type = "traffic.jam" & data.area = "A"]
 
 Semantics — all combinations, nothing consumed, no time:
@@ -11,6 +11,9 @@ Semantics — all combinations, nothing consumed, no time:
 * ``OR(q1, q2)`` detects what either detects (a detection of both is reported once);
 * ``AND(q1, q2)`` detects every pair of a q1 detection and a q2 detection that share no event,
   reported when the later one completes, time = the later time, constituents q1's then q2's;
+* ``AND(q1, …, qn)`` and ``OR(q1, …, qn)`` are the nested binary ones (both are associative:
+  ``AND(AND(q1, q2), q3)`` and ``AND(q1, AND(q2, q3))`` detect the same), evaluated as a
+  balanced tree, so that a long one is not as deep as it is long;
 * ``NOT(q)`` is **untimed**, so there is no span in which an absence could be observed: it is
   the complement of a single-event query — it detects every event that ``q`` does not. ``q``
   must be single-event (a filter, or OR/NOT of single-event queries); ``NOT`` of an ``AND`` is
@@ -28,7 +31,7 @@ from typing import Any
 from lark import Lark
 
 from adapters.filters import FILTER_GRAMMAR, FILTER_TERMINALS, TICK_TYPE, FilterBuild, filter_text
-from adapters.native import Detection, NativeQueryError, Unrenderable, parse_lark
+from adapters.native import Detection, NativeQueryError, Unrenderable, balanced, parse_lark
 from mediator.eva import ast
 from mediator.eva.classes import compile_predicate
 from mediator.eva.events import Event
@@ -36,8 +39,8 @@ from transforms.capability import CG0, CG1, Capability
 
 _GRAMMAR = r"""
 start: query
-?query: "AND" "(" query "," query ")" -> q_and
-      | "OR" "(" query "," query ")" -> q_or
+?query: "AND" "(" query ("," query)+ ")" -> q_and
+      | "OR" "(" query ("," query)+ ")" -> q_or
       | "NOT" "(" query ")" -> q_not
       | filter
 """ + FILTER_GRAMMAR + r"""
@@ -81,10 +84,10 @@ class _Build(FilterBuild):
         return Filter(items[0])
 
     def q_and(self, items: list[Any]) -> Node:
-        return And(items[0], items[1])
+        return balanced(items, And)
 
     def q_or(self, items: list[Any]) -> Node:
-        return Or(items[0], items[1])
+        return balanced(items, Or)
 
     def q_not(self, items: list[Any]) -> Node:
         return Not(items[0])
@@ -185,6 +188,9 @@ class Evaluator:
     def advance(self, time: int) -> list[Detection]:
         return []  # untimed: nothing happens without an event
 
+    def next_instant(self) -> int | None:
+        return None  # no clock-driven work: a quiet gap costs nothing
+
 
 @dataclass(frozen=True)
 class BooleanQuery:
@@ -214,14 +220,36 @@ class BooleanLanguage:
         return BooleanQuery(text, parse_node(text, self.name))
 
     def render(self, expr: ast.Expr, doc: ast.Document) -> str:
+        """A chain of EVA disjunctions (or untimed conjunctions), however nested, as one n-ary
+        ``OR(…)`` (``AND(…)``): the same detections, one bracket deep instead of one per
+        operator."""
         if isinstance(expr, ast.Prim):
             return leaf_text(expr, doc)
         if isinstance(expr, ast.Disjunction):
-            return f"OR({self.render(expr.left.expr, doc)}, {self.render(expr.right.expr, doc)})"
+            return f"OR({', '.join(self.render(e, doc) for e in _chain(expr))})"
         if isinstance(expr, ast.Conjunction) and expr.span is None:
-            return f"AND({self.render(expr.left.expr, doc)}, {self.render(expr.right.expr, doc)})"
+            return f"AND({', '.join(self.render(e, doc) for e in _chain(expr))})"
         raise Unrenderable(f"CG-1 cannot state {type(expr).__name__.lower()} with a time frame "
                            "or parameters")
+
+
+def _chain(expr: ast.Disjunction | ast.Conjunction) -> list[ast.Expr]:
+    """The operands, left to right, of the chain of ``expr``'s operator (disjunctions, or
+    untimed conjunctions) at ``expr``, through every nested node of it; iterative."""
+    def same(node: ast.Expr) -> bool:
+        return isinstance(node, ast.Disjunction) if isinstance(expr, ast.Disjunction) else (
+            isinstance(node, ast.Conjunction) and node.span is None)
+
+    out: list[ast.Expr] = []
+    stack: list[ast.Expr] = [expr]
+    while stack:
+        node = stack.pop()
+        if same(node):
+            assert isinstance(node, (ast.Disjunction, ast.Conjunction))
+            stack.extend([node.right.expr, node.left.expr])
+        else:
+            out.append(node)
+    return out
 
 
 class FilterLanguage:

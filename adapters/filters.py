@@ -5,6 +5,8 @@ Conditions compare one attribute path (``type``, ``source``, ``subject``, ``data
 JSON literal: ``=  !=  <  <=  >  >=  in [...]``, joined by ``&``, ``|``, ``!`` and parentheses.
 They compile to the profile language's predicate AST, so comparisons mean exactly what they
 mean in an EVA class (a number never equals a string; ordering only within numbers or strings).
+A chain ``a & b & c`` (or ``|``) is n-ary: one node of the parse tree however long, built as a
+balanced tree of binary ``and``s, so no stage recurses per term.
 """
 
 from __future__ import annotations
@@ -14,15 +16,15 @@ from typing import Any
 
 from lark import Token, Transformer
 
-from adapters.native import number_token, string_token
+from adapters.native import balanced, number_token, string_token
 from mediator.eva import ast
 from mediator.eva.classes import resolve
 
 FILTER_GRAMMAR = r"""
 filter: "[" cond "]"
-?cond: cond "|" conj -> c_or
+?cond: conj ("|" conj)+ -> c_or
      | conj
-?conj: conj "&" neg -> c_and
+?conj: neg ("&" neg)+ -> c_and
      | neg
 ?neg: "!" neg -> c_not
     | atom
@@ -59,10 +61,10 @@ class FilterBuild(Transformer[Any, Any]):
         return {"TRUE": True, "FALSE": False}.get(token.type)  # NULL: None
 
     def c_or(self, items: list[Any]) -> ast.Predicate:
-        return ast.Or(items[0], items[1])
+        return balanced(items, ast.Or)
 
     def c_and(self, items: list[Any]) -> ast.Predicate:
-        return ast.And(items[0], items[1])
+        return balanced(items, ast.And)
 
     def c_not(self, items: list[Any]) -> ast.Predicate:
         return ast.Not(items[0])
@@ -79,8 +81,27 @@ def _literal(value: object) -> str:
     return json.dumps(value)
 
 
-def condition_text(pred: ast.Predicate, top: bool = False) -> str:
-    """An inlined predicate in filter notation, parenthesised below the top."""
+def operands(pred: ast.Predicate) -> list[ast.Predicate]:
+    """The operands of the ``and`` (or ``or``) chain at ``pred``, left to right, through every
+    nested node of the same operator however the chain is bracketed (iterative: it may be
+    long). Both operators are associative, so the chain may be written flat."""
+    kind = type(pred)
+    out: list[ast.Predicate] = []
+    stack = [pred]
+    while stack:
+        node = stack.pop()
+        if type(node) is kind and isinstance(node, (ast.And, ast.Or)):
+            stack.extend([node.right, node.left])
+        else:
+            out.append(node)
+    return out
+
+
+def condition_text(pred: ast.Predicate) -> str:
+    """An inlined predicate in filter notation, with as few brackets as the grammar allows
+    (each bracket is a level of nesting, bounded for a native query): a chain is written flat,
+    ``a & b & c``; an ``|`` chain is bracketed within ``&`` (which binds tighter) and a chain
+    below ``!``."""
     if isinstance(pred, ast.Compare):
         if pred.op == "in":
             assert isinstance(pred.value, tuple)
@@ -88,16 +109,18 @@ def condition_text(pred: ast.Predicate, top: bool = False) -> str:
         op = "=" if pred.op == "==" else pred.op
         return f"{pred.path} {op} {_literal(pred.value)}"
     if isinstance(pred, ast.Not):
-        return f"!({condition_text(pred.operand)})"
+        inner = condition_text(pred.operand)
+        return f"!{inner}" if isinstance(pred.operand, (ast.Compare, ast.Not)) else f"!({inner})"
     if isinstance(pred, (ast.And, ast.Or)):
-        symbol = "&" if isinstance(pred, ast.And) else "|"
-        text = f"{condition_text(pred.left)} {symbol} {condition_text(pred.right)}"
-        return text if top else f"({text})"
+        conjunction = isinstance(pred, ast.And)
+        parts = [f"({condition_text(p)})" if conjunction and isinstance(p, ast.Or)
+                 else condition_text(p) for p in operands(pred)]
+        return (" & " if conjunction else " | ").join(parts)
     raise AssertionError(f"not inlined: {pred!r}")
 
 
 def filter_text(pred: ast.Predicate, classes: dict[str, ast.ClassDef]) -> str:
-    return f"[{condition_text(resolve(pred, classes), top=True)}]"
+    return f"[{condition_text(resolve(pred, classes))}]"
 
 
 TICK_TYPE = "eva.tick."

@@ -87,6 +87,12 @@ class Evaluator(Protocol):
         """No event at or before ``time`` will come: clock-driven detections up to it."""
         ...
 
+    def next_instant(self) -> int | None:
+        """The earliest time at which ``advance`` may report something (None: nothing until
+        the next event). A caller that runs the clock across a quiet gap need not stop before
+        it, so the gap costs what the evaluator reports, not its length."""
+        ...
+
 
 class Query(Protocol):
     @property
@@ -112,14 +118,22 @@ class Language(Protocol):
         ...
 
 
-def run(query: Query, events: Iterable[Event], until: int | None = None) -> list[Detection]:
-    """A whole trace through one evaluator, in order; the clock runs to ``until`` at the end."""
+def run(query: Query, events: Iterable[Event], until: int | None = None,
+        rejected: Callable[[Event, EventRejected], None] | None = None) -> list[Detection]:
+    """A whole trace through one evaluator, in order; the clock runs to ``until`` at the end.
+    An event the evaluator refuses is left out and the run goes on, as a base service does
+    (``rejected`` is told about it)."""
     evaluator = query.evaluator()
     out: list[Detection] = []
     last: int | None = None
     for event in events:
-        out.extend(evaluator.push(event))
-        last = event.time
+        try:
+            out.extend(evaluator.push(event))
+        except EventRejected as exc:
+            if rejected is not None:
+                rejected(event, exc)
+            continue
+        last = event.time if last is None else max(last, event.time)
     end = until if until is not None else last
     if end is not None:
         out.extend(evaluator.advance(end))
@@ -195,8 +209,11 @@ MAX_NESTING = 32
 and the evaluators recurse per level, and Python's stack is finite."""
 
 MAX_DEPTH = 128
-"""The parsed query is a tree at most this deep. A chain ``a ; b ; c`` or ``x AND y AND z`` is
-one level per operator, so this bounds what brackets alone do not."""
+"""The parsed query is a tree at most this deep. A chain of an operator the language treats as
+n-ary — CG-1's ``&``, ``|``, ``AND(…)``, ``OR(…)``, SQL's ``AND``, ``OR``, ``UNION ALL``,
+XChange's ``and{…}``, ``or{…}`` — is one level however long (it is read, built and evaluated
+without recursing per term); any other chain (Snoop's ``a ; b ; c``, ``NOT NOT …``) is a level
+per operator, so this bounds what brackets alone do not."""
 
 
 @dataclass(frozen=True)
@@ -296,16 +313,29 @@ def _string_end(text: str, start: int, lexical: Lexical) -> int:
 N = TypeVar("N")
 
 
-def too_deep(root: N, children: Callable[[N], Iterable[N]], limit: int = MAX_DEPTH) -> N | None:
+def too_deep(root: N, children: Callable[[N], Iterable[N]], limit: int = MAX_DEPTH,
+             chained: Callable[[N, N], bool] | None = None) -> N | None:
     """A node more than ``limit`` levels below ``root``, or None. Iterative: the tree may be far
-    deeper than Python's stack."""
+    deeper than Python's stack. ``chained(parent, child)``: the child continues its parent's
+    n-ary chain (``a AND b AND c`` parsed as ``(a AND b) AND c``), on the parent's level."""
     stack = [(root, 1)]
     while stack:
         node, depth = stack.pop()
         if depth > limit:
             return node
-        stack.extend((c, depth + 1) for c in children(node))
+        stack.extend((c, depth if chained is not None and chained(node, c) else depth + 1)
+                     for c in children(node))
     return None
+
+
+def balanced(items: list[N], join: Callable[[N, N], N]) -> N:
+    """The chain ``items[0] ∘ items[1] ∘ …`` of an associative operator as a balanced binary
+    tree, operands in order: log2(n) levels where the fold would be n − 1, so the evaluators,
+    which recurse per level, take an n-ary chain of any length."""
+    while len(items) > 1:
+        joined = [join(items[i], items[i + 1]) for i in range(0, len(items) - 1, 2)]
+        items = joined + items[len(items) - len(items) % 2:]
+    return items[0]
 
 
 def depth_error(language: str, text: str, line: int, column: int) -> NativeQueryError:

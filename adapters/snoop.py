@@ -28,7 +28,7 @@ from typing import Any
 from lark import Lark, Transformer
 
 from adapters.filters import TICK_TYPE
-from adapters.native import Detection, Unrenderable, parse_lark
+from adapters.native import Detection, Unrenderable, balanced, parse_lark
 from mediator.eva import ast
 from mediator.eva.classes import required_types
 from mediator.eva.events import Event
@@ -303,6 +303,9 @@ class Evaluator:
     def advance(self, time: int) -> list[Detection]:
         return []
 
+    def next_instant(self) -> int | None:
+        return None  # no clock-driven work: a quiet gap costs nothing
+
 
 @dataclass(frozen=True)
 class SnoopQuery:
@@ -370,13 +373,38 @@ class SnoopLanguage:
             types = leaf_types(expr, doc)
             if not types:
                 raise Unrenderable(f"class {expr.name} names no event type")
-            names = [_name(t) for t in sorted(types)]
-            return names[0] if len(names) == 1 else "(" + " OR ".join(names) + ")"
+            text, several = balanced([(_name(t), False) for t in sorted(types)], _or)
+            return f"({text})" if several else text
         if isinstance(expr, ast.Disjunction):
             op = "OR"
         elif isinstance(expr, (ast.Conjunction, ast.Sequence)) and expr.span is None:
             op = "AND" if isinstance(expr, ast.Conjunction) else ";"
         else:
             raise Unrenderable(f"Snoop cannot state {type(expr).__name__.lower()} with a frame")
-        text = f"{self._expr(expr.left.expr, doc)} {op} {self._expr(expr.right.expr, doc)}"
+        if isinstance(expr, ast.Disjunction):
+            # OR — a union in every context — is associative: a chain of them, however it
+            # nests, is written as a balanced tree, log2(n) levels of Snoop's binary OR (each a
+            # level of the query's bounded depth) where the chain would be n − 1.
+            text, _ = balanced([(self._expr(e, doc), False) for e in _or_chain(expr)], _or)
+        else:  # read left-associatively at one precedence: a left operand needs no brackets
+            text = (f"{self._expr(expr.left.expr, doc, top=True)} {op} "
+                    f"{self._expr(expr.right.expr, doc)}")
         return text if top else f"({text})"
+
+
+def _or(left: tuple[str, bool], right: tuple[str, bool]) -> tuple[str, bool]:
+    """``left OR right`` (texts, and whether each is such an OR): the right one bracketed."""
+    return (f"{left[0]} OR ({right[0]})" if right[1] else f"{left[0]} OR {right[0]}"), True
+
+
+def _or_chain(expr: ast.Disjunction) -> list[ast.Expr]:
+    """The operands, left to right, of the chain of disjunctions at ``expr``; iterative."""
+    out: list[ast.Expr] = []
+    stack: list[ast.Expr] = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Disjunction):
+            stack.extend([node.right.expr, node.left.expr])
+        else:
+            out.append(node)
+    return out

@@ -42,7 +42,7 @@ from sqlglot.errors import ParseError, SqlglotError
 from sqlglot.tokenizer_core import TokenType
 from sqlglot.tokens import Tokenizer
 
-from adapters.filters import TICK_TYPE
+from adapters.filters import TICK_TYPE, operands
 from adapters.native import (
     Detection,
     EventRejected,
@@ -145,6 +145,28 @@ def _or3(a: bool | None, b: bool | None) -> bool | None:
     if a is True or b is True:
         return True
     return None if a is None or b is None else False
+
+
+def _chain3(checks: list[Value], row: Row, decisive: bool) -> bool | None:
+    """A chain in three-valued logic: ``decisive`` if one check is (False for ``AND``, True for
+    ``OR``; a check has no side effects, so the first one decides), else unknown if one is."""
+    unknown = False
+    for check in checks:
+        truth = check(row)
+        if truth is decisive:
+            return decisive
+        unknown = unknown or truth is None
+    return None if unknown else not decisive
+
+
+def _all3(checks: list[Value], row: Row) -> bool | None:
+    """``c1 AND c2 AND …``."""
+    return _chain3(checks, row, False)
+
+
+def _any3(checks: list[Value], row: Row) -> bool | None:
+    """``c1 OR c2 OR …``."""
+    return _chain3(checks, row, True)
 
 
 def _in3(subject: Any, options: list[Any]) -> bool | None:
@@ -307,11 +329,12 @@ class _Compiler:
     def condition(self, node: exp.Expression) -> Value:
         if isinstance(node, exp.Paren):
             return self.condition(node.this)
-        if isinstance(node, (exp.And, exp.Or)):
-            left, right = self.condition(node.this), self.condition(node.expression)
-            if isinstance(node, exp.And):
-                return lambda row: _and3(left(row), right(row))
-            return lambda row: _or3(left(row), right(row))
+        if isinstance(node, exp.And):  # a chain, however long, as one n-ary check
+            every = [self.condition(c) for c in _chain(node, exp.And)]
+            return lambda row: _all3(every, row)
+        if isinstance(node, exp.Or):
+            some = [self.condition(c) for c in _chain(node, exp.Or)]
+            return lambda row: _any3(some, row)
         if isinstance(node, exp.Not):
             inner = self.condition(node.this)
             return lambda row: _not3(inner(row))
@@ -379,18 +402,28 @@ def _unwrap(node: exp.Expression) -> exp.Expression:
     return node
 
 
-def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
-    """The operands of a (parenthesised) AND chain, left to right; iterative, as a chain may be
-    long."""
+def _chain(node: exp.Expression, kind: type[exp.And | exp.Or]) -> list[exp.Expression]:
+    """The operands of a (parenthesised) AND (or OR) chain, left to right; iterative, as a
+    chain may be long (sqlglot reads ``a AND b AND c`` as ``(a AND b) AND c``)."""
     out: list[exp.Expression] = []
     stack = [node]
     while stack:
         item = _unwrap(stack.pop())
-        if isinstance(item, exp.And):
+        if isinstance(item, kind):
             stack.extend([item.expression, item.this])
         else:
             out.append(item)
     return out
+
+
+def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
+    return _chain(node, exp.And)
+
+
+def _chained(parent: exp.Expression, child: exp.Expression) -> bool:
+    """``child`` continues ``parent``'s chain of AND, OR or UNION ALL: the same level of the
+    query (each is compiled as one n-ary node)."""
+    return type(child) is type(parent) and isinstance(parent, (exp.And, exp.Or, exp.Union))
 
 
 def _only(node: exp.Expression, allowed: set[str]) -> None:
@@ -690,6 +723,9 @@ class Evaluator:
     def advance(self, time: int) -> list[Detection]:
         return []
 
+    def next_instant(self) -> int | None:
+        return None  # no clock-driven work: a quiet gap costs nothing
+
 
 def _rows(branch: _Branch, candidates: list[list[Event]]) -> list[Row]:
     out: list[Row] = []
@@ -748,7 +784,18 @@ def _column(alias: str, path: str) -> str:
 
 def _condition(pred: ast.Predicate, alias: str) -> str | None:
     """The predicate as SQL, widened where SQL's NULL logic differs from EVA's (negative tests
-    are dropped — the mediator re-applies the exact class to what comes back). None = TRUE."""
+    are dropped — the mediator re-applies the exact class to what comes back). None = TRUE.
+    Written to be an operand of AND: chains flat (``x AND y AND z``, which the parser and the
+    evaluator take as one n-ary node however long), an OR chain in parentheses."""
+    found = _sql_condition(pred, alias)
+    if found is None:
+        return None
+    text, disjunction = found
+    return f"({text})" if disjunction else text
+
+
+def _sql_condition(pred: ast.Predicate, alias: str) -> tuple[str, bool] | None:
+    """(text, whether it is an OR chain) or None (TRUE), unbracketed."""
     if isinstance(pred, ast.Compare):
         if pred.op in ("!=",) or pred.value is None or (
                 pred.op == "in" and not all(isinstance(v, (str, int, float)) for v in
@@ -757,20 +804,22 @@ def _condition(pred: ast.Predicate, alias: str) -> str | None:
         column = _column(alias, pred.path)
         if pred.op == "in":
             assert isinstance(pred.value, tuple)
-            return f"{column} IN ({', '.join(_literal(v) for v in pred.value)})"
+            return f"{column} IN ({', '.join(_literal(v) for v in pred.value)})", False
         op = "=" if pred.op == "==" else pred.op
-        return f"{column} {op} {_literal(pred.value)}"
+        return f"{column} {op} {_literal(pred.value)}", False
     if isinstance(pred, ast.Not):
         return None
     assert isinstance(pred, (ast.And, ast.Or))
-    left, right = _condition(pred.left, alias), _condition(pred.right, alias)
-    if isinstance(pred, ast.And):
-        if left is None or right is None:
-            return left or right
-        return f"({left} AND {right})"
-    if left is None or right is None:
+    parts = [_sql_condition(p, alias) for p in operands(pred)]
+    if isinstance(pred, ast.And):  # a dropped (TRUE) conjunct leaves the others
+        kept = [p for p in parts if p is not None]
+        if len(kept) <= 1:
+            return kept[0] if kept else None
+        return " AND ".join(f"({t})" if disjunction else t for t, disjunction in kept), False
+    texts = [p[0] for p in parts if p is not None]
+    if len(texts) < len(parts):  # a TRUE disjunct: the whole is TRUE
         return None
-    return f"({left} OR {right})"
+    return " OR ".join(texts), True  # AND binds tighter than OR: no brackets for its chains
 
 
 def _interval(micros: int) -> str:
@@ -862,7 +911,7 @@ class SqlLanguage:
     def parse(self, text: str) -> SqlQuery:
         check_text(self.name, text, _SQL)
         tree = _parse_sql(self.name, text)
-        deep = too_deep(tree, lambda node: list(node.iter_expressions()))
+        deep = too_deep(tree, lambda node: list(node.iter_expressions()), chained=_chained)
         if deep is not None:
             raise depth_error(self.name, text, *_where(deep, text))
         try:
@@ -876,6 +925,12 @@ class SqlLanguage:
         parts = _parts(expr, doc)
         width = max(len(p.leaves) for p in parts)
         text = " UNION ALL ".join(_select(p, width) for p in parts)
+        try:
+            check_text(self.name, text, _SQL)
+        except NativeQueryError:
+            # Over a limit of the language (sqlglot would recurse out of stack on 50 brackets):
+            # left as written; the service refuses it, naming the limit, when it is asked.
+            return text
         return sqlglot.parse_one(text).sql()  # printed by sqlglot: normalised, valid SQL
 
 

@@ -378,6 +378,9 @@ class Evaluator:
     def advance(self, time: int) -> list[Detection]:
         return []
 
+    def next_instant(self) -> int | None:
+        return None  # no clock-driven work: a quiet gap costs nothing
+
 
 @dataclass(frozen=True)
 class XChangeQuery:
@@ -452,15 +455,42 @@ class XChangeLanguage:
         return XChangeQuery(text, query)
 
     def render(self, expr: ast.Expr, doc: ast.Document) -> str:
+        """A chain of EVA operators as one n-ary XChange query where XChange's reads the same
+        (see :func:`_chain`): one bracket deep instead of one per operator."""
         if isinstance(expr, ast.Prim):
             return term_text(expr, doc)
         if not isinstance(expr, (ast.Disjunction, ast.Conjunction, ast.Sequence)):
             raise Unrenderable(f"XChange cannot state EVA's {type(expr).__name__.lower()}")
-        left, right = self.render(expr.left.expr, doc), self.render(expr.right.expr, doc)
-        if isinstance(expr, ast.Disjunction):
-            return f"or{{{left}, {right}}}"
-        if not isinstance(expr, (ast.Conjunction, ast.Sequence)) or expr.span is None:
+        if not isinstance(expr, ast.Disjunction) and expr.span is None:
             raise Unrenderable("XChange needs a temporal restriction on every composite query")
-        body = f"and{{{left}, {right}}}" if isinstance(expr, ast.Conjunction) else \
-            f"andthen[{left}, {right}]"
+        inner = ", ".join(self.render(e, doc) for e in _chain(expr))
+        if isinstance(expr, ast.Disjunction):
+            return f"or{{{inner}}}"
+        assert expr.span is not None
+        body = f"and{{{inner}}}" if isinstance(expr, ast.Conjunction) else f"andthen[{inner}]"
         return f"{body} within {format_span(expr.span)}"
+
+
+def _chain(expr: ast.Disjunction | ast.Conjunction | ast.Sequence) -> list[ast.Expr]:
+    """The operands, left to right, of the chain at ``expr``, iteratively: through nested
+    disjunctions for ``or{…}``; for ``and{…}``/``andthen[…]`` through nested conjunctions
+    (sequences) whose span is at least ``expr``'s. All three are associative in XChange
+    (``andthen[andthen[a, b], c]``, ``andthen[a, andthen[b, c]]`` and ``andthen[a, b, c]``
+    order a before b before c alike), and the outer ``within d`` bounds every part of an
+    answer by d, so an inner ``within`` of d or more says nothing more."""
+    def same(node: ast.Expr) -> bool:
+        if isinstance(expr, ast.Disjunction):
+            return isinstance(node, ast.Disjunction)
+        return (type(node) is type(expr) and isinstance(node, (ast.Conjunction, ast.Sequence))
+                and node.span is not None and expr.span is not None and node.span >= expr.span)
+
+    out: list[ast.Expr] = []
+    stack: list[ast.Expr] = [expr]
+    while stack:
+        node = stack.pop()
+        if same(node):
+            assert isinstance(node, (ast.Disjunction, ast.Conjunction, ast.Sequence))
+            stack.extend([node.right.expr, node.left.expr])
+        else:
+            out.append(node)
+    return out

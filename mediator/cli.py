@@ -28,6 +28,7 @@ from mediator.eva.parser import ProfileError, parse
 from mediator.eva.reference import Notification
 from mediator.eva.retention import retention
 from mediator.eva.units import format_span, parse_span
+from mediator.eva.validate import MAX_DOCUMENT_BYTES
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="The EVA event mediator: check profiles, replay event traces.")
@@ -60,8 +61,10 @@ def _options(
 
 def _load(path: Path) -> ast.Document:
     try:
-        # Bytes: the parser reports a byte that is not UTF-8 at its line and column.
-        source = path.read_bytes()
+        # Bytes: the parser reports a byte that is not UTF-8 at its line and column. One byte
+        # past the limit is enough for the parser to refuse a file without reading it whole.
+        with path.open("rb") as file:
+            source = file.read(MAX_DOCUMENT_BYTES + 1)
     except OSError as exc:
         err.print(f"[red]error:[/] cannot read {path}: {exc.strerror}")
         raise typer.Exit(2) from None
@@ -145,8 +148,10 @@ def replay(
     tick: Annotated[str, typer.Option(help="Default clock granularity for negations.")] = "1s",
     lateness: Annotated[str, typer.Option(help="Allowed lateness per source.")] = "0s",
     horizon: Annotated[str, typer.Option(help="How far ahead of the newest event time an event "
-                                              "may lie; further ones are dead letters "
-                                              "(future). 'inf': no limit.")] = "1d",
+                                              "may lie; a further one is held until the next "
+                                              "event (or --until) confirms the jump, else it "
+                                              "is a dead letter (future). 'inf': no limit.")
+                       ] = "1d",
     until: Annotated[str | None, typer.Option(help="End of the trace (RFC 3339); default: the "
                                                    "last event's time.")] = None,
     summary: Annotated[bool, typer.Option(help="Print a count per profile to stderr.")] = False,
@@ -207,14 +212,11 @@ def replay(
                           remember=_longest_retention(doc, profile))
     on_spark = engine_name == "spark"
     letters = 0
-    refused: set[int] = set()  # events dead-lettered (late, future, duplicate)
     sink: TextIO = sys.stderr
 
     def on_dead(letter: DeadLetter) -> None:
         nonlocal letters
         letters += 1
-        if letter.event is not None:
-            refused.add(id(letter.event))
         sink.write(json.dumps(dead_letter_record(letter)) + "\n")
 
     # The horizon is an admission rule: engines that evaluate what this one admitted (Spark's,
@@ -224,6 +226,10 @@ def replay(
         engine.add_document(doc, profile or None)
     counts: Counter[str] = Counter()
     admitted: list[Event] = []
+    if via is not None or on_spark:
+        # Filled by the engine as it admits: an event held beyond the horizon is decided by
+        # the next one, so "refused or not" is not known when a line is pushed.
+        engine.admitted = admitted
 
     def emit(notifications: list[Notification]) -> None:
         for n in notifications:
@@ -235,14 +241,14 @@ def replay(
             sink = stack.enter_context(open(dead_letter, "w", encoding="utf-8"))
         for number, line in _event_lines(events, stack):
             try:
-                event = from_json_line(line, seq=len(admitted))
+                event = from_json_line(line, seq=number)
             except EventError as exc:
                 engine.malformed(f"line {number}: {exc}", _raw(line))
                 continue
             emit(engine.push(event))
-            if id(event) not in refused:
-                admitted.append(event)
         emit(engine.close(end))
+    # Numbered in arrival order, as the in-process engine numbers the events it admits.
+    admitted = [replace(e, seq=seq) for seq, e in enumerate(admitted)]
     if via is not None:
         for n in _replay_via(via, doc, profile or None, admitted, config, engine.origin, end,
                              service):
@@ -324,8 +330,10 @@ def _replay_via(group: str, doc: ast.Document, profiles: list[str] | None, event
                 config: EngineConfig, start: int | None, end: int | None,
                 address: str | None) -> list[Notification]:
     """``start``: where the admitting engine's clock started, so both paths share it."""
+    from rich.markup import escape
+
     from adapters.registry import language
-    from mediator.federation import via
+    from mediator.federation import PushRefused, via
 
     try:
         out, _, _ = via(language(group, config.tick), doc, events, profiles=profiles, start=start,
@@ -333,6 +341,9 @@ def _replay_via(group: str, doc: ast.Document, profiles: list[str] | None, event
                         transport=_transport(group, config.tick, address))
     except ConnectionError as exc:
         err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    except PushRefused as exc:  # a limit of the native language: one line, no traceback
+        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
     return out
 

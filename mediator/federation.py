@@ -15,6 +15,10 @@ Notification transformation, by what the service's answer is:
   conjunction): the EVA expression is re-run on the events the notifications contain. At set
   semantics a composite depends only on its own constituents, so this is exact; for a positive
   rule it is the post-filter that restores the original parameters.
+
+A service may refuse the query a pushed subtree renders as: a native language has its own
+limits (size, nesting; docs/backends.md, Limits), narrower in places than EVA's. That is
+:class:`PushRefused`, naming the profile, the group and the service's own message.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from adapters.filters import TICK_TYPE
-from adapters.native import Detection, Language, Unrenderable, native_text, run
+from adapters.native import Detection, Language, NativeQueryError, Unrenderable, native_text, run
 from adapters.peer import PeerLanguage, occurrence
 from mediator.eva import ast
 from mediator.eva import reference as ref
@@ -47,6 +51,11 @@ def in_process(language: Language) -> Transport:
         return run(language.parse(text), events, until)
 
     return evaluate
+
+
+class PushRefused(ValueError):
+    """The service refused a query the mediator would subscribe for a profile (one of its
+    language's limits): the profile cannot be evaluated through this group."""
 
 
 @dataclass
@@ -88,7 +97,15 @@ class Federation:
             if not isinstance(self.language, PeerLanguage):
                 events += self._ticks(expr)
             events.sort(key=lambda e: (e.time, e.id.startswith("tick:"), e.seq))
-            self.queries[text] = self.transport(text, events, self.end)
+            try:
+                self.queries[text] = self.transport(text, events, self.end)
+            except NativeQueryError as exc:
+                name = self.profile.name if self.profile is not None else "?"
+                raise PushRefused(
+                    f"profile {name}: the {self.language.group} service ({exc.language}) refuses "
+                    f"the query the mediator would subscribe for it: {exc.message} (see "
+                    f"docs/backends.md, Limits; 'evamed explain --group {self.language.group}' "
+                    "shows the query)") from None
             self.rendered.append(text)
         return self.queries[text]
 

@@ -38,7 +38,7 @@ from mediator.eva.events import Event, EventError, from_json_line
 from mediator.eva.notify import composite_line, dead_letter_record
 from mediator.eva.semantics import Notification
 from mediator.eva.snapshot import FORMAT as SNAPSHOT_FORMAT
-from mediator.eva.snapshot import SnapshotError, restore, snapshot
+from mediator.eva.snapshot import MAX_STATE_BYTES, SnapshotError, inflate, restore, snapshot
 from spark_jobs.routing import config_tuple, document, event_matchers, memberships
 
 __all__ = ["CheckpointError", "LayoutError", "Registration", "StreamJob", "anchor_line",
@@ -228,23 +228,34 @@ def refusal(exc: BaseException) -> str | None:
     return found.group(1).strip() if found else None
 
 
-def _pack(rows: list[tuple[int, str]], watermark: int | None) -> bytes:
+def _pack(rows: list[tuple[int, str]], watermark: int | None) -> bytes | None:
+    """A log entry; None if its text is over MAX_STATE_BYTES, which ``_unpack`` refuses (the
+    call then writes a snapshot instead)."""
     # Data only (JSON), like the engine snapshots: a checkpoint must not be able to run code.
-    return zlib.compress(json.dumps([watermark, rows], separators=(",", ":")).encode(), 1)
+    text = json.dumps([watermark, rows], separators=(",", ":")).encode()
+    return zlib.compress(text, 1) if len(text) <= MAX_STATE_BYTES else None
 
 
 def _unpack(blob: bytes) -> tuple[int | None, list[tuple[int, str]]]:
-    try:
-        watermark, rows = json.loads(zlib.decompress(blob))
+    failure: str | None = None
+    try:  # inflate stops past MAX_STATE_BYTES: a zlib bomb is not inflated whole
+        watermark, rows = json.loads(inflate(blob))
         entries = [(seq, line) for seq, line in rows]
-    except (ValueError, TypeError, zlib.error) as exc:
-        raise CheckpointError(f"a log entry that is not this job's ({type(exc).__name__}: "
-                              f"{exc})") from None
-    if not (watermark is None or type(watermark) is int) or not all(
-            type(seq) is int and type(line) is str for seq, line in entries):
+    except Exception as exc:  # the trust boundary, as in snapshot.restore
+        # Bytes from the state store: besides ValueError and TypeError, JSON nested deeper than
+        # the stack is a RecursionError, and a huge document a MemoryError.
+        failure = f"{type(exc).__name__}: {str(exc)[:200]}"
+    if failure is not None:  # raised outside the handler: what was read is freed with it
+        raise CheckpointError(f"a log entry that is not this job's ({failure})")
+    if not (watermark is None or _int64(watermark)) or not all(
+            _int64(seq) and type(line) is str for seq, line in entries):
         raise CheckpointError("a log entry that is not this job's (expected [watermark, "
-                              "[[seq, line], …]])")
+                              "[[seq, line], …]] with 64-bit integers)")
     return watermark, entries
+
+
+def _int64(value: object) -> bool:
+    return type(value) is int and -(2**63) <= value < 2**63
 
 
 def composer_processor(job: StreamJob) -> Any:
@@ -323,12 +334,13 @@ def composer_processor(job: StreamJob) -> Any:
             if not waiting:  # anchors matter to an engine that has not begun only
                 rows = [row for row in rows if row[0] != ANCHOR]
             logged += len(rows) + 1
-            if logged >= job.log_rows:
+            packed = _pack(rows, watermark) if logged < job.log_rows else None
+            if packed is None:  # a long log, or an entry too large to read back: a snapshot
                 self.snap.update((snapshot(engine), entry.token))
                 self.log.clear()
                 logged = 0
             else:
-                self.log.appendList([(_pack(rows, watermark),)])
+                self.log.appendList([(packed,)])
             stamp = uuid.uuid4().hex
             self.head.update((stamp, entry.token, logged))
             _keep(key, stamp, engine)

@@ -206,6 +206,46 @@ def test_boolean_and_never_pairs_an_event_with_itself() -> None:
     assert "{a1,a1}@1" not in got and sorted(got) == ["{a1,a2}@2", "{a2,a1}@2"]
 
 
+@pytest.mark.parametrize("nested", ['AND(AND([type = "a"], [type = "b"]), [type = "c"])',
+                                    'AND([type = "a"], AND([type = "b"], [type = "c"]))'])
+def test_boolean_n_ary_and_or_are_the_nested_ones(nested: str) -> None:
+    """AND(q1, …, qn) and OR(…) take any number of operands (what the dialect writes for a
+    chain) and detect what either nesting does: both operators are associative."""
+    trace = trace_of("a1@1 c1@2 b1@3 a2@4 c2@5 b2@6")
+    flat = BooleanLanguage().parse('AND([type = "a"], [type = "b"], [type = "c"])')
+    assert sorted(ids(run(flat, trace))) == sorted(ids(run(BooleanLanguage().parse(nested), trace)))
+    assert len(run(flat, trace)) == 8
+    either = BooleanLanguage().parse('OR([type = "a"], OR([type = "b"], [type = "c"]), [type = "a"])')
+    assert ids(run(either, trace)) == [f"{{{e.id}}}@{e.time}" for e in trace]  # each once
+
+
+def test_a_long_chain_renders_flat_in_every_dialect() -> None:
+    """Issue 11 review: a 40-term `and` chain in a class was rendered with a bracket per term,
+    past the native nesting limit (32). Now chains are flat, and every subquery of a profile
+    over a 99-term class (EVA's limit is 100 levels) and a 50-operand disjunction nested 49
+    deep (EVA's limit is 50) parses."""
+    chain = " and ".join(['type == "a"'] + [f"data.n > {-i}" for i in range(98)])
+    disjunction = "C"
+    for i in range(49):
+        disjunction = f"(all_dup({disjunction}) | all_dup({'BC'[i % 2]}))_all_pairs"
+    doc = parse(f'class A = {chain}\nclass B = type == "b"\nclass C = data.n == 1\n'
+                "profile S = ((all_dup(A); all_dup(B))_5s)_all_pairs\n"
+                f"profile D = {disjunction}\n")
+    for group in GROUPS:
+        lang = language(group)
+        for profile in doc.profiles:
+            for node in ast.walk(profile.expr):
+                try:
+                    text = lang.render(node, doc)
+                except Unrenderable:
+                    continue
+                lang.parse(text)
+    assert FilterLanguage().render(ast.Prim("A"), doc).startswith(
+        '[type = "a" & data.n > 0 & data.n > -1 & ')
+    where = SqlLanguage().render(ast.Prim("A"), doc).partition("WHERE")[2]
+    assert where.count(" AND ") == 98 and "(" not in where.replace("JSON_VALUE(", "")
+
+
 def test_sql_interval_join_and_union_all() -> None:
     q = SqlLanguage().parse(
         "SELECT a.id, b.id FROM a AS a JOIN b AS b ON b.time > a.time "

@@ -203,14 +203,9 @@ def _evil(marker: Path) -> bytes:
     return pickle.dumps(Payload())
 
 
-@pytest.mark.parametrize("part", ["snapshot", "log"])
-def test_tampered_checkpoint_state_is_refused_and_runs_no_code(tmp_path: Path,
-                                                               part: str) -> None:
-    """Whoever can write the checkpoint directory must not run code in the workers: state
-    is data only (JSON records), and a key whose snapshot or log is not the job's fails with
-    CheckpointError naming the key — the pickle in it is never unpickled."""
-    import zlib
-
+def _key_with_a_log(tmp_path: Path) -> tuple[_Handle, Any]:
+    """One key's state holding a snapshot and one log entry, and a call of the processor on it
+    (as on another worker, or after a restart: nothing cached)."""
     text = 'class A = type == "a"\nprofile S = A\n'
     table = str(tmp_path / "profiles.json")
     write_table(table, [Registration(text, None)])
@@ -228,6 +223,18 @@ def test_tampered_checkpoint_state_is_refused_and_runs_no_code(tmp_path: Path,
 
     call(rows[:1])
     call(rows[1:2])  # logged: the key now has a snapshot and a log entry
+    return handle, lambda: call(rows[2:])
+
+
+@pytest.mark.parametrize("part", ["snapshot", "log"])
+def test_tampered_checkpoint_state_is_refused_and_runs_no_code(tmp_path: Path,
+                                                               part: str) -> None:
+    """Whoever can write the checkpoint directory must not run code in the workers: state
+    is data only (JSON records), and a key whose snapshot or log is not the job's fails with
+    CheckpointError naming the key — the pickle in it is never unpickled."""
+    import zlib
+
+    handle, call = _key_with_a_log(tmp_path)
     marker = tmp_path / "ran"
     if part == "snapshot":
         token = handle.states["snapshot"].get()[1]
@@ -235,5 +242,53 @@ def test_tampered_checkpoint_state_is_refused_and_runs_no_code(tmp_path: Path,
     else:
         handle.states["log"].items[0] = (zlib.compress(_evil(marker)),)
     with pytest.raises(CheckpointError, match="profile S bucket 0 refused"):
-        call(rows[2:])
+        call()
     assert not marker.exists()
+
+
+def _inflating(head: bytes, spaces: int) -> bytes:
+    """``head`` then ``spaces`` spaces, compressed in chunks (a few KB however many)."""
+    import zlib
+
+    packer = zlib.compressobj(9)
+    body = packer.compress(head)
+    for _ in range(spaces >> 20):
+        body += packer.compress(b" " * (1 << 20))
+    return body + packer.flush()
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    (b"[" * 100_000 + b"]" * 100_000, "RecursionError"),
+    (b'[18446744073709551616,[[1,"{}"]]]', "with 64-bit integers"),
+    (b'[null,[[-9223372036854775809,"{}"]]]', "with 64-bit integers"),
+    (None, "inflates to more than 1,048,576 bytes"),
+])
+def test_a_log_entry_that_breaks_the_reader_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, entry: bytes | None,
+        message: str) -> None:
+    """Issue 11 review: JSON nested past the stack escaped _unpack as a RecursionError, and a
+    zlib bomb was inflated whole; both are now the key's CheckpointError, as is a watermark or
+    sequence number past 64 bits (which the engine's clock would take)."""
+    import zlib
+
+    from mediator.eva import snapshot as module
+
+    monkeypatch.setattr(module, "MAX_STATE_BYTES", 1 << 20)  # the bomb stays small
+    handle, call = _key_with_a_log(tmp_path)
+    blob = _inflating(b"[null,[]]", 64 << 20) if entry is None else zlib.compress(entry)
+    handle.states["log"].items[0] = (blob,)
+    with pytest.raises(CheckpointError, match="profile S bucket 0 refused") as caught:
+        call()
+    assert message in str(caught.value), str(caught.value)
+
+
+def test_a_log_entry_too_large_to_read_back_is_a_snapshot_instead(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """_unpack refuses an entry over MAX_STATE_BYTES, so the writer never logs one: such a call
+    writes the engine's snapshot instead (and the log starts afresh)."""
+    handle, _ = _key_with_a_log(tmp_path)
+    assert len(handle.states["log"].items) == 1 and handle.states["head"].get()[2] > 0
+    monkeypatch.setattr(streaming, "MAX_STATE_BYTES", 100)  # under one row's entry
+    (tmp_path / "small").mkdir()
+    handle, _ = _key_with_a_log(tmp_path / "small")
+    assert handle.states["log"].items == [] and handle.states["head"].get()[2] == 0

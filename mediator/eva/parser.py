@@ -553,6 +553,13 @@ class _Build(Transformer_NonRecursive[Token, Any]):
 def parse(source: str | bytes, filename: str = "<profiles>") -> ast.Document:
     """Parse and validate a profile document (text, or the bytes of a UTF-8 file); raises
     :class:`ProfileError`."""
+    from mediator.eva.validate import MAX_DOCUMENT_BYTES, validate
+
+    if len(source) > MAX_DOCUMENT_BYTES or (
+            isinstance(source, str) and len(source) * 4 > MAX_DOCUMENT_BYTES
+            and len(source.encode("utf-8", "surrogatepass")) > MAX_DOCUMENT_BYTES):
+        raise ProfileError(f"found a document of more than {MAX_DOCUMENT_BYTES:,} bytes, expected "
+                           "at most that (split it into several files)", 1, 1, "", filename)
     if isinstance(source, bytes):
         source = decode(source, filename)
     source = source.removeprefix("\ufeff")  # a byte-order mark some editors write
@@ -566,8 +573,6 @@ def parse(source: str | bytes, filename: str = "<profiles>") -> ast.Document:
         if isinstance(exc.orig_exc, ProfileError):
             raise exc.orig_exc from None
         raise
-    from mediator.eva.validate import validate
-
     problem = validate(doc)
     if problem is not None:
         message, line, column = problem

@@ -7,7 +7,10 @@ classes by name with their attribute values. Reading it creates nothing but the 
 allow-list below, sets nothing but the attributes those classes declare, and calls no code the
 data names: whoever can write a checkpoint can make an engine give wrong answers, but cannot
 run code in the workers (``pickle`` would let them). An unknown version, a class or attribute
-outside the list, or any malformed record is refused with :class:`SnapshotError`.
+outside the list, or any malformed record is refused with :class:`SnapshotError` — whatever
+goes wrong while reading (a number out of range, nesting too deep for the stack, memory) is one,
+never another exception. The state is at most :data:`MAX_STATE_BYTES` of JSON, decompressed
+within that bound, so a small zlib bomb cannot make the reader allocate more.
 
 Objects are written once and referred to by number after (``["r", n]``), so shared state (a
 profile in several indexes, an event in several occurrences) stays shared and cycles are kept.
@@ -24,6 +27,7 @@ import dataclasses
 import enum
 import json
 import operator
+import sys
 import zlib
 from collections import deque
 from collections.abc import Callable
@@ -43,8 +47,44 @@ another version is refused: its records may mean something else."""
 _MAGIC = b"evamed-engine-snapshot "
 
 
+MAX_STATE_BYTES = 64 * 1024 * 1024
+"""The most JSON text a snapshot (or a streaming log entry) may inflate to: 64 MiB. Real states
+are far smaller — the Spark benchmark's largest engine, all 50,000 events of a micro-batch
+buffered in one bucket (benchmarks/spark.py with --buckets 1), is 12 MB of JSON, 2 MB per
+bucket at the default 16 buckets — while a 200 KB zlib bomb inflates to 200 MB. Reading stops
+one byte past the bound, and :func:`snapshot` refuses to write a state over it (a snapshot that
+could not be read back would lose the state at the next restart)."""
+
+
 class SnapshotError(ValueError):
-    """Bytes that are not an engine snapshot this version can read."""
+    """Bytes that are not an engine snapshot this version can read (or, from :func:`snapshot`,
+    an engine state too large to be read back)."""
+
+
+def inflate(body: bytes) -> bytes:
+    """zlib-compressed ``body`` decompressed, at most :data:`MAX_STATE_BYTES`: the output stops
+    one byte past the bound, however far the input would inflate. ValueError naming what is
+    wrong — over the bound, truncated, trailing bytes, not zlib."""
+    bound = MAX_STATE_BYTES
+    inflater = zlib.decompressobj()
+    try:
+        text = inflater.decompress(body, bound + 1)
+    except zlib.error as exc:
+        raise ValueError(f"not zlib data ({exc})") from None
+    if len(text) > bound:
+        raise ValueError(f"it inflates to more than {bound:,} bytes, the most checkpoint state "
+                         "may hold (MAX_STATE_BYTES)")
+    if not inflater.eof:
+        raise ValueError("the compressed data is truncated")
+    if inflater.unused_data:
+        raise ValueError(f"{len(inflater.unused_data):,} bytes follow the compressed data")
+    return text
+
+
+def _brief(value: Any) -> str:
+    """A value from the data in a message: its repr, cut (an integer may have 4,300 digits)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "…"
 
 
 _X = ast.Prim("x")
@@ -224,8 +264,13 @@ def snapshot(engine: Engine) -> bytes:
         raise TypeError(f"engine attributes {sorted(extra)} are not covered by snapshots")
     writer = _Writer()
     root = writer.value(engine)
-    text = json.dumps({"classes": writer.classes, "root": root}, separators=(",", ":"))
-    return _MAGIC + str(FORMAT).encode() + b"\n" + zlib.compress(text.encode(), 1)
+    text = json.dumps({"classes": writer.classes, "root": root}, separators=(",", ":")).encode()
+    if len(text) > MAX_STATE_BYTES:
+        raise SnapshotError(f"the engine state is {len(text):,} bytes of JSON, over the "
+                            f"{MAX_STATE_BYTES:,} a snapshot may hold (MAX_STATE_BYTES, "
+                            "docs/spark.md): spread the keys over more buckets, or shorten the "
+                            "profiles' time frames")
+    return _MAGIC + str(FORMAT).encode() + b"\n" + zlib.compress(text, 1)
 
 
 class _Reader:
@@ -316,7 +361,11 @@ class _Reader:
         return made
 
     def r_deque(self, data: list[Any]) -> Any:
-        queue: deque[Any] = deque(maxlen=data[2])
+        bound = data[2]
+        if bound is not None and (type(bound) is not int or not 0 <= bound <= sys.maxsize):
+            raise SnapshotError(f"a deque bounded by {_brief(bound)}, expected none or a size "
+                                f"from 0 to {sys.maxsize}")
+        queue: deque[Any] = deque(maxlen=bound)
         self.put(data[1], queue)
         queue.extend(self.values(data[3:]))
         return queue
@@ -327,6 +376,8 @@ class _Reader:
             if not isinstance(pred, (ast.Compare, ast.And, ast.Or, ast.Not, ast.ClassRef)):
                 raise SnapshotError(f"class index entry {type(pred).__name__} is no predicate")
             index.add(pred, {})
+        if type(data[2]) is not int or data[2] < 0:
+            raise SnapshotError(f"class index test count {_brief(data[2])}, expected a count")
         index.tests = data[2]
         return index
 
@@ -354,9 +405,16 @@ class _Reader:
         return cls
 
 
+def _read(text: bytes) -> Any:
+    """What the records of a snapshot's (decompressed) text build."""
+    document = json.loads(text)
+    reader = _Reader(document.get("classes") if isinstance(document, dict) else None)
+    return reader.value(document["root"])
+
+
 def restore(data: bytes, dead_letter: Callable[[DeadLetter], None] | None = None) -> Engine:
     """The engine a snapshot holds; :class:`SnapshotError` if ``data`` is not a snapshot of
-    this format (nothing it names is run)."""
+    this format (nothing it names is run), whatever is wrong with it."""
     head, _, body = data.partition(b"\n")
     if data[:1] == b"\x80":
         raise SnapshotError("a pickled engine (snapshot format 1, written by an older evamed): "
@@ -370,14 +428,23 @@ def restore(data: bytes, dead_letter: Callable[[DeadLetter], None] | None = None
         raise SnapshotError(f"engine snapshot format {version!r}; this evamed reads format "
                             f"{FORMAT} only")
     try:
-        document = json.loads(zlib.decompress(body))
-        reader = _Reader(document.get("classes") if isinstance(document, dict) else None)
-        engine = reader.value(document["root"])
+        text = inflate(body)
+    except ValueError as exc:
+        raise SnapshotError(f"malformed engine snapshot: {exc}") from None
+    failure: str | None = None
+    try:
+        engine = _read(text)
     except SnapshotError:
         raise
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError, zlib.error,
-            RecursionError) as exc:
-        raise SnapshotError(f"malformed engine snapshot: {type(exc).__name__}: {exc}") from None
+    except Exception as exc:  # the trust boundary: see below
+        # The records drive constructors and setattr on the engine's (possibly compiled)
+        # classes, so a crafted value can fail anywhere, in any way: OverflowError (an integer
+        # past 64 bits), RecursionError (nesting deeper than the stack), MemoryError, ... All
+        # of it is bytes that are not a snapshot this version wrote. (Exception covers the
+        # last two; only BaseException's exits — KeyboardInterrupt, SystemExit — go through.)
+        failure = f"{type(exc).__name__}: {str(exc)[:200]}"
+    if failure is not None:  # raised outside the handler: what was read is freed with it
+        raise SnapshotError(f"malformed engine snapshot: {failure}")
     if type(engine) is not Engine:
         raise SnapshotError(f"the snapshot holds a {type(engine).__name__}, not an engine")
     engine.dead_letter = dead_letter or (lambda _: None)

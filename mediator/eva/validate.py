@@ -26,6 +26,12 @@ MAX_EXPRESSION_DEPTH = 50
 MAX_EXPRESSION_OPERATORS = 1_000
 """Operators in a profile's expression: every partition of the profile holds one node per
 operator."""
+MAX_IN_VALUES = 10_000
+"""Values in one ``in [...]`` list: a larger set is data, better kept in a class per group or in
+the events themselves (a 2.4 MB list took 6.9 s and 288 MB to read)."""
+MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
+"""A profile document's size, checked before parsing: reading takes about 120 bytes of memory
+per byte of text, so this bounds one file at about 2 GB; 16 MiB holds over 10^5 profiles."""
 
 
 _TWO_DIGITS = re.compile(r"[0-9]{1,2}")  # ASCII only: str.isdigit() also takes '²'
@@ -49,6 +55,18 @@ def refs(pred: ast.Predicate) -> list[str]:
             out.append(node.name)
         stack.extend(reversed(_pred_children(node)))
     return out
+
+
+def _long_list(pred: ast.Predicate) -> int:
+    """The length of the longest ``in [...]`` list in a predicate (0 if none)."""
+    longest = 0
+    stack = [pred]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Compare) and node.op == "in" and isinstance(node.value, tuple):
+            longest = max(longest, len(node.value))
+        stack.extend(_pred_children(node))
+    return longest
 
 
 def _measure(pred: ast.Predicate, inlined: dict[str, tuple[int, int]]) -> tuple[int, int]:
@@ -132,6 +150,10 @@ def validate(doc: ast.Document) -> tuple[str, int, int] | None:
         problem = _limits(cls.name, *_measure(cls.body, {}))
         if problem:
             return (problem, cls.line, cls.column)
+        values = _long_list(cls.body)
+        if values > MAX_IN_VALUES:
+            return (f"found an 'in' list of {values:,} values in class {cls.name!r}, expected at "
+                    f"most {MAX_IN_VALUES:,}", cls.line, cls.column)
         names = refs(cls.body)
         for ref in names:
             if ref not in classes:
