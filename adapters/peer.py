@@ -151,13 +151,22 @@ class Evaluator:
         completes), None if it does not: the engine's own frontier — every source's newest
         time, this event's included, less the allowed lateness, less one. A service may run
         the clock there in slices before the push; further would declare the instants of a
-        lagging source complete, which the push itself does not."""
+        lagging source complete, which the push itself does not. None too for an event the
+        engine would refuse (``admits``): its push moves no clock, so nothing may move it
+        before (a refused copy of an event hours later stepped the clock past a pending
+        absence, and the real event that came next was late)."""
         newest = self._newest
         own = newest.get(event.source)
         if self._engine.origin is None or (own is not None and event.time <= own):
             return None  # the first event starts the clock; a source's older event moves nothing
+        if not self.admits(event):
+            return None
         times = [t for s, t in newest.items() if s != event.source]
         return min([event.time, *times]) - self._lateness - 1
+
+    def admits(self, event: Event) -> bool:
+        """Whether the engine's ``push`` would admit ``event`` now (no side effects)."""
+        return self._engine.would_admit(event)
 
     def _report(self, letters: list[DeadLetter]) -> None:
         """Dead letters that are not about the pushed event (``state_cap``: the engine evicted

@@ -15,9 +15,11 @@ Robustness (docs/backends.md): a bad query ends its Subscribe with INVALID_ARGUM
 message and the position as a ``google.rpc.BadRequest`` field violation, never UNKNOWN; a query
 over ``MAX_QUERY_BYTES`` is refused before parsing; a malformed event, or one an evaluator
 refuses (``EventRejected``), is counted in ``PublishReply.rejected`` and the batch goes on; an
-``advance_to_us`` moves a clock at most ``max_advance``; a quiet gap before an event is stepped
-by the service itself; the clock moves in slices of ``slice`` that skip to the evaluator's next
-instant, so a gap costs what it reports and its detections never pile up; each subscription's
+``advance_to_us`` moves a clock at most ``max_advance``; a gap before an event is stepped by the
+service itself, unless its clock-driven work covers more than ``max_advance`` (``clock_jump``),
+and not at all for an event the evaluator would refuse; the clock moves in slices of
+``slice`` that skip to the evaluator's next instant, so a gap costs what it reports and its
+detections never pile up; each subscription's
 queue is bounded: a publisher waits for a subscriber that is reading (back-pressure, before it
 takes the order lock), never for one that has read nothing for ``stall_timeout`` — that one is
 dropped with RESOURCE_EXHAUSTED once its queue is full, so it cannot stall the others;
@@ -72,9 +74,12 @@ slice's detections are queued before the next one is computed, so a long step ne
 them up in memory, and the loop is yielded to between slices."""
 YIELD_SECONDS = 0.005
 """Evaluation gives the event loop a turn at least this often (other clients' calls run)."""
-STALL_SECONDS = 1.0
+STALL_SECONDS = 10.0
 """A subscriber that has read nothing for this long is not waited for: once its queue is full it
-is dropped (a reader that is reading, however slowly, is waited for: back-pressure)."""
+is dropped (a reader that is reading, however slowly, is waited for: back-pressure). Ten
+seconds, not one: a reader slower than a message a second, or a GC or network pause while its
+queue is full, is not a dead reader; the cost is that a dead one holds the publishers that
+long, once (``--stall-timeout``)."""
 MAX_SHOWN = 160
 """Characters of a query line and of a parser message an error echoes: the message travels in
 gRPC metadata (8 KB by default), so a long line is cut around the position."""
@@ -333,7 +338,10 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
         event's own push would (``reach``; an evaluator without it: to just before the event,
         events being taken in the order published). A quiet gap is no clock jump to refuse;
         stepping it here, in slices, queues its detections slice by slice and yields to the
-        loop, where the push would compute them all at once."""
+        loop, where the push would compute them all at once. ``reach`` is None for an event
+        the evaluator would refuse (a duplicate, a late event): a refused event moves no
+        clock. A gap whose clock-driven work runs longer than ``max_advance`` is refused
+        (``clock_jump``, see ``_run_clock``)."""
         if sub.clock is None:
             return ""  # the first event starts the evaluator's clock
         reach = getattr(sub.evaluator, "reach", None)
@@ -347,11 +355,18 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
         before the next is computed. A slice starts at the evaluator's next instant
         (``next_instant``): a quiet gap costs what it reports, not its length (an evaluator
         that cannot tell is stepped slice after slice). ``final``: the clock must reach
-        ``until`` (an explicit advance: at least one call); otherwise (before a push) stop once
-        nothing is pending up to it."""
+        ``until`` (an explicit advance: at least one call, already bounded by max_advance);
+        otherwise (the gap before a push) stop once nothing is pending up to it, and stop
+        with a ``clock_jump`` refusal once the slices stepped would cover more than
+        ``max_advance``: that much clock-driven work is what an explicit advance may ask for,
+        so one event cannot hold the order lock for hours (a free-standing negation 100
+        years ahead: 3·10⁹ ticks to report). The clock stays where the stepping stopped,
+        every instant up to it reported, as after an advance: the client advances from there
+        in bounded steps and publishes the event again."""
         assert sub.clock is not None
         next_instant = getattr(sub.evaluator, "next_instant", None)
-        done = sub.clock
+        done = start = sub.clock
+        stepped = 0  # µs of the gap covered by slices (the skipped quiet stretches are free)
         while not sub.ended:
             if next_instant is not None:
                 pending = next_instant()
@@ -364,7 +379,11 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
                     return ""
                 step = until
             else:
-                step = min(until, max(pending, done) + self.slice)
+                begin = max(pending, done)
+                step = min(until, begin + self.slice)
+                if not final and stepped + (step - begin) > self.max_advance:
+                    return self._jump_refusal(start, done, until)
+                stepped += step - begin
             refused = await self._apply(sub, methodcaller("advance", step), f"advance_to_us {step}")
             done = step
             sub.clock = max(sub.clock, step)
@@ -372,6 +391,13 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
                 return refused
             await self._pause()
         return ""
+
+    def _jump_refusal(self, start: int, done: int, until: int) -> str:
+        return (f"clock_jump: the gap of {format_span(until - start)} before it has clock-driven work "
+                f"(instants to report) over more than {format_span(self.max_advance)} "
+                f"(max_advance); the subscription's clock was stepped to {done} µs, every "
+                f"instant up to it reported: advance_to_us in steps of at most "
+                f"{format_span(self.max_advance)}, then publish the event again")
 
     async def _apply(self, sub: _Subscription, step: Callable[[Any], list[Detection]],
                      what: str) -> str:
@@ -549,10 +575,10 @@ def _bind_error(listen: str) -> str:
 
 async def run(group: str, listen: str, ready: Callable[[int], None], tick: int = 1_000_000,
               queue_size: int = 1024, max_advance: int | None = None, drain: float = 1.0,
-              grace: float = 2.0) -> None:
+              grace: float = 2.0, stall_timeout: float = STALL_SECONDS) -> None:
     """Serve until SIGTERM or SIGINT, then shut down gracefully (``Served.stop``); a second
     signal skips the drain. ``ready(port)`` is called once the service answers."""
-    served = await start(group, listen, tick, queue_size, max_advance=max_advance)
+    served = await start(group, listen, tick, queue_size, stall_timeout, max_advance)
     loop = asyncio.get_running_loop()
     stop, hurry = asyncio.Event(), asyncio.Event()
 

@@ -557,6 +557,9 @@ def base_service(
     max_advance: Annotated[str | None, typer.Option(
         help="How far one request may move a subscription's clock (default 86400 ticks: a day "
              "at 1s); farther is rejected, the client steps.")] = None,
+    stall_timeout: Annotated[str, typer.Option(
+        help="A subscriber that has read nothing this long with a full queue is dropped.")]
+        = "10s",
 ) -> None:
     """Run the reference base service of a language group: eva.base.v1.BaseService (native
     queries in, native notifications out), standard health checking and server reflection.
@@ -573,7 +576,8 @@ def base_service(
     try:
         asyncio.run(run(group, listen, lambda port: print(f"serving {group} on {host}:{port}",
                                                           flush=True), tick_us, queue_size,
-                        _span_option(max_advance, "max-advance")))
+                        _span_option(max_advance, "max-advance"),
+                        stall_timeout=(_span_option(stall_timeout, "stall-timeout") or 1) / 1e6))
     except (OSError, RuntimeError) as exc:  # the port is taken (no sharing) or not ours
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None

@@ -371,11 +371,67 @@ def test_a_far_ahead_event_confirmed_by_the_next_one_is_admitted_in_order() -> N
     engine, letters = engine_with(text, horizon=100)
     assert run(engine, trace_of("a1@10 b9@9999999 a2@500 b2@520")) == [("a2", "b2")]
     assert [(d.reason, d.event.id if d.event else None) for d in letters] == [("future", "b9")]
-    # A copy of the held event confirms nothing.
+    # A redelivery of the held event (its copy at its time) confirms nothing.
     engine, letters = engine_with(text, horizon=100)
     run(engine, trace_of("a1@10 b9@5000 b9@5000 b1@20"))
     assert [(d.reason, d.event.id if d.event else None) for d in letters] == [
         ("duplicate", "b9"), ("future", "b9")]
+
+
+HOUR = DAY // 24
+TYPO = " = ((all_dup(A); all_dup(B))_1h)_all_pairs"
+
+
+def _at(text: str) -> list[Event]:
+    """``"a1@0 b2@365d b2@60s"`` → events one source, times from a base instant (d, h, s)."""
+    units = {"d": DAY, "h": HOUR, "s": 1_000_000}
+    trace = []
+    for seq, token in enumerate(text.split()):
+        ident, _, at = token.partition("@")
+        trace.append(Event(ident, "s", ident[0], DAY + int(at[:-1]) * units[at[-1]], seq))
+    return trace
+
+
+def test_a_corrected_resend_of_the_held_event_refuses_it_and_is_admitted() -> None:
+    """A typo'd year, then the source resends the event (same source and id) with the right
+    time: the resend decides like any other event — back near the old newest time, so the
+    held one is the typo (`future`) and the resend is admitted. It used to be refused as a
+    `duplicate` of the held one, which then died too: the composite was lost."""
+    engine, letters = engine_with(TYPO, horizon=DAY)
+    assert run(engine, _at("a1@0s b2@365d b2@60s x3@120s")) == [("a1", "b2")]
+    assert [(d.reason, d.event.time if d.event else None) for d in letters] == [
+        ("future", DAY + 365 * DAY)]
+    assert "and the next event ('b2' at 1970-01-02T00:01:00Z, a copy of it) is not within 1d" in (
+        letters[0].detail)
+
+
+def test_an_exact_copy_of_the_held_event_decides_nothing() -> None:
+    """A redelivery (same source, id and time) is no evidence of where the stream is: a
+    `duplicate`, and the held event waits for the next one — else a typo delivered twice would
+    confirm itself and make the rest of the trace late."""
+    engine, letters = engine_with(TYPO, horizon=DAY)
+    assert run(engine, _at("a1@0s b2@365d b2@365d b3@60s")) == [("a1", "b3")]
+    assert [(d.reason, d.event.time if d.event else None) for d in letters] == [
+        ("duplicate", DAY + 365 * DAY), ("future", DAY + 365 * DAY)]
+    assert "is held (beyond the horizon) already" in letters[0].detail
+    # A real jump delivered twice is still confirmed by what follows it.
+    engine, letters = engine_with(TYPO, horizon=DAY)
+    assert run(engine, _at("a1@0s a2@10d a2@10d b3@241h")) == [("a2", "b3")]
+    assert [d.reason for d in letters] == ["duplicate"]
+
+
+@pytest.mark.parametrize("copy", ["239h", "250h"])
+def test_a_copy_near_the_held_event_confirms_it_and_is_the_duplicate(copy: str) -> None:
+    """A resend within the horizon before the held event's time, or after it, says the stream
+    is there: the held event is admitted, the copy is its `duplicate` (not `late`, which a copy
+    an hour before would otherwise be)."""
+    engine, letters = engine_with(TYPO, horizon=DAY)
+    engine.admitted = []
+    assert run(engine, _at(f"a1@0s a2@240h a2@{copy} b3@241h")) == [("a2", "b3")]
+    assert [e.id for e in engine.admitted] == ["a1", "a2", "b3"]
+    assert [(d.reason, d.event.time if d.event else None) for d in letters] == [
+        ("duplicate", _at(f"a2@{copy}")[0].time)]
+    assert "was already admitted" in letters[0].detail
 
 
 def _cancellations(days: list[float], customers: str) -> list[Event]:

@@ -252,6 +252,29 @@ class Engine:
             return []
         return self._admit(event, wm, done)
 
+    def would_admit(self, event: Event) -> bool:
+        """Whether ``push`` would admit ``event`` now and process it at once — asked without
+        side effects, so a caller that steps the clock before a push (a base service over a
+        quiet gap) steps nothing for an event that is then refused. The tests of ``push`` and
+        ``_admit``, in their order: keep the three in step."""
+        if self._held is not None:
+            return False  # the push decides the held event first: it steps nothing before
+        t = event.time
+        wm = self._source_max.get(event.source)
+        done = self._done_until
+        if (wm is not None and t < wm - self.config.allowed_lateness) or (
+                done is not None and t <= done):
+            return False  # late
+        newest = self._max_time
+        horizon = self.config.horizon
+        if horizon is not None and newest is not None and t > newest + horizon:
+            return False  # held until the next event decides: the push runs no clock
+        ident = (event.source, event.id)
+        if ident in self._ids:
+            return False
+        rotates = (done is not None and done > self._rotate_at) or len(self._ids) >= REMEMBERED
+        return rotates or ident not in self._old_ids
+
     def _admit(self, event: Event, wm: int | None, done: int | None) -> list[Notification]:
         """An event on time (``wm``: its source's newest time, ``done``: the instants
         processed) is admitted unless a duplicate, and processed as far as the watermark
@@ -321,21 +344,32 @@ class Engine:
         """The event after one held beyond the horizon decides it: at most the horizon before
         it or later, the stream moved there and the held event is admitted (first: it arrived
         first); else it was a typo, a ``future`` dead letter. Then the event is taken as any
-        other (it may be held in turn). A copy of the held event decides nothing."""
+        other (it may be held in turn). A copy of the held event (same source and id) decides
+        the same way — a corrected resend of a typo must refuse it, not be refused by it —
+        except a copy at the held one's very time, a redelivery, which decides nothing."""
         held = self._held
         assert held is not None
-        if event.source == held.source and event.id == held.id:
+        horizon = self.config.horizon or 0
+        confirms = event.time >= held.time - horizon
+        copy = event.source == held.source and event.id == held.id
+        if copy and event.time == held.time:
+            # A redelivery (at-least-once transports repeat an event as it was) is no evidence
+            # of where the stream is: else a typo delivered twice would confirm itself.
             self._duplicate(event, "is held (beyond the horizon) already")
             return []
         self._held = None
-        horizon = self.config.horizon or 0
-        if event.time >= held.time - horizon:
+        if confirms:
             out = self._admit(held, self._source_max.get(held.source), self._done_until)
+            if copy:
+                # The copy of an event now admitted: a duplicate, whatever its time (taken as
+                # any other it could be called late, or held in turn and refused later).
+                self._duplicate(event, "was already admitted")
+                return out
         else:
             self._future(held, f"and the next event ({brief_repr(event.id)} at "
-                         f"{label(event.time)}) is not within {format_span(horizon)} before it "
-                         "or later: a jump nothing confirms (the horizon; raise it if the gap "
-                         "is real)")
+                         f"{label(event.time)}{', a copy of it' if copy else ''}) is not "
+                         f"within {format_span(horizon)} before it or later: a jump nothing "
+                         "confirms (the horizon; raise it if the gap is real)")
             out = []
         return out + self.push(event)
 
