@@ -24,7 +24,7 @@ from mediator.eva import ast
 from mediator.eva.engine import DeadLetter, Engine, EngineConfig
 from mediator.eva.events import Event, EventError, format_time, from_json_line
 from mediator.eva.notify import composite_line, dead_letter_record
-from mediator.eva.parser import ProfileError, parse
+from mediator.eva.parser import ProfileError, decode, parse
 from mediator.eva.reference import Notification
 from mediator.eva.retention import retention
 from mediator.eva.units import format_span, parse_span
@@ -350,13 +350,21 @@ def _replay_via(group: str, doc: ast.Document, profiles: list[str] | None, event
 
 def _replay_native(group: str, query_file: Path, events_file: Path, end: int | None, tick: int,
                    address: str | None) -> None:
-    from adapters.native import NativeQueryError
+    from adapters.native import MAX_QUERY_BYTES, NativeQueryError
     from adapters.registry import language
 
     try:
-        text = query_file.read_text(encoding="utf-8")
+        with query_file.open("rb") as file:  # one byte past the limit: the parser refuses it
+            data = file.read(MAX_QUERY_BYTES + 1)
     except OSError as exc:
         err.print(f"[red]error:[/] cannot read {query_file}: {exc.strerror}")
+        raise typer.Exit(2) from None
+    try:
+        # Past the limit the parser refuses the size, whatever the cut left of a character.
+        text = data.decode("utf-8", "replace") if len(data) > MAX_QUERY_BYTES else decode(
+            data, str(query_file))
+    except ProfileError as exc:  # the position of the first byte that is not UTF-8
+        print(str(exc), file=sys.stderr)
         raise typer.Exit(2) from None
     try:
         language(group, tick).parse(text)

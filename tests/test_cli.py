@@ -241,6 +241,24 @@ def test_replay_native_and_via_refuse_bad_input(files: tuple[Path, Path], tmp_pa
     assert unknown.exit_code == 2 and "expected one of cg0" in unknown.output
 
 
+@pytest.mark.parametrize(("content", "where"), [
+    (b'SELECT a.id FROM a AS a WHERE a.type = "caf\xe9"', ":1:44: error: found the byte 0xe9"),
+    ("SELECT a.id FROM a AS a WHERE a.subject = '{}'".format("\u00e9" * 40_000).encode(),
+     ":1:1: error: the query is 65,537 bytes"),
+])
+def test_replay_native_refuses_a_query_file_that_is_not_utf8_or_too_large(
+        files: tuple[Path, Path], tmp_path: Path, content: bytes, where: str) -> None:
+    """Issue 11: a non-UTF-8 query file ended in a UnicodeDecodeError traceback; a large one was
+    read whole. Past the limit the file is cut mid-character, and still the size is reported."""
+    _, events = files
+    query = tmp_path / "q.sql"
+    query.write_bytes(content)
+    result = runner.invoke(app, ["replay", "--native", "cg3", "--query", str(query),
+                                 "--events", str(events)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"{query}{where}" in result.output, result.output
+
+
 def _balanced_disjunction(low: int, high: int) -> str:
     """A disjunction of the classes C(low % 4) … C((high − 1) % 4), high − low − 1 operators,
     as a balanced tree (log2 levels deep: inside EVA's 50)."""
