@@ -31,7 +31,14 @@ from typing import Any
 from lark import Lark
 
 from adapters.filters import FILTER_GRAMMAR, FILTER_TERMINALS, TICK_TYPE, FilterBuild, filter_text
-from adapters.native import Detection, NativeQueryError, Unrenderable, balanced, parse_lark
+from adapters.native import (
+    Detection,
+    NativeQueryError,
+    Unrenderable,
+    balanced,
+    operator_chain,
+    parse_lark,
+)
 from mediator.eva import ast
 from mediator.eva.classes import compile_predicate
 from mediator.eva.events import Event
@@ -234,22 +241,12 @@ class BooleanLanguage:
 
 
 def _chain(expr: ast.Disjunction | ast.Conjunction) -> list[ast.Expr]:
-    """The operands, left to right, of the chain of ``expr``'s operator (disjunctions, or
-    untimed conjunctions) at ``expr``, through every nested node of it; iterative."""
+    """The operands of the chain of ``expr``'s operator (disjunctions, or untimed conjunctions)."""
     def same(node: ast.Expr) -> bool:
         return isinstance(node, ast.Disjunction) if isinstance(expr, ast.Disjunction) else (
             isinstance(node, ast.Conjunction) and node.span is None)
 
-    out: list[ast.Expr] = []
-    stack: list[ast.Expr] = [expr]
-    while stack:
-        node = stack.pop()
-        if same(node):
-            assert isinstance(node, (ast.Disjunction, ast.Conjunction))
-            stack.extend([node.right.expr, node.left.expr])
-        else:
-            out.append(node)
-    return out
+    return operator_chain(expr, same)
 
 
 class FilterLanguage:

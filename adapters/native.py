@@ -328,6 +328,22 @@ def too_deep(root: N, children: Callable[[N], Iterable[N]], limit: int = MAX_DEP
     return None
 
 
+def operator_chain(expr: ast.Expr, same: Callable[[ast.Expr], bool]) -> list[ast.Expr]:
+    """The operands, left to right, of the chain of binary nodes at ``expr`` for which ``same``
+    holds (``expr`` itself among them), iteratively: a dialect that writes a chain flat reads
+    it without recursing per term."""
+    out: list[ast.Expr] = []
+    stack: list[ast.Expr] = [expr]
+    while stack:
+        node = stack.pop()
+        if same(node):
+            assert isinstance(node, (ast.Disjunction, ast.Conjunction, ast.Sequence))
+            stack.extend([node.right.expr, node.left.expr])
+        else:
+            out.append(node)
+    return out
+
+
 def balanced(items: list[N], join: Callable[[N, N], N]) -> N:
     """The chain ``items[0] ∘ items[1] ∘ …`` of an associative operator as a balanced binary
     tree, operands in order: log2(n) levels where the fold would be n − 1, so the evaluators,

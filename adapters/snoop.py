@@ -28,7 +28,7 @@ from typing import Any
 from lark import Lark, Transformer
 
 from adapters.filters import TICK_TYPE
-from adapters.native import Detection, Unrenderable, balanced, parse_lark
+from adapters.native import Detection, Unrenderable, balanced, operator_chain, parse_lark
 from mediator.eva import ast
 from mediator.eva.classes import required_types
 from mediator.eva.events import Event
@@ -398,13 +398,5 @@ def _or(left: tuple[str, bool], right: tuple[str, bool]) -> tuple[str, bool]:
 
 
 def _or_chain(expr: ast.Disjunction) -> list[ast.Expr]:
-    """The operands, left to right, of the chain of disjunctions at ``expr``; iterative."""
-    out: list[ast.Expr] = []
-    stack: list[ast.Expr] = [expr]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ast.Disjunction):
-            stack.extend([node.right.expr, node.left.expr])
-        else:
-            out.append(node)
-    return out
+    """The operands, left to right, of the chain of disjunctions at ``expr``."""
+    return operator_chain(expr, lambda node: isinstance(node, ast.Disjunction))

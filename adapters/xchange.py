@@ -39,7 +39,14 @@ from typing import Any
 from lark import Lark, Token, Transformer
 
 from adapters.filters import TICK_TYPE
-from adapters.native import Detection, Unrenderable, number_token, parse_lark, string_token
+from adapters.native import (
+    Detection,
+    Unrenderable,
+    number_token,
+    operator_chain,
+    parse_lark,
+    string_token,
+)
 from mediator.eva import ast
 from mediator.eva.classes import required_types, resolve, same
 from mediator.eva.events import Event
@@ -484,13 +491,4 @@ def _chain(expr: ast.Disjunction | ast.Conjunction | ast.Sequence) -> list[ast.E
         return (type(node) is type(expr) and isinstance(node, (ast.Conjunction, ast.Sequence))
                 and node.span is not None and expr.span is not None and node.span >= expr.span)
 
-    out: list[ast.Expr] = []
-    stack: list[ast.Expr] = [expr]
-    while stack:
-        node = stack.pop()
-        if same(node):
-            assert isinstance(node, (ast.Disjunction, ast.Conjunction, ast.Sequence))
-            stack.extend([node.right.expr, node.left.expr])
-        else:
-            out.append(node)
-    return out
+    return operator_chain(expr, same)

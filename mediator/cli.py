@@ -26,7 +26,7 @@ from mediator.eva.events import Event, EventError, format_time, from_json_line
 from mediator.eva.notify import composite_line, dead_letter_record
 from mediator.eva.parser import ProfileError, decode, parse
 from mediator.eva.reference import Notification
-from mediator.eva.retention import retention
+from mediator.eva.retention import longest, retention
 from mediator.eva.units import format_span, parse_span
 from mediator.eva.validate import MAX_DOCUMENT_BYTES
 
@@ -59,15 +59,20 @@ def _options(
     pass
 
 
-def _load(path: Path) -> ast.Document:
+def _read_head(path: Path, limit: int) -> bytes:
+    """A file's bytes, at most ``limit`` + 1 of them: one byte past the limit is enough for the
+    parser to refuse the file without reading it whole. Bytes: the parser reports one that is
+    not UTF-8 at its line and column. Exit 2 if the file cannot be read."""
     try:
-        # Bytes: the parser reports a byte that is not UTF-8 at its line and column. One byte
-        # past the limit is enough for the parser to refuse a file without reading it whole.
         with path.open("rb") as file:
-            source = file.read(MAX_DOCUMENT_BYTES + 1)
+            return file.read(limit + 1)
     except OSError as exc:
         err.print(f"[red]error:[/] cannot read {path}: {exc.strerror}")
         raise typer.Exit(2) from None
+
+
+def _load(path: Path) -> ast.Document:
+    source = _read_head(path, MAX_DOCUMENT_BYTES)
     try:
         return parse(source, str(path))
     except ProfileError as exc:
@@ -286,12 +291,7 @@ def _require_java() -> None:
 
 def _longest_retention(doc: ast.Document, wanted: list[str] | None) -> int | None:
     """The longest retention horizon of the profiles replayed; None if one is unbounded."""
-    longest: int | None = 0
-    for p in doc.profiles:
-        if not wanted or p.name in wanted:
-            horizon = retention(p.expr).horizon
-            longest = None if horizon is None or longest is None else max(longest, horizon)
-    return longest
+    return longest(retention(p.expr).horizon for p in doc.profiles if not wanted or p.name in wanted)
 
 
 def _raw(line: bytes) -> str:
@@ -353,12 +353,7 @@ def _replay_native(group: str, query_file: Path, events_file: Path, end: int | N
     from adapters.native import MAX_QUERY_BYTES, NativeQueryError
     from adapters.registry import language
 
-    try:
-        with query_file.open("rb") as file:  # one byte past the limit: the parser refuses it
-            data = file.read(MAX_QUERY_BYTES + 1)
-    except OSError as exc:
-        err.print(f"[red]error:[/] cannot read {query_file}: {exc.strerror}")
-        raise typer.Exit(2) from None
+    data = _read_head(query_file, MAX_QUERY_BYTES)
     try:
         # Past the limit the parser refuses the size, whatever the cut left of a character.
         text = data.decode("utf-8", "replace") if len(data) > MAX_QUERY_BYTES else decode(

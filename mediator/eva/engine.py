@@ -28,7 +28,7 @@ from mediator.eva.classes import ClassIndex, label, next_tick
 from mediator.eva.events import Event, brief_repr
 from mediator.eva.printer import expr_text
 from mediator.eva.reference import Notification, partition_key
-from mediator.eva.retention import retention
+from mediator.eva.retention import longest, retention
 from mediator.eva.semantics import Key, Occ
 from mediator.eva.units import format_span
 
@@ -204,11 +204,9 @@ class Engine:
         # An id is remembered while a copy could still be admitted at its time (the allowed
         # lateness) or could pair with what its original left in state (retention).
         # (A new window applies from the next rotation.)
-        window: int | None = self.config.allowed_lateness
-        for w in [self.config.remember, *(retention(p.profile.expr).horizon
-                                          for p in self._profiles.values())]:
-            window = None if w is None or window is None else max(window, w)
-        self._id_window = window
+        self._id_window = longest([self.config.allowed_lateness, self.config.remember,
+                                   *(retention(p.profile.expr).horizon
+                                     for p in self._profiles.values())])
 
     def _add_time_class(self, doc_id: int, doc: ast.Document, name: str,
                         every: ast.Every) -> Hashable:
@@ -237,16 +235,12 @@ class Engine:
         watermark now lets the engine report."""
         if self._held is not None:
             return self._after_held(event)
-        t = event.time
         wm = self._source_max.get(event.source)
         done = self._done_until
-        if (wm is not None and t < wm - self.config.allowed_lateness) or (
-                done is not None and t <= done):
+        if self._is_late(event.time, wm, done):
             self._late(event, wm, done)
             return []
-        newest = self._max_time
-        horizon = self.config.horizon
-        if horizon is not None and newest is not None and t > newest + horizon:
+        if self._beyond_horizon(event.time):
             # A typo'd year or a real gap: only what comes next can tell.
             self._held = event
             return []
@@ -255,25 +249,31 @@ class Engine:
     def would_admit(self, event: Event) -> bool:
         """Whether ``push`` would admit ``event`` now and process it at once — asked without
         side effects, so a caller that steps the clock before a push (a base service over a
-        quiet gap) steps nothing for an event that is then refused. The tests of ``push`` and
-        ``_admit``, in their order: keep the three in step."""
+        quiet gap) steps nothing for an event that is then refused. The same tests as ``push``
+        and ``_admit``, in their order."""
         if self._held is not None:
             return False  # the push decides the held event first: it steps nothing before
-        t = event.time
-        wm = self._source_max.get(event.source)
         done = self._done_until
-        if (wm is not None and t < wm - self.config.allowed_lateness) or (
-                done is not None and t <= done):
-            return False  # late
+        if self._is_late(event.time, self._source_max.get(event.source), done) or (
+                self._beyond_horizon(event.time)):
+            return False
+        ident = (event.source, event.id)
+        return ident not in self._ids and (self._rotates(done) or ident not in self._old_ids)
+
+    def _is_late(self, t: int, wm: int | None, done: int | None) -> bool:
+        """Behind its source's watermark (``wm``) less the lateness, or within the instants
+        already processed (``done``)."""
+        return (wm is not None and t < wm - self.config.allowed_lateness) or (
+            done is not None and t <= done)
+
+    def _beyond_horizon(self, t: int) -> bool:
         newest = self._max_time
         horizon = self.config.horizon
-        if horizon is not None and newest is not None and t > newest + horizon:
-            return False  # held until the next event decides: the push runs no clock
-        ident = (event.source, event.id)
-        if ident in self._ids:
-            return False
-        rotates = (done is not None and done > self._rotate_at) or len(self._ids) >= REMEMBERED
-        return rotates or ident not in self._old_ids
+        return horizon is not None and newest is not None and t > newest + horizon
+
+    def _rotates(self, done: int | None) -> bool:
+        """Whether the duplicate memory drops its older generation before the next admission."""
+        return (done is not None and done > self._rotate_at) or len(self._ids) >= REMEMBERED
 
     def _admit(self, event: Event, wm: int | None, done: int | None) -> list[Notification]:
         """An event on time (``wm``: its source's newest time, ``done``: the instants
@@ -281,7 +281,7 @@ class Engine:
         allows."""
         t = event.time
         ids = self._ids
-        if (done is not None and done > self._rotate_at) or len(ids) >= REMEMBERED:
+        if self._rotates(done):
             # Every id in the older generation is of an event at most ``_rotate_at`` minus the
             # window: a copy at its original's time is now late, and one at a new time meets
             # nothing its original left (retention counts from the same instants). The newer

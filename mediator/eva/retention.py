@@ -7,6 +7,7 @@ horizons; ``evamed check`` reports them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from mediator.eva import ast
@@ -18,6 +19,16 @@ class Retention:
     """Longest time (µs) any occurrence is kept after it happened; None = unbounded."""
     reason: str
     """Why, for the unbounded case (what to change to bound it)."""
+
+
+def longest(horizons: Iterable[int | None]) -> int | None:
+    """The longest of some horizons (0 if none); None, unbounded, if one of them is."""
+    out = 0
+    for h in horizons:
+        if h is None:
+            return None
+        out = max(out, h)
+    return out
 
 
 def _single(dup: ast.Dup) -> bool:
