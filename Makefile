@@ -3,8 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# The engine-side modules, compiled in place with mypyc (see mediator/eva/native.py).
-NATIVE := $(addprefix mediator/eva/,events.py semantics.py classes.py nodes.py engine.py)
+# The engine-side modules, compiled in place with mypyc (see eva/native.py).
+NATIVE := $(addprefix eva/,events.py semantics.py classes.py nodes.py engine.py)
 NATIVE_STAMP := build/.native
 
 .PHONY: demo test test-pure native pure proto wheel lint typecheck bench clean servers
@@ -17,13 +17,13 @@ $(STAMP): pyproject.toml
 
 $(NATIVE_STAMP): $(STAMP) $(NATIVE)
 	$(BIN)/python tools/build_native.py > build.log 2>&1 || (cat build.log; exit 1)
-	touch mediator/eva/*.so  # the in-place copy keeps the build's older mtimes
+	touch eva/*.so  # the in-place copy keeps the build's older mtimes
 	mkdir -p build && touch $(NATIVE_STAMP)
 
 native: $(NATIVE_STAMP)
 
 pure:
-	rm -f mediator/eva/*.so $(NATIVE_STAMP)
+	rm -f eva/*.so $(NATIVE_STAMP)
 
 # The gRPC stubs in adapters/_proto, regenerated after a change to proto/ (kept in git; a test
 # fails while they differ from what this generates).
@@ -63,7 +63,7 @@ test: native servers
 # paper's examples, so the pure-Python path cannot drift from the compiled one.
 test-pure: $(STAMP)
 	rm -rf build/pure && mkdir -p build/pure
-	tar --exclude='*.so' --exclude='__pycache__' -cf - mediator tests examples pyproject.toml \
+	tar --exclude='*.so' --exclude='__pycache__' -cf - eva mediator tests examples pyproject.toml \
 		| tar -xf - -C build/pure
 	cd build/pure && PYTHONPATH=. ../../$(BIN)/pytest -n 2 -p no:cacheprovider \
 		tests/test_paper_examples.py tests/test_engine_equivalence.py tests/test_snapshot.py \

@@ -1,6 +1,6 @@
 """Wheel builds compile the engine core with mypyc; everything else is in pyproject.toml.
 
-A wheel carries the engine-side modules (``mediator/eva/native.py``: ``MODULES``) compiled for
+A wheel carries the engine-side modules (``eva/native.py``: ``MODULES``) compiled for
 its platform (several times faster: docs/performance.md), beside their ``.py`` source. Where
 they cannot be compiled — no C compiler, mypyc not installed, or ``EVAMED_PURE=1`` — the wheel
 is built without them and runs the same source as pure Python; ``evamed --version`` says which.
@@ -22,7 +22,7 @@ from setuptools.errors import CCompilerError, ExecError, PlatformError  # type: 
 
 HERE = Path(__file__).resolve().parent
 # Read without importing the package: native.py needs only the standard library.
-NATIVE: dict[str, Any] = runpy.run_path(str(HERE / "mediator" / "eva" / "native.py"))
+NATIVE: dict[str, Any] = runpy.run_path(str(HERE / "eva" / "native.py"))
 
 
 def _warn(reason: str) -> None:
@@ -45,7 +45,7 @@ def _engine() -> list[Extension]:
         _warn("mypyc (the mypy package) is not installed")
         return []
     # mypyc type-checks the modules first: a type error fails the build, as in `make typecheck`.
-    return mypycify([f"mediator/eva/{name}.py" for name in NATIVE["MODULES"]],
+    return mypycify([f"eva/{name}.py" for name in NATIVE["MODULES"]],
                     group_name=NATIVE["GROUP"], opt_level="3")
 
 

@@ -5,7 +5,7 @@ native text), ``subscribe(native)`` (an async iterator of native notifications),
 ``parse_notification(native)`` (its constituents), ``health()``.
 
 ``ServiceAdapter`` talks to a base service over gRPC (asyncio). The embedded mode runs the
-same base services in-process (``adapters.service.serve`` on a loopback port), so there is one
+same base services in-process (``adapters.backends.service.serve`` on a loopback port), so there is one
 code path for both.
 """
 
@@ -18,11 +18,11 @@ from typing import Any, Protocol
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from adapters.backends.native import Detection, native_text
+from adapters.backends.registry import language
 from adapters.client import detection, query_error
-from adapters.native import Detection, native_text
-from adapters.registry import language
 from adapters.wire import SERVICE_NAME, base_pb2, base_pb2_grpc
-from mediator.eva import ast
+from eva import ast
 from transforms.capability import Capability
 from transforms.plan import Remote, Subscribe
 

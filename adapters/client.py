@@ -14,9 +14,9 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
-from adapters.native import Detection, NativeQueryError
+from adapters.backends.native import Detection, NativeQueryError
 from adapters.wire import SERVICE_NAME, base_pb2, base_pb2_grpc
-from mediator.eva.events import Event, from_cloudevent, to_cloudevent
+from eva.events import Event, from_cloudevent, to_cloudevent
 
 BATCH_BYTES = 1024 * 1024
 """A Publish message is sent once its events reach this size (well under the service's limit)."""

@@ -13,14 +13,14 @@ import threading
 import time
 from pathlib import Path
 
+from adapters.backends.native import run
+from adapters.backends.registry import language
+from adapters.backends.service import serve
 from adapters.client import BaseClient
-from adapters.native import run
-from adapters.registry import language
-from adapters.service import serve
+from eva.events import Event, from_cloudevent
+from eva.parser import parse
+from eva.reference import evaluate
 from examples.logistics.generate import day
-from mediator.eva.events import Event, from_cloudevent
-from mediator.eva.parser import parse
-from mediator.eva.reference import evaluate
 from mediator.federation import via
 
 QUERIES = {

@@ -16,10 +16,10 @@ import gc
 import random
 import time
 
-from mediator.eva import native
-from mediator.eva.engine import Engine
-from mediator.eva.events import Event
-from mediator.eva.parser import parse
+from eva import native
+from eva.engine import Engine
+from eva.events import Event
+from eva.parser import parse
 
 WORKLOADS = [
     ("seq 5s unique_pairs", "5s", "unique_pairs"),

@@ -12,8 +12,8 @@ import argparse
 import random
 import time
 
-from mediator.eva import ast
-from mediator.eva.parser import parse
+from eva import ast
+from eva.parser import parse
 from transforms.capability import PRESETS
 from transforms.planner import plan
 

@@ -21,8 +21,8 @@ import tempfile
 import time
 from typing import Any
 
-from mediator.eva.engine import EngineConfig
-from mediator.eva.parser import parse
+from eva.engine import EngineConfig
+from eva.parser import parse
 from spark_jobs.session import build_session
 from spark_jobs.streaming import (
     Registration,
@@ -118,8 +118,8 @@ def run(spark: Any, label: str, buckets: int, keys: int, batch: int, batches: in
 
 
 def in_process(keys: int, batch: int, batches: int, per_source: bool) -> int:
-    from mediator.eva.engine import Engine
-    from mediator.eva.events import from_json_line
+    from eva.engine import Engine
+    from eva.events import from_json_line
 
     rng = random.Random(7)
     origin = 1_772_000_000_000_000
@@ -191,10 +191,10 @@ def python_work(keys: int, batch: int, batches: int, buckets: int) -> dict[str, 
     """The job's Python work per event (µs on one core), measured in-process on the same
     trace: fan-out (parse, route), engine (parse, push), output (a line per composite),
     state (each bucket's snapshot written and restored once per micro-batch)."""
-    from mediator.eva.engine import Engine
-    from mediator.eva.events import from_json_line
-    from mediator.eva.notify import composite_line
-    from mediator.eva.snapshot import restore, snapshot
+    from eva.engine import Engine
+    from eva.events import from_json_line
+    from eva.notify import composite_line
+    from eva.snapshot import restore, snapshot
     from spark_jobs.streaming import profiles, route
 
     root = tempfile.mkdtemp(prefix="evamed-bench-python-")

@@ -12,10 +12,10 @@ import json
 import random
 import time
 
-from mediator.eva.engine import Engine, EngineConfig
-from mediator.eva.events import Event
-from mediator.eva.notify import to_cloudevent
-from mediator.eva.parser import parse
+from eva.engine import Engine, EngineConfig
+from eva.events import Event
+from eva.notify import to_cloudevent
+from eva.parser import parse
 from spark_jobs.batch import replay
 from spark_jobs.session import build_session
 

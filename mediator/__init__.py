@@ -1,1 +1,1 @@
-"""The EVA event mediator: the algebra (``mediator.eva``), the service and the ``evamed`` CLI."""
+"""The EVA event mediator: the algebra (``eva``), the service and the ``evamed`` CLI."""

@@ -19,16 +19,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from adapters.registry import GROUPS
-from mediator.eva import ast
-from mediator.eva.engine import DeadLetter, Engine, EngineConfig
-from mediator.eva.events import Event, EventError, format_time, from_json_line
-from mediator.eva.notify import composite_line, dead_letter_record
-from mediator.eva.parser import ProfileError, decode, parse
-from mediator.eva.reference import Notification
-from mediator.eva.retention import longest, retention
-from mediator.eva.units import format_span, parse_span
-from mediator.eva.validate import MAX_DOCUMENT_BYTES
+from adapters.backends.registry import GROUPS
+from eva import ast
+from eva.engine import DeadLetter, Engine, EngineConfig
+from eva.events import Event, EventError, format_time, from_json_line
+from eva.notify import composite_line, dead_letter_record
+from eva.parser import ProfileError, decode, parse
+from eva.reference import Notification
+from eva.retention import longest, retention
+from eva.units import format_span, parse_span
+from eva.validate import MAX_DOCUMENT_BYTES
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="The EVA event mediator: check profiles, replay event traces.")
@@ -40,7 +40,7 @@ def _print_version(wanted: bool) -> None:
         return
     from importlib.metadata import PackageNotFoundError, version
 
-    from mediator.eva.native import engine_kind
+    from eva.native import engine_kind
 
     try:
         number = version("evamed")
@@ -134,7 +134,7 @@ def _span_option(text: str | None, name: str) -> int | None:
 def _time_option(text: str | None, name: str) -> int | None:
     if text is None:
         return None
-    from mediator.eva.events import parse_time
+    from eva.events import parse_time
 
     try:
         return parse_time(text)
@@ -316,7 +316,7 @@ def _event_lines(path: Path, stack: ExitStack) -> Iterator[tuple[int, bytes]]:
 
 
 def _transport(group: str, tick: int, address: str | None) -> Any:
-    from adapters.registry import language
+    from adapters.backends.registry import language
     from mediator.federation import in_process
 
     if address is None:
@@ -332,7 +332,7 @@ def _replay_via(group: str, doc: ast.Document, profiles: list[str] | None, event
     """``start``: where the admitting engine's clock started, so both paths share it."""
     from rich.markup import escape
 
-    from adapters.registry import language
+    from adapters.backends.registry import language
     from mediator.federation import PushRefused, via
 
     try:
@@ -350,8 +350,8 @@ def _replay_via(group: str, doc: ast.Document, profiles: list[str] | None, event
 
 def _replay_native(group: str, query_file: Path, events_file: Path, end: int | None, tick: int,
                    address: str | None) -> None:
-    from adapters.native import MAX_QUERY_BYTES, NativeQueryError
-    from adapters.registry import language
+    from adapters.backends.native import MAX_QUERY_BYTES, NativeQueryError
+    from adapters.backends.registry import language
 
     data = _read_head(query_file, MAX_QUERY_BYTES)
     try:
@@ -430,8 +430,8 @@ def explain(
 
 def _renderer(group: str, doc: ast.Document) -> Any:
     """A remote's target in the group's native language, as the service is asked for it."""
-    from adapters.native import Unrenderable, native_text
-    from adapters.registry import language
+    from adapters.backends.native import Unrenderable, native_text
+    from adapters.backends.registry import language
     from transforms.plan import Remote
 
     lang = language(group)
@@ -569,7 +569,7 @@ def base_service(
     SIGTERM or SIGINT: health says NOT_SERVING for a second, then calls get 2 s to finish."""
     import asyncio
 
-    from adapters.service import run
+    from adapters.backends.service import run
 
     if group not in GROUPS:
         err.print(f"[red]error:[/] --group {group!r}: expected one of {', '.join(GROUPS)}")

@@ -26,16 +26,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from adapters.filters import TICK_TYPE
-from adapters.native import Detection, Language, NativeQueryError, Unrenderable, native_text, run
-from adapters.peer import PeerLanguage, occurrence
-from mediator.eva import ast
-from mediator.eva import reference as ref
-from mediator.eva import semantics as sem
-from mediator.eva.classes import label, ticks_between
-from mediator.eva.events import Event
-from mediator.eva.printer import expr_text
-from mediator.eva.semantics import Notification, Occ, Stream
+from adapters.backends.filters import TICK_TYPE
+from adapters.backends.native import Detection, Language, NativeQueryError, Unrenderable, native_text, run
+from adapters.backends.peer import PeerLanguage, occurrence
+from eva import ast
+from eva import reference as ref
+from eva import semantics as sem
+from eva.classes import label, ticks_between
+from eva.events import Event
+from eva.printer import expr_text
+from eva.semantics import Notification, Occ, Stream
 from transforms.evaluate import evaluate_plans, rerun, visible
 from transforms.plan import Kind, Plan, Remote, Subscribe
 from transforms.planner import has_context, plan

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from mediator.eva.engine import Engine, EngineConfig
-from mediator.eva.events import PASSIVE, PRIMITIVE, Event, from_json_line, to_cloudevent
-from mediator.eva.notify import composite_line, tuples_from_json, tuples_to_json
-from mediator.eva.reference import partition_key
+from eva.engine import Engine, EngineConfig
+from eva.events import PASSIVE, PRIMITIVE, Event, from_json_line, to_cloudevent
+from eva.notify import composite_line, tuples_from_json, tuples_to_json
+from eva.reference import partition_key
 from spark_jobs.routing import config_tuple, document, event_matchers, memberships
 
 GROUPS_SCHEMA = "profile INT, grp INT, seq LONG, line STRING"

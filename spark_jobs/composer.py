@@ -16,11 +16,11 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from mediator.eva.engine import Engine, EngineConfig
-from mediator.eva.events import Event, to_cloudevent
-from mediator.eva.notify import dead_letter_record
-from mediator.eva.notify import to_cloudevent as composite_event
-from mediator.eva.parser import parse
+from eva.engine import Engine, EngineConfig
+from eva.events import Event, to_cloudevent
+from eva.notify import dead_letter_record
+from eva.notify import to_cloudevent as composite_event
+from eva.parser import parse
 from spark_jobs.streaming import (
     Registration,
     StreamJob,

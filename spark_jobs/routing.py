@@ -10,12 +10,12 @@ from dataclasses import astuple
 from functools import lru_cache
 from typing import Any, TypeVar
 
-from mediator.eva import ast
-from mediator.eva.classes import Matcher, compile_predicate
-from mediator.eva.engine import EngineConfig
-from mediator.eva.events import Event
-from mediator.eva.parser import parse
-from mediator.eva.reference import partition_key
+from eva import ast
+from eva.classes import Matcher, compile_predicate
+from eva.engine import EngineConfig
+from eva.events import Event
+from eva.parser import parse
+from eva.reference import partition_key
 
 
 @lru_cache(maxsize=16)

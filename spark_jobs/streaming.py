@@ -33,12 +33,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from mediator.eva.engine import DeadLetter, Engine, EngineConfig
-from mediator.eva.events import Event, EventError, from_json_line
-from mediator.eva.notify import composite_line, dead_letter_record
-from mediator.eva.semantics import Notification
-from mediator.eva.snapshot import FORMAT as SNAPSHOT_FORMAT
-from mediator.eva.snapshot import MAX_STATE_BYTES, SnapshotError, inflate, restore, snapshot
+from eva.engine import DeadLetter, Engine, EngineConfig
+from eva.events import Event, EventError, from_json_line
+from eva.notify import composite_line, dead_letter_record
+from eva.semantics import Notification
+from eva.snapshot import FORMAT as SNAPSHOT_FORMAT
+from eva.snapshot import MAX_STATE_BYTES, SnapshotError, inflate, restore, snapshot
 from spark_jobs.routing import config_tuple, document, event_matchers, memberships
 
 __all__ = ["CheckpointError", "LayoutError", "Registration", "StreamJob", "anchor_line",

@@ -8,7 +8,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-from mediator.eva import native
+from eva import native
 
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mediator.eva import ast
-from mediator.eva.engine import Engine, EngineConfig, replay
-from mediator.eva.events import Event
-from mediator.eva.parser import parse
-from mediator.eva.reference import Notification, evaluate
+from eva import ast
+from eva.engine import Engine, EngineConfig, replay
+from eva.events import Event
+from eva.parser import parse
+from eva.reference import Notification, evaluate
 from tests.strategies import CLASSES, trace_of
 
 
@@ -70,10 +70,10 @@ SENTINEL = {"specversion": "1.0", "id": "end", "source": "test", "type": "none",
 def logistics_day() -> tuple[str, list[dict[str, Any]], list[str]]:
     """The paper's profiles, the logistics day (seed 7) as CloudEvents, and what the in-process
     engine reports for it — composites as JSON lines, the sentinel closing the day."""
+    from eva.engine import Engine
+    from eva.events import from_cloudevent, parse_time
+    from eva.notify import composite_line
     from examples.logistics.generate import day
-    from mediator.eva.engine import Engine
-    from mediator.eva.events import from_cloudevent, parse_time
-    from mediator.eva.notify import composite_line
 
     text = Path("examples/logistics/profiles.eva").read_text()
     events = day(7)

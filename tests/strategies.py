@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from mediator.eva import ast
-from mediator.eva.events import Event
-from mediator.eva.parser import parse
-from mediator.eva.printer import expr_text
+from eva import ast
+from eva.events import Event
+from eva.parser import parse
+from eva.printer import expr_text
 
 CLASSES = (
     'class A = type == "a"\n'

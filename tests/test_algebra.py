@@ -14,10 +14,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mediator.eva import ast
-from mediator.eva.parser import parse
-from mediator.eva.printer import expr_text
-from mediator.eva.reference import evaluate
+from eva import ast
+from eva.parser import parse
+from eva.printer import expr_text
+from eva.reference import evaluate
 from tests.helpers import ref
 from tests.strategies import CLASSES, expressions, trace_of, traces
 

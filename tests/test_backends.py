@@ -11,17 +11,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapters.boolean import BooleanLanguage, FilterLanguage
-from adapters.native import Detection, NativeQueryError, Unrenderable, run
-from adapters.registry import GROUPS, language
-from adapters.snoop import SnoopLanguage
-from adapters.sql import SqlLanguage
-from adapters.xchange import XChangeLanguage
-from mediator.eva import ast
-from mediator.eva.events import Event
-from mediator.eva.notify import to_cloudevent
-from mediator.eva.parser import parse
-from mediator.eva.reference import evaluate
+from adapters.backends.boolean import BooleanLanguage, FilterLanguage
+from adapters.backends.native import Detection, NativeQueryError, Unrenderable, run
+from adapters.backends.registry import GROUPS, language
+from adapters.backends.snoop import SnoopLanguage
+from adapters.backends.sql import SqlLanguage
+from adapters.backends.xchange import XChangeLanguage
+from eva import ast
+from eva.events import Event
+from eva.notify import to_cloudevent
+from eva.parser import parse
+from eva.reference import evaluate
 from mediator.federation import via
 from tests.helpers import peak_stored
 from tests.strategies import CLASSES, documents, trace_of, traces
@@ -350,7 +350,7 @@ def test_via_equals_replay_with_data_predicates(group: str) -> None:
     @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
     @given(expressions(2, negation=False), st.booleans(), traces())
     def prop(expr: ast.Expr, per: bool, trace: list[Event]) -> None:
-        from mediator.eva.printer import expr_text
+        from eva.printer import expr_text
 
         doc = parse(DATA_CLASSES + f"profile P{' per data.k' if per else ''} = {expr_text(expr)}\n")
         check_via(group, doc, trace)
@@ -382,8 +382,8 @@ def test_via_snoop_contexts_equal_replay(setting: tuple[str, ...]) -> None:
 
 
 def logistics() -> tuple[ast.Document, list[Event]]:
+    from eva.events import from_cloudevent
     from examples.logistics.generate import day
-    from mediator.eva.events import from_cloudevent
 
     doc = parse(Path("examples/logistics/profiles.eva").read_text())
     return doc, [from_cloudevent(e, i) for i, e in enumerate(day(7))]

@@ -15,12 +15,12 @@ from pathlib import Path
 import grpc
 import pytest
 
+from adapters.backends.registry import language
+from adapters.backends.service import Running, serve
 from adapters.client import BaseClient, remote_transport
-from adapters.registry import language
-from adapters.service import Running, serve
-from mediator.eva.events import Event, to_cloudevent
-from mediator.eva.notify import to_cloudevent as composite_event
-from mediator.eva.reference import evaluate
+from eva.events import Event, to_cloudevent
+from eva.notify import to_cloudevent as composite_event
+from eva.reference import evaluate
 from mediator.federation import via
 from tests.strategies import trace_of
 from tests.test_backends import logistics
@@ -167,8 +167,8 @@ def test_the_async_adapter_interface(cg1: Running) -> None:
     import asyncio
 
     from adapters.adapter import ServiceAdapter
-    from adapters.native import NativeQueryError
-    from mediator.eva.parser import parse
+    from adapters.backends.native import NativeQueryError
+    from eva.parser import parse
     from transforms.capability import CG1
     from transforms.planner import plan
 

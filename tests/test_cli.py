@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
+from eva.events import from_cloudevent
+from eva.notify import to_cloudevent
+from eva.parser import parse
+from eva.reference import evaluate
 from mediator.cli import app
-from mediator.eva.events import from_cloudevent
-from mediator.eva.notify import to_cloudevent
-from mediator.eva.parser import parse
-from mediator.eva.reference import evaluate
 
 runner = CliRunner()
 PROFILES = ('class A = type == "a"\nclass B = type == "b"\n'
@@ -358,7 +358,7 @@ def test_compose_passes_sources_and_lateness_to_the_job(tmp_path: Path,
     sources and lateness reach the engine configuration and Spark's watermark delay."""
     import spark_jobs.session
     import spark_jobs.streaming
-    from mediator.eva.engine import EngineConfig
+    from eva.engine import EngineConfig
 
     seen: dict[str, object] = {}
 

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mediator.eva import ast
-from mediator.eva.engine import EngineConfig, replay
-from mediator.eva.events import Event
-from mediator.eva.parser import parse
-from mediator.eva.printer import expr_text
-from mediator.eva.reference import evaluate
+from eva import ast
+from eva.engine import EngineConfig, replay
+from eva.events import Event
+from eva.parser import parse
+from eva.printer import expr_text
+from eva.reference import evaluate
 from tests.helpers import signature
 from tests.strategies import CLASSES, documents, expressions, traces
 

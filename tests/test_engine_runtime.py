@@ -8,11 +8,11 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mediator.eva.engine import DeadLetter, Engine, EngineConfig, replay
-from mediator.eva.events import Event
-from mediator.eva.parser import parse
-from mediator.eva.printer import expr_text
-from mediator.eva.reference import evaluate
+from eva.engine import DeadLetter, Engine, EngineConfig, replay
+from eva.events import Event
+from eva.parser import parse
+from eva.printer import expr_text
+from eva.reference import evaluate
 from tests.helpers import events_of, profile_doc, run, signature
 from tests.strategies import CLASSES, expressions, trace_of, traces
 

@@ -14,10 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from mediator.cli import app
-from mediator.eva import engine as engine_module
-from mediator.eva.engine import DeadLetter, Engine, EngineConfig, replay
-from mediator.eva.events import (
+from eva import engine as engine_module
+from eva.engine import DeadLetter, Engine, EngineConfig, replay
+from eva.events import (
     MAX_DEPTH,
     MAX_TIME,
     MIN_TIME,
@@ -28,8 +27,9 @@ from mediator.eva.events import (
     parse_time,
     to_cloudevent,
 )
-from mediator.eva.parser import parse
-from mediator.eva.reference import evaluate
+from eva.parser import parse
+from eva.reference import evaluate
+from mediator.cli import app
 from tests.helpers import both, profile_doc, run, signature
 from tests.strategies import documents, trace_of
 
@@ -226,7 +226,7 @@ def test_late_letters_say_which_watermark() -> None:
 
 
 def test_duplicate_source_and_id_is_a_dead_letter_and_composites_keep_distinct_ids() -> None:
-    from mediator.eva.notify import composite_id
+    from eva.notify import composite_id
 
     engine, letters = engine_with(" = ((all_dup(A); all_dup(B))_5us)_all_pairs")
     out = []
@@ -260,7 +260,7 @@ def test_duplicates_are_remembered_for_the_retention_horizon_then_forgotten() ->
 
 
 def test_a_restored_engine_still_refuses_duplicates_and_far_futures() -> None:
-    from mediator.eva.snapshot import restore, snapshot
+    from eva.snapshot import restore, snapshot
 
     engine, _ = engine_with(" = ((all_dup(A); all_dup(B))_5us)_all_pairs", horizon=100)
     run(engine, trace_of("a1@10 b1@11"))
@@ -288,7 +288,7 @@ def test_copies_at_one_instant_are_refused_when_the_window_is_zero() -> None:
     """A primitive profile without lateness has a window of 0: the memory used to rotate at
     every event, so the third event of an instant forgot the first and a copy of it was
     admitted — two composites with one id (the issue's very symptom)."""
-    from mediator.eva.notify import composite_id
+    from eva.notify import composite_id
 
     engine, letters = engine_with(" = AB")
     out = []
@@ -457,8 +457,8 @@ def test_p2_over_gaps_of_days_loses_nothing_with_the_default_horizon() -> None:
 def test_a_typo_in_the_middle_of_the_logistics_day_is_refused_and_changes_nothing() -> None:
     """A year-9999 typo among the paper's events: held, refused by the next event (`future`),
     and the day's answer and work are those of the day without it."""
+    from eva.events import from_cloudevent
     from examples.logistics.generate import day
-    from mediator.eva.events import from_cloudevent
 
     doc = parse(Path("examples/logistics/profiles.eva").read_text())
     events = [from_cloudevent(e, i) for i, e in enumerate(day(7))]
@@ -479,8 +479,8 @@ def test_a_typo_in_the_middle_of_the_logistics_day_is_refused_and_changes_nothin
 def _logistics(gap_days: float | None, profiles: str) -> tuple[int, int]:
     """(notifications, instants processed) of the logistics day, with one more event that
     long after its end."""
+    from eva.events import from_cloudevent
     from examples.logistics.generate import day
-    from mediator.eva.events import from_cloudevent
 
     events = [from_cloudevent(e, i) for i, e in enumerate(day(7))]
     if gap_days is not None:
@@ -534,7 +534,7 @@ def gappy_traces(draw: st.DrawFn) -> list[Event]:
 @given(documents(), gappy_traces())
 def test_skipping_ticks_across_quiet_gaps_changes_no_answer(doc: object,
                                                             trace: list[Event]) -> None:
-    from mediator.eva import ast
+    from eva import ast
 
     assert isinstance(doc, ast.Document)
     expected = signature(evaluate(doc, trace, tick=1))

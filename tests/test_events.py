@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mediator.eva.events import (
+from eva.events import (
     Event,
     EventError,
     format_time,
@@ -66,7 +66,7 @@ def test_the_fast_timestamp_path_agrees_with_the_general_parser(
         micros: int, tail: str, sep: str) -> None:
     """parse_time reads the common shape through a per-second cache; every RFC 3339 shape
     must give what the general parser gives (events.py)."""
-    from mediator.eva.events import _parse_time
+    from eva.events import _parse_time
 
     base = format_time(micros - micros % 1_000_000)[:19].replace("T", sep)
     text = base + tail.format(ms=micros % 1000, us=micros % 1_000_000, d=micros % 10)

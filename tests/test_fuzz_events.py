@@ -11,8 +11,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mediator.eva.engine import DeadLetter, Engine, EngineConfig
-from mediator.eva.events import (
+from eva.engine import DeadLetter, Engine, EngineConfig
+from eva.events import (
     MAX_TIME,
     MIN_TIME,
     Event,
@@ -22,8 +22,8 @@ from mediator.eva.events import (
     parse_time,
     to_cloudevent,
 )
-from mediator.eva.notify import composite_line, dead_letter_record
-from mediator.eva.parser import parse
+from eva.notify import composite_line, dead_letter_record
+from eva.parser import parse
 
 FUZZ = settings(max_examples=400, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -19,11 +19,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapters.native import EventRejected, Language, NativeQueryError, Unrenderable
-from adapters.registry import language
-from mediator.eva import ast
-from mediator.eva.events import Event
-from mediator.eva.parser import parse
+from adapters.backends.native import EventRejected, Language, NativeQueryError, Unrenderable
+from adapters.backends.registry import language
+from eva import ast
+from eva.events import Event
+from eva.parser import parse
 from tests.strategies import CLASSES
 
 CASES = 1000

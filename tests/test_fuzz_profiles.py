@@ -15,9 +15,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mediator.eva import ast
-from mediator.eva.parser import ProfileError, parse
-from mediator.eva.printer import to_text
+from eva import ast
+from eva.parser import ProfileError, parse
+from eva.printer import to_text
 from tests.test_language import documents
 
 STATS: Counter[str] = Counter()

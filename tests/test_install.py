@@ -25,8 +25,8 @@ from typer.testing import CliRunner
 
 from adapters._proto import base_pb2_grpc
 from adapters.wire import FILE_DESCRIPTOR, SERVICE_NAME
+from eva import native
 from mediator.cli import app
-from mediator.eva import native
 
 ROOT = Path(__file__).resolve().parents[1]
 GEN = runpy.run_path(str(ROOT / "tools" / "gen_proto.py"))
@@ -163,10 +163,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
 def test_the_wheel_ships_the_stubs_and_the_compiled_engine(installed: Installed) -> None:
     names = zipfile.ZipFile(installed.wheel).namelist()
     assert {"adapters/_proto/base_pb2.py", "adapters/_proto/base_pb2_grpc.py",
-            "mediator/__main__.py", "mediator/eva/grammar.lark"} <= set(names)
-    assert not [n for n in names if n.startswith(("proto/", "eva/", "google/", "tests/"))]
+            "mediator/__main__.py", "eva/grammar.lark"} <= set(names)
+    assert not [n for n in names if n.startswith(("proto/", "google/", "tests/"))]
     extensions = {n.split("/")[-1].split(".")[0] for n in names
-                  if n.startswith("mediator/eva/") and n.endswith(".so")}
+                  if n.startswith("eva/") and n.endswith(".so")}
     if _have_c_compiler():
         assert set(native.MODULES) <= extensions
         assert any(name.startswith("_engine__mypyc") for name in extensions)
@@ -182,7 +182,7 @@ def test_the_installed_package_is_the_one_that_runs(installed: Installed) -> Non
                     [str(installed.bin / "python"), "-m", "mediator", "--version"]):
         out = installed.run(*command)
         assert (out.returncode, out.stdout, out.stderr) == (0, f"evamed {VERSION} ({want})\n", "")
-    script = ("import adapters.wire, mediator, mediator.eva.engine as e\n"
+    script = ("import adapters.wire, mediator, eva.engine as e\n"
               "print(mediator.__file__); print(adapters.wire.__file__); print(e.__file__)")
     out = installed.run(str(installed.bin / "python"), "-c", script)
     assert out.returncode == 0, out.stderr

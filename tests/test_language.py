@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mediator.eva import ast
-from mediator.eva.parser import ProfileError, parse
-from mediator.eva.printer import to_text
+from eva import ast
+from eva.parser import ProfileError, parse
+from eva.printer import to_text
 from tests.strategies import expressions
 
 DESIGN_EXAMPLE = '''

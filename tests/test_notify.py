@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mediator.eva.notify import composite_id, composite_line, to_cloudevent
-from mediator.eva.semantics import Notification, Occ
+from eva.notify import composite_id, composite_line, to_cloudevent
+from eva.semantics import Notification, Occ
 
 _JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
                      | st.text(), lambda inner: st.lists(inner, max_size=3)

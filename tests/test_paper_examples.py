@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from mediator.eva.semantics import Element, L, Occ, R, cut
+from eva.semantics import Element, L, Occ, R, cut
 from tests.helpers import both
 
 # ------------------------------------------------------------------ Example 4.1 (Fig. 5)
@@ -97,8 +97,8 @@ def test_p2_fig9_two_cancellations_within_the_frame_each_used_once() -> None:
 
 
 def test_p2_per_customer_partitions_are_independent() -> None:
-    from mediator.eva.engine import replay
-    from mediator.eva.events import Event
+    from eva.engine import replay
+    from eva.events import Event
     from tests.helpers import profile_doc
 
     doc = profile_doc(" per data.k = ((all_dup(A), all_dup(A))_10us)_unique_pairs")

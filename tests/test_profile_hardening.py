@@ -13,15 +13,14 @@ from typing import TypeVar
 import pytest
 from typer.testing import CliRunner
 
-from mediator.cli import app
-from mediator.eva import ast
-from mediator.eva.engine import Engine, EngineConfig
-from mediator.eva.events import Event
-from mediator.eva.parser import ProfileError, parse
-from mediator.eva.printer import to_text
-from mediator.eva.reference import Notification, evaluate
-from mediator.eva.units import MAX_SPAN, parse_span
-from mediator.eva.validate import (
+from eva import ast
+from eva.engine import Engine, EngineConfig
+from eva.events import Event
+from eva.parser import ProfileError, parse
+from eva.printer import to_text
+from eva.reference import Notification, evaluate
+from eva.units import MAX_SPAN, parse_span
+from eva.validate import (
     MAX_DOCUMENT_BYTES,
     MAX_EXPRESSION_DEPTH,
     MAX_EXPRESSION_OPERATORS,
@@ -29,6 +28,7 @@ from mediator.eva.validate import (
     MAX_PREDICATE_DEPTH,
     MAX_PREDICATE_TERMS,
 )
+from mediator.cli import app
 
 runner = CliRunner()
 A = 'class A = type == "a"\n'

@@ -9,8 +9,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mediator.eva.events import Event, from_cloudevent
-from mediator.eva.reference import partition_key
+from eva.events import Event, from_cloudevent
+from eva.reference import partition_key
 from spark_jobs.routing import _bucket_of, bucket
 
 

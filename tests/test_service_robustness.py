@@ -24,17 +24,17 @@ from grpc_status import rpc_status
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from adapters.backends.native import MAX_QUERY_BYTES, Detection, EventRejected, NativeQueryError, run
+from adapters.backends.peer import Evaluator as PeerEvaluator
+from adapters.backends.peer import PeerLanguage
+from adapters.backends.registry import language
+from adapters.backends.service import BaseService, Running, _Subscription, _Tally, serve
 from adapters.client import BaseClient, query_error
-from adapters.native import MAX_QUERY_BYTES, Detection, EventRejected, NativeQueryError, run
-from adapters.peer import Evaluator as PeerEvaluator
-from adapters.peer import PeerLanguage
-from adapters.registry import language
-from adapters.service import BaseService, Running, _Subscription, _Tally, serve
 from adapters.wire import SERVICE_NAME, base_pb2, base_pb2_grpc
-from mediator.eva.engine import EngineConfig
-from mediator.eva.events import Event, to_cloudevent
-from mediator.eva.parser import parse
-from mediator.eva.printer import to_text
+from eva.engine import EngineConfig
+from eva.events import Event, to_cloudevent
+from eva.parser import parse
+from eva.printer import to_text
 from tests.strategies import documents, trace_of, traces
 
 EVAMED = str(Path(sys.executable).with_name("evamed"))
@@ -339,8 +339,8 @@ def test_one_bad_event_in_a_batch_is_rejected_and_the_rest_evaluated(
     """An event an evaluator refuses (EventRejected) and one whose reading fails unexpectedly
     each count in `rejected` with a reason; the events after them are evaluated (one bad event
     used to end the whole Publish with UNKNOWN)."""
-    import adapters.service as service
-    from mediator.eva.events import from_json_line as reading
+    import adapters.backends.service as service
+    from eva.events import from_json_line as reading
 
     def fragile(line: str, seq: int = 0) -> Event:
         if "unreadable" in line:
@@ -549,7 +549,7 @@ def test_the_service_steps_gaps_exactly_as_one_evaluator_runs_the_trace(
         doc: Any, trace: list[Event], tick: int) -> None:
     """Random peer queries, traces with gaps of several slices, two sources and duplicates:
     the service's notifications (constituents by source and id) and its rejections are those
-    of `adapters.native.run` over the same trace."""
+    of `adapters.backends.native.run` over the same trace."""
     lang = PeerLanguage(tick)
     text = to_text(doc)
     # docs/backends.md's one CG-5 nuance: stepping the clock before an event lets the engine

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mediator.eva import ast
-from mediator.eva.engine import Engine, EngineConfig
-from mediator.eva.events import Event
-from mediator.eva.notify import to_cloudevent
-from mediator.eva.snapshot import SnapshotError, restore, snapshot
+from eva import ast
+from eva.engine import Engine, EngineConfig
+from eva.events import Event
+from eva.notify import to_cloudevent
+from eva.snapshot import SnapshotError, restore, snapshot
 from tests.strategies import documents, traces
 
 
@@ -55,7 +55,7 @@ def test_a_snapshot_keeps_no_callback_and_the_original_goes_on() -> None:
 def test_a_snapshot_restores_in_a_fresh_process(tmp_path: Path) -> None:
     """Spark restores in another worker than the one that wrote the snapshot: nothing the
     writer cached (attribute names per class) may be needed to read it."""
-    from mediator.eva.parser import parse
+    from eva.parser import parse
 
     doc = parse('class A = type == "a"\nclass B = type == "b"\n'
                 "profile S per data.k = ((all_dup(A); last_dup(B))_10s)_all_pairs\n")
@@ -68,9 +68,9 @@ def test_a_snapshot_restores_in_a_fresh_process(tmp_path: Path) -> None:
     rest = [n for e in trace[7:] for n in engine.push(e)] + engine.close()
     script = (
         "import json, sys\n"
-        "from mediator.eva.events import Event\n"
-        "from mediator.eva.notify import to_cloudevent\n"
-        "from mediator.eva.snapshot import restore\n"
+        "from eva.events import Event\n"
+        "from eva.notify import to_cloudevent\n"
+        "from eva.snapshot import restore\n"
         f"engine = restore(open({str(tmp_path / 'engine.bin')!r}, 'rb').read())\n"
         f"trace = [Event(f'e{{i}}', 's', 'ab'[i % 2], 1_000_000 * i, i, {{'k': i % 3}})"
         " for i in range(7, 12)]\n"
@@ -90,7 +90,7 @@ def _forged(document: object, version: str = "2") -> bytes:
 
 
 def _engine_bytes() -> bytes:
-    from mediator.eva.parser import parse
+    from eva.parser import parse
 
     engine = Engine(EngineConfig())
     engine.add_document(parse('class A = type == "a"\nprofile S per data.k = A\n'))
@@ -116,12 +116,12 @@ def test_a_snapshot_is_data_with_a_version() -> None:
     (_forged({"classes": {}, "root": ["v", 0, "builtins.eval", "1"]}),
      "'builtins.eval' is not engine state"),
     (_forged({"classes": {}, "root": ["k", "subprocess.Popen"]}), "not engine state"),
-    (_forged({"classes": {"mediator.eva.nodes.Budget": ["__class__"]}, "root": None}),
-     "are not those of mediator.eva.nodes.Budget"),
+    (_forged({"classes": {"eva.nodes.Budget": ["__class__"]}, "root": None}),
+     "are not those of eva.nodes.Budget"),
     (_forged({"classes": {}, "root": ["r", 7]}), "reference [7] to nothing"),
     (_forged({"classes": {}, "root": ["zz"]}), "unknown record ['zz']"),
     (_forged({"classes": {}, "root": ["t", 1]}), "holds a tuple, not an engine"),
-    (_forged({"classes": {}, "root": ["v", 0, "mediator.eva.events.Event", 1]}),
+    (_forged({"classes": {}, "root": ["v", 0, "eva.events.Event", 1]}),
      "malformed engine snapshot: TypeError"),
     (b"evamed-engine-snapshot 2\nnot zlib", "malformed engine snapshot: not zlib data"),
     (_forged({"classes": {}, "root": None})[:-4], "compressed data is truncated"),
@@ -195,7 +195,7 @@ def test_a_zlib_bomb_is_refused_without_being_inflated(monkeypatch: pytest.Monke
     byte past MAX_STATE_BYTES (lowered here to 1 MiB, so that the test stays small)."""
     import tracemalloc
 
-    from mediator.eva import snapshot as module
+    from eva import snapshot as module
 
     monkeypatch.setattr(module, "MAX_STATE_BYTES", 1 << 20)
     bomb = _bomb(b'{"classes":{},"root":null}', 64 << 20)  # 64 MiB of JSON, 64 KB compressed
@@ -215,8 +215,8 @@ def test_a_state_too_large_to_read_back_is_not_written(monkeypatch: pytest.Monke
     the state at the next restart, so it is refused when written, with the size found."""
     import zlib
 
-    from mediator.eva import snapshot as module
-    from mediator.eva.parser import parse
+    from eva import snapshot as module
+    from eva.parser import parse
 
     engine = Engine(EngineConfig())
     engine.add_document(parse('class A = type == "a"\nprofile S per data.k = A\n'))

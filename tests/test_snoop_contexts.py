@@ -1,6 +1,6 @@
 """Snoop's parameter contexts as EVA parameter settings (research/snoop.md §5.3), checked
 exhaustively on every E1/E2 trace up to length 7 (one event per instant) against the SEQ node
-of the Snoop base service (adapters/snoop.py, the node rules of §3.2).
+of the Snoop base service (adapters/backends/snoop.py, the node rules of §3.2).
 
 EVA's printed Table 4 is partly wrong; these are the verified settings DESIGN §3 adopts.
 """
@@ -12,10 +12,10 @@ from collections import defaultdict
 
 import pytest
 
-from adapters.native import run
-from adapters.snoop import SnoopLanguage
-from mediator.eva.events import Event
-from mediator.eva.reference import evaluate
+from adapters.backends.native import run
+from adapters.backends.snoop import SnoopLanguage
+from eva.events import Event
+from eva.reference import evaluate
 from tests.helpers import profile_doc
 
 

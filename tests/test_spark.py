@@ -13,12 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from typer.testing import CliRunner
 
+from eva import ast
+from eva.engine import Engine, EngineConfig
+from eva.events import Event
+from eva.notify import to_cloudevent
+from eva.printer import to_text
 from mediator.cli import app
-from mediator.eva import ast
-from mediator.eva.engine import Engine, EngineConfig
-from mediator.eva.events import Event
-from mediator.eva.notify import to_cloudevent
-from mediator.eva.printer import to_text
 from spark_jobs.batch import replay
 from spark_jobs.streaming import (
     Registration,
@@ -231,7 +231,7 @@ def test_streaming_job_equals_the_engine_and_resumes_from_its_checkpoint(
     composites it wrote are exactly the in-process engine's — none lost, none twice."""
     import os
 
-    from mediator.eva.events import from_cloudevent
+    from eva.events import from_cloudevent
 
     text, events, want = logistics_day()
     trace = [from_cloudevent(e, i) for i, e in enumerate(events)]
@@ -268,7 +268,7 @@ def test_composers_agree_while_profiles_come_and_go(spark: Any, tmp_path: Path) 
     one removed mid-stream (nothing of it after the removal) — no restart of the job."""
     import random
 
-    from mediator.eva.events import from_cloudevent
+    from eva.events import from_cloudevent
     from spark_jobs.composer import InProcessComposer, SparkComposer
 
     base = ('class A = type == "a"\nclass B = type == "b"\nclass C = type == "c"\n'
@@ -352,7 +352,7 @@ def test_deployed_mode_reads_the_redis_log_and_writes_composites_back(
     checkpoint half-way, the job writes every composite once."""
     import redis
 
-    from mediator.eva.events import from_cloudevent
+    from eva.events import from_cloudevent
     from spark_jobs.redis_io import COMPOSITE_LOG, COMPOSITES, NOTIFICATIONS, redis_lines, redis_sink
 
     text, events, lines = logistics_day()
@@ -380,7 +380,7 @@ def test_late_and_malformed_rows_reach_the_dead_letter_sink(spark: Any, tmp_path
     dead letter (with the event). A file of nothing but a broken line is reported too."""
     import time
 
-    from mediator.eva.events import from_cloudevent
+    from eva.events import from_cloudevent
 
     text, events, want = logistics_day()
     late = {**events[3], "id": "late-1"}  # an early truck event, again, two files later
@@ -415,7 +415,7 @@ def test_a_job_killed_mid_stream_resumes_from_its_checkpoint(tmp_path: Path) -> 
     import sys
     import time
 
-    from mediator.eva.events import format_time, parse_time
+    from eva.events import format_time, parse_time
 
     text, events, want = logistics_day()
     since = format_time(parse_time(events[0]["time"]) - 1)  # as the in-process engine starts
@@ -456,8 +456,8 @@ def test_declared_sources_each_have_a_watermark(spark: Any, tmp_path: Path) -> N
     import random
     import time
 
-    from mediator.eva.events import from_cloudevent
-    from mediator.eva.parser import parse
+    from eva.events import from_cloudevent
+    from eva.parser import parse
 
     text = ('class A = type == "a"\nclass B = type == "b"\n'
             "profile S per data.k = ((all_dup(A); all_dup(B))_5s)_all_pairs\n")

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters.boolean import BooleanLanguage
-from adapters.native import (
+from adapters.backends.boolean import BooleanLanguage
+from adapters.backends.native import (
     MAX_DEPTH,
     MAX_NESTING,
     MAX_QUERY_BYTES,
@@ -21,10 +21,10 @@ from adapters.native import (
     NativeQueryError,
     run,
 )
-from adapters.snoop import SnoopLanguage
-from adapters.sql import SqlLanguage, SqlQuery
-from adapters.xchange import XChangeLanguage
-from mediator.eva.events import Event
+from adapters.backends.snoop import SnoopLanguage
+from adapters.backends.sql import SqlLanguage, SqlQuery
+from adapters.backends.xchange import XChangeLanguage
+from eva.events import Event
 from tests.helpers import peak_stored
 from tests.strategies import trace_of, traces
 

@@ -15,8 +15,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from mediator.eva.engine import EngineConfig
-from mediator.eva.events import from_cloudevent, from_json_line
+from eva.engine import EngineConfig
+from eva.events import from_cloudevent, from_json_line
 from spark_jobs import streaming
 from spark_jobs.streaming import (
     ANCHOR,
@@ -170,10 +170,10 @@ def test_registered_at_the_first_event_the_job_answers_as_replay(
     replay starts: at the first event less the lateness. It started in 1970, so time classes
     ticked from then (P5 fired for every day since 1970, P3 paired a 1970 tick): 20,572
     composites for replay's 57. Engines rebuilt from snapshot and log keep the start."""
-    from mediator.eva.engine import Engine
-    from mediator.eva.events import parse_time
-    from mediator.eva.notify import composite_line
-    from mediator.eva.parser import parse
+    from eva.engine import Engine
+    from eva.events import parse_time
+    from eva.notify import composite_line
+    from eva.parser import parse
 
     text, events, _ = logistics_day()
     config = EngineConfig(allowed_lateness=lateness)
@@ -271,7 +271,7 @@ def test_a_log_entry_that_breaks_the_reader_is_refused(
     sequence number past 64 bits (which the engine's clock would take)."""
     import zlib
 
-    from mediator.eva import snapshot as module
+    from eva import snapshot as module
 
     monkeypatch.setattr(module, "MAX_STATE_BYTES", 1 << 20)  # the bomb stays small
     handle, call = _key_with_a_log(tmp_path)

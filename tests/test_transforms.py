@@ -9,10 +9,10 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 
-from mediator.eva import ast
-from mediator.eva.events import Event
-from mediator.eva.reference import evaluate
-from mediator.eva.semantics import Notification
+from eva import ast
+from eva.events import Event
+from eva.reference import evaluate
+from eva.semantics import Notification
 from tests.helpers import profile_doc, signature
 from tests.strategies import documents, trace_of, traces
 from transforms.capability import CG1, CG2, CG3, CG4, CG5, PRESETS, Capability
@@ -142,7 +142,7 @@ def test_time_classes_are_injected_into_a_service_that_evaluates_their_subtree()
     goes there whole and equivalent; on CG-0 the ticks come from the mediator's clock."""
     from pathlib import Path
 
-    from mediator.eva.parser import parse
+    from eva.parser import parse
 
     ticked = profile_doc(" = ((all_dup(T); all_dup(A))_5us)_all_pairs")
     on_sql = plan(ticked.profiles[0], ticked, CG3)

@@ -12,13 +12,13 @@ import sys
 from mypyc.build import mypycify
 from setuptools import setup  # type: ignore[import-untyped]
 
-from mediator.eva.native import GROUP, MODULES
+from eva.native import GROUP, MODULES
 
 if __name__ == "__main__":
     sys.argv[1:] = ["build_ext", "--inplace", "--build-temp", "build/native"]
     setup(
         name="evamed-native",
-        ext_modules=mypycify([f"mediator/eva/{name}.py" for name in MODULES],
+        ext_modules=mypycify([f"eva/{name}.py" for name in MODULES],
                              group_name=GROUP, opt_level="3"),
         script_args=sys.argv[1:],
     )

@@ -6,7 +6,7 @@ only what its capability allows — ``within_capability`` checks the plan), or t
 languages (``mediator.federation``). A positive rule's post-filter re-runs the original
 operator on the visible sub-trace; decomposed operators run at the mediator over their
 operands' streams. The soundness property says the result equals
-:func:`mediator.eva.reference.evaluate` for every capability.
+:func:`eva.reference.evaluate` for every capability.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from mediator.eva import ast
-from mediator.eva import reference as ref
-from mediator.eva.events import Event
-from mediator.eva.semantics import Notification, Stream
+from eva import ast
+from eva import reference as ref
+from eva.events import Event
+from eva.semantics import Notification, Stream
 from transforms.capability import NEGATION, Capability
 from transforms.plan import Kind, Local, Plan, PlanNode, Remote, Subscribe, nodes
 from transforms.rules import OPERATOR

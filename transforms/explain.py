@@ -12,8 +12,8 @@ from typing import Any
 from rich.markup import escape
 from rich.tree import Tree
 
-from mediator.eva import ast
-from mediator.eva.printer import expr_text
+from eva import ast
+from eva.printer import expr_text
 from transforms.plan import Kind, Local, Plan, PlanNode, Remote, Subscribe
 
 Render = Callable[[Remote], str]
@@ -57,7 +57,7 @@ def _shape(expr: ast.Expr) -> str:
 
 
 def _span(span: int | None) -> str:
-    from mediator.eva.units import format_span
+    from eva.units import format_span
 
     return format_span(span)
 

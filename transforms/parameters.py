@@ -13,7 +13,7 @@ pairs. Every claim here is checked on our semantics by tests/test_transforms.py.
 
 from __future__ import annotations
 
-from mediator.eva import ast
+from eva import ast
 
 Setting = tuple[ast.Dup, ast.Dup, ast.Pairs]
 

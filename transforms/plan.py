@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from mediator.eva import ast
+from eva import ast
 from transforms.capability import Capability
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from mediator.eva import ast
-from mediator.eva.classes import required_types, type_only
+from eva import ast
+from eva.classes import required_types, type_only
 from transforms.capability import SET_SEMANTICS, Capability
 from transforms.plan import Kind, Local, Plan, PlanNode, Remote, Subscribe
 from transforms.rules import CATALOGUE, OPERATOR, Rewrite, native_negation, native_operator

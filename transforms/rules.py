@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mediator.eva import ast
+from eva import ast
 from transforms.capability import (
     CONJUNCTION,
     DISJUNCTION,

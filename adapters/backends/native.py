@@ -20,8 +20,8 @@ from typing import Any, Protocol, TypeVar
 from lark import Lark, Token, Transformer, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
-from mediator.eva import ast
-from mediator.eva.events import Event
+from eva import ast
+from eva.events import Event
 from transforms.capability import Capability
 
 

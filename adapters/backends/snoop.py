@@ -27,11 +27,11 @@ from typing import Any
 
 from lark import Lark, Transformer
 
-from adapters.filters import TICK_TYPE
-from adapters.native import Detection, Unrenderable, balanced, operator_chain, parse_lark
-from mediator.eva import ast
-from mediator.eva.classes import required_types
-from mediator.eva.events import Event
+from adapters.backends.filters import TICK_TYPE
+from adapters.backends.native import Detection, Unrenderable, balanced, operator_chain, parse_lark
+from eva import ast
+from eva.classes import required_types
+from eva.events import Event
 from transforms.capability import CG2, SET_SEMANTICS, SNOOP_SETTINGS, Capability
 
 CONTEXTS = ("unrestricted", "recent", "chronicle", "continuous", "cumulative")

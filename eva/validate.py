@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from mediator.eva import ast
+from eva import ast
 
 MAX_PREDICATE_DEPTH = 100
 """Levels of and/or/not and class references on a path through a class's predicate, with the
@@ -205,7 +205,7 @@ def anchor_problem(anchor: str | None) -> str | None:
             if h < 24 and m < 60 and s < 60:
                 return None
         return f"found time of day {anchor!r}, expected HH:MM or HH:MM:SS (UTC)"
-    from mediator.eva.events import EventError, parse_time
+    from eva.events import EventError, parse_time
 
     try:
         parse_time(anchor)

@@ -16,9 +16,9 @@ from typing import Any
 
 from lark import Token, Transformer
 
-from adapters.native import balanced, number_token, string_token
-from mediator.eva import ast
-from mediator.eva.classes import resolve
+from adapters.backends.native import balanced, number_token, string_token
+from eva import ast
+from eva.classes import resolve
 
 FILTER_GRAMMAR = r"""
 filter: "[" cond "]"
@@ -47,7 +47,7 @@ FILTER_TERMINALS = {"PATH": "an attribute path (type, source, data.x …)",
 
 
 class FilterBuild(Transformer[Any, Any]):
-    """Parse tree of a filter → :mod:`mediator.eva.ast` predicate."""
+    """Parse tree of a filter → :mod:`eva.ast` predicate."""
 
     def filter(self, items: list[Any]) -> ast.Predicate:
         return items[0]

@@ -51,11 +51,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
-from adapters.native import MAX_QUERY_BYTES, Detection, EventRejected, Language, NativeQueryError
-from adapters.registry import language as language_of
+from adapters.backends.native import MAX_QUERY_BYTES, Detection, EventRejected, Language, NativeQueryError
+from adapters.backends.registry import language as language_of
 from adapters.wire import SERVICE_NAME, base_pb2, base_pb2_grpc
-from mediator.eva.events import Event, EventError, from_json_line, to_cloudevent
-from mediator.eva.units import format_span
+from eva.events import Event, EventError, from_json_line, to_cloudevent
+from eva.units import format_span
 
 log = logging.getLogger("evamed.base")
 

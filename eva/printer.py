@@ -6,8 +6,8 @@ import json
 import math
 import re
 
-from mediator.eva import ast
-from mediator.eva.units import format_span
+from eva import ast
+from eva.units import format_span
 
 # Binding strength of predicate operators, loosest first, to print only necessary parentheses.
 _OR, _AND, _NOT, _ATOM = 0, 1, 2, 3

@@ -3,7 +3,7 @@
 Every rejection is a :class:`ProfileError` of the form ``FILE:LINE:COL: error: found <what>,
 expected <what>[: <the rule>]`` followed by the source line and a caret, so that a user can fix a
 profile without reading a traceback. Nothing here recurses on the input: the parse tree is
-transformed without recursion and :mod:`mediator.eva.validate` bounds nesting (docs/language.md,
+transformed without recursion and :mod:`eva.validate` bounds nesting (docs/language.md,
 Limits) before anything that recurses sees the document.
 
 The grammar reads composite expressions loosely (see grammar.lark); :class:`_Build` turns each
@@ -25,8 +25,8 @@ from lark import Lark, Token, Transformer_NonRecursive, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
 from lark.tree import Meta
 
-from mediator.eva import ast
-from mediator.eva.units import parse_span
+from eva import ast
+from eva.units import parse_span
 
 
 @dataclass
@@ -62,7 +62,7 @@ def _window(line: str, column: int, width: int = 100) -> tuple[str, str]:
     return shown, "".join(c if c == "\t" else " " for c in prefix)
 
 
-_GRAMMAR = resources.files("mediator.eva").joinpath("grammar.lark").read_text()
+_GRAMMAR = resources.files("eva").joinpath("grammar.lark").read_text()
 _PARSER = Lark(_GRAMMAR, parser="lalr", propagate_positions=True, maybe_placeholders=False)
 
 # What each terminal means to a user, for "expected ..." messages.
@@ -553,7 +553,7 @@ class _Build(Transformer_NonRecursive[Token, Any]):
 def parse(source: str | bytes, filename: str = "<profiles>") -> ast.Document:
     """Parse and validate a profile document (text, or the bytes of a UTF-8 file); raises
     :class:`ProfileError`."""
-    from mediator.eva.validate import MAX_DOCUMENT_BYTES, validate
+    from eva.validate import MAX_DOCUMENT_BYTES, validate
 
     if len(source) > MAX_DOCUMENT_BYTES or (
             isinstance(source, str) and len(source) * 4 > MAX_DOCUMENT_BYTES

@@ -18,12 +18,12 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from mediator.eva import ast
-from mediator.eva import semantics as sem
-from mediator.eva.classes import compile_predicate, label, ticks_between
-from mediator.eva.events import Event
-from mediator.eva.printer import expr_text
-from mediator.eva.semantics import Element, Key, L, Notification, Occ, R, Stream, binary_results, cut, merge
+from eva import ast
+from eva import semantics as sem
+from eva.classes import compile_predicate, label, ticks_between
+from eva.events import Event
+from eva.printer import expr_text
+from eva.semantics import Element, Key, L, Notification, Occ, R, Stream, binary_results, cut, merge
 
 INF: Key = (2**62, 0, 0)
 

@@ -30,8 +30,8 @@ from typing import Any
 
 from lark import Lark
 
-from adapters.filters import FILTER_GRAMMAR, FILTER_TERMINALS, TICK_TYPE, FilterBuild, filter_text
-from adapters.native import (
+from adapters.backends.filters import FILTER_GRAMMAR, FILTER_TERMINALS, TICK_TYPE, FilterBuild, filter_text
+from adapters.backends.native import (
     Detection,
     NativeQueryError,
     Unrenderable,
@@ -39,9 +39,9 @@ from adapters.native import (
     operator_chain,
     parse_lark,
 )
-from mediator.eva import ast
-from mediator.eva.classes import compile_predicate
-from mediator.eva.events import Event
+from eva import ast
+from eva.classes import compile_predicate
+from eva.events import Event
 from transforms.capability import CG0, CG1, Capability
 
 _GRAMMAR = r"""

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Any, NamedTuple
 
-from mediator.eva import ast
-from mediator.eva.events import PASSIVE, TIME_EVENT
+from eva import ast
+from eva.events import PASSIVE, TIME_EVENT
 
 __all__ = ["CLOSE", "LR", "PASSIVE", "TIME_EVENT", "Element", "Key", "L", "Notification", "Occ", "R",
            "Result",

@@ -34,12 +34,12 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
-from mediator.eva import ast
-from mediator.eva import nodes as nd
-from mediator.eva import semantics as sem
-from mediator.eva.classes import ClassIndex
-from mediator.eva.engine import DeadLetter, Engine, EngineConfig, _Partition, _Profile
-from mediator.eva.events import Event
+from eva import ast
+from eva import nodes as nd
+from eva import semantics as sem
+from eva.classes import ClassIndex
+from eva.engine import DeadLetter, Engine, EngineConfig, _Partition, _Profile
+from eva.events import Event
 
 FORMAT = 2
 """Version of the snapshot format (1 was a pickle, no longer read). A snapshot written in

@@ -6,10 +6,10 @@ import hashlib
 import json
 from typing import Any
 
-from mediator.eva.engine import DeadLetter
-from mediator.eva.events import format_time
-from mediator.eva.events import to_cloudevent as event_to_cloudevent
-from mediator.eva.reference import Notification
+from eva.engine import DeadLetter
+from eva.events import format_time
+from eva.events import to_cloudevent as event_to_cloudevent
+from eva.reference import Notification
 
 SOURCE = "urn:evamed"
 

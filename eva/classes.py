@@ -11,8 +11,8 @@ import operator
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from mediator.eva import ast
-from mediator.eva.events import Event, format_time, parse_time
+from eva import ast
+from eva.events import Event, format_time, parse_time
 
 Matcher = Callable[[Event], bool]
 

@@ -3,12 +3,12 @@ record that describes it."""
 
 from __future__ import annotations
 
-from adapters.boolean import BooleanLanguage, FilterLanguage
-from adapters.native import Language
-from adapters.peer import PeerLanguage
-from adapters.snoop import SnoopLanguage
-from adapters.sql import SqlLanguage
-from adapters.xchange import XChangeLanguage
+from adapters.backends.boolean import BooleanLanguage, FilterLanguage
+from adapters.backends.native import Language
+from adapters.backends.peer import PeerLanguage
+from adapters.backends.snoop import SnoopLanguage
+from adapters.backends.sql import SqlLanguage
+from adapters.backends.xchange import XChangeLanguage
 
 GROUPS = ("cg0", "cg1", "cg2", "cg3", "cg4", "cg5")
 

@@ -42,8 +42,8 @@ from sqlglot.errors import ParseError, SqlglotError
 from sqlglot.tokenizer_core import TokenType
 from sqlglot.tokens import Tokenizer
 
-from adapters.filters import TICK_TYPE, operands
-from adapters.native import (
+from adapters.backends.filters import TICK_TYPE, operands
+from adapters.backends.native import (
     Detection,
     EventRejected,
     Lexical,
@@ -55,9 +55,9 @@ from adapters.native import (
     position,
     too_deep,
 )
-from mediator.eva import ast
-from mediator.eva.classes import resolve, type_only
-from mediator.eva.events import Event
+from eva import ast
+from eva.classes import resolve, type_only
+from eva.events import Event
 from transforms.capability import CG3, Capability
 
 _UNITS = {"WEEK": 604_800_000_000, "DAY": 86_400_000_000, "HOUR": 3_600_000_000,

@@ -14,7 +14,7 @@ import importlib.machinery
 from pathlib import Path
 
 MODULES = ("events", "semantics", "classes", "nodes", "engine")
-GROUP = "mediator.eva._engine"
+GROUP = "eva._engine"
 """mypyc's shared runtime goes inside the package, so the extensions import from anywhere."""
 _HERE = Path(__file__).parent
 
@@ -44,7 +44,7 @@ def running() -> list[str]:
     """The engine modules this interpreter runs compiled: those imported from an extension."""
     out = []
     for name in MODULES:
-        module = importlib.import_module(f"mediator.eva.{name}")
+        module = importlib.import_module(f"eva.{name}")
         if str(module.__file__).endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)):
             out.append(name)
     return out

@@ -15,15 +15,15 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.native import Detection, EventRejected, NativeQueryError, check_size
-from mediator.eva import ast
-from mediator.eva.engine import DeadLetter, Engine, EngineConfig
-from mediator.eva.events import Event
-from mediator.eva.notify import tuples_from_json, tuples_to_json
-from mediator.eva.parser import ProfileError, parse
-from mediator.eva.printer import to_text
-from mediator.eva.semantics import Notification, Occ
-from mediator.eva.validate import refs
+from adapters.backends.native import Detection, EventRejected, NativeQueryError, check_size
+from eva import ast
+from eva.engine import DeadLetter, Engine, EngineConfig
+from eva.events import Event
+from eva.notify import tuples_from_json, tuples_to_json
+from eva.parser import ProfileError, parse
+from eva.printer import to_text
+from eva.semantics import Notification, Occ
+from eva.validate import refs
 from transforms.capability import CG5, Capability
 
 log = logging.getLogger("evamed.peer")
@@ -41,7 +41,7 @@ def constituent_age(doc: ast.Document, tick: int) -> int | None:
     """How far (µs) before the instant it is reported at a constituent of any of ``doc``'s
     occurrences can lie; None when nothing bounds it.
 
-    Not the retention horizon of :mod:`mediator.eva.retention`, which bounds how long a *node*
+    Not the retention horizon of :mod:`eva.retention`, which bounds how long a *node*
     keeps an occurrence (its state size): a unique_pairs node with single selections keeps one
     element, but that element may be arbitrarily old. Along any path of the tree, each
     conjunction or sequence adds its span (a stored operand lies within it of the newest one)
@@ -66,7 +66,7 @@ def constituent_age(doc: ast.Document, tick: int) -> int | None:
 
 def primitives(ident: Hashable) -> list[tuple[str, str]]:
     """(source, id) of each primitive event an occurrence's identity names, in operand order
-    (the order of ``Occ.events``). The identities are built by :mod:`mediator.eva.semantics`:
+    (the order of ``Occ.events``). The identities are built by :mod:`eva.semantics`:
     a primitive is ``(source, id)``, a composite ``(tag, left, right)``, a tick ``("tick",
     name, time)`` and an absence ``("not", tag, time[, anchor])`` — whose anchor is not one of
     its constituents. Iterative: a composite may nest deeper than Python's stack."""

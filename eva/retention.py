@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from mediator.eva import ast
+from eva import ast
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,8 @@ from typing import Any
 
 from lark import Lark, Token, Transformer
 
-from adapters.filters import TICK_TYPE
-from adapters.native import (
+from adapters.backends.filters import TICK_TYPE
+from adapters.backends.native import (
     Detection,
     Unrenderable,
     number_token,
@@ -47,10 +47,10 @@ from adapters.native import (
     parse_lark,
     string_token,
 )
-from mediator.eva import ast
-from mediator.eva.classes import required_types, resolve, same
-from mediator.eva.events import Event
-from mediator.eva.units import UNITS, format_span
+from eva import ast
+from eva.classes import required_types, resolve, same
+from eva.events import Event
+from eva.units import UNITS, format_span
 from transforms.capability import CG4, Capability
 
 _GRAMMAR = r"""

@@ -15,10 +15,10 @@ from collections import deque
 from collections.abc import Hashable, Iterable
 from typing import Any
 
-from mediator.eva import ast
-from mediator.eva import semantics as sem
-from mediator.eva.classes import label
-from mediator.eva.semantics import LR, L, Occ, R
+from eva import ast
+from eva import semantics as sem
+from eva.classes import label
+from eva.semantics import LR, L, Occ, R
 
 Key = tuple[int, int, Any]
 NO_DUE: Key = (2**62, 9, 0)

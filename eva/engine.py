@@ -7,9 +7,9 @@
   clock steps of negations (passive events) and of end-of-interval results — the total order of
   DESIGN §3, the same as the reference evaluator's.
 * Each event is matched once against each distinct class predicate that can match its ``type``
-  (:class:`~mediator.eva.classes.ClassIndex`), then handed to the profiles that use those
+  (:class:`~eva.classes.ClassIndex`), then handed to the profiles that use those
   classes only.
-* Stored state is bounded by the retention horizons of :mod:`mediator.eva.retention`; a
+* Stored state is bounded by the retention horizons of :mod:`eva.retention`; a
   profile whose state cannot be bounded is held under ``state_cap`` and an overflow is reported
   as a dead letter with reason ``state_cap``.
 """
@@ -21,16 +21,16 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mediator.eva import ast
-from mediator.eva import nodes as nd
-from mediator.eva import semantics as sem
-from mediator.eva.classes import ClassIndex, label, next_tick
-from mediator.eva.events import Event, brief_repr
-from mediator.eva.printer import expr_text
-from mediator.eva.reference import Notification, partition_key
-from mediator.eva.retention import longest, retention
-from mediator.eva.semantics import Key, Occ
-from mediator.eva.units import format_span
+from eva import ast
+from eva import nodes as nd
+from eva import semantics as sem
+from eva.classes import ClassIndex, label, next_tick
+from eva.events import Event, brief_repr
+from eva.printer import expr_text
+from eva.reference import Notification, partition_key
+from eva.retention import longest, retention
+from eva.semantics import Key, Occ
+from eva.units import format_span
 
 NEVER = 2**62
 REMEMBERED = 100_000
@@ -736,7 +736,7 @@ def replay(doc: ast.Document, events: Iterable[Event], *, profiles: Iterable[str
            config: EngineConfig | None = None, until: int | None = None,
            dead_letter: Callable[[DeadLetter], None] | None = None) -> list[Notification]:
     """Run a finite trace through a fresh engine: the incremental counterpart of
-    :func:`mediator.eva.reference.evaluate`."""
+    :func:`eva.reference.evaluate`."""
     engine = Engine(config, dead_letter)
     engine.add_document(doc, profiles)
     out: list[Notification] = []
