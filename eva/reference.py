@@ -43,7 +43,7 @@ def partition_key(value: Any) -> Hashable:
 
 
 @dataclass
-class _Context:
+class Context:
     """One partition's trace and settings; ``with_events`` narrows it to a sub-trace."""
 
     events: list[Event]
@@ -55,15 +55,15 @@ class _Context:
     matchers: dict[str, Callable[[Event], bool]]
     partition: Any = None
 
-    def with_events(self, events: list[Event]) -> _Context:
-        return _Context(events, self.doc, self.admit, self.start, self.end, self.tick,
+    def with_events(self, events: list[Event]) -> Context:
+        return Context(events, self.doc, self.admit, self.start, self.end, self.tick,
                         self.matchers, self.partition)
 
 
 # ------------------------------------------------------------------ nodes
 
 
-def eval_expr(expr: ast.Expr, ctx: _Context, anchors: Stream | None = None) -> Stream:
+def eval_expr(expr: ast.Expr, ctx: Context, anchors: Stream | None = None) -> Stream:
     if isinstance(expr, ast.Prim):
         return eval_prim(expr, ctx)
     if isinstance(expr, ast.Negation):
@@ -73,7 +73,7 @@ def eval_expr(expr: ast.Expr, ctx: _Context, anchors: Stream | None = None) -> S
     return eval_binary(expr, ctx)[0]
 
 
-def eval_prim(expr: ast.Prim, ctx: _Context) -> Stream:
+def eval_prim(expr: ast.Prim, ctx: Context) -> Stream:
     cls = ctx.doc.class_map()[expr.name]
     if isinstance(cls.body, ast.Every):
         index = [c.name for c in ctx.doc.classes].index(expr.name)
@@ -87,7 +87,7 @@ def eval_prim(expr: ast.Prim, ctx: _Context) -> Stream:
     return [(e.key, primitive(e)) for e in ctx.events if match(e)]
 
 
-def eval_selection(expr: ast.Selection, ctx: _Context) -> Stream:
+def eval_selection(expr: ast.Selection, ctx: Context) -> Stream:
     return select(expr, eval_expr(expr.expr, ctx))
 
 
@@ -100,11 +100,11 @@ def select(expr: ast.Selection, stream: Stream) -> Stream:
     return out
 
 
-def eval_negation(expr: ast.Negation, ctx: _Context, anchors: Stream | None) -> Stream:
+def eval_negation(expr: ast.Negation, ctx: Context, anchors: Stream | None) -> Stream:
     return negate(expr, eval_expr(expr.expr, ctx), ctx, anchors)
 
 
-def negate(expr: ast.Negation, negated: Stream, ctx: _Context, anchors: Stream | None) -> Stream:
+def negate(expr: ast.Negation, negated: Stream, ctx: Context, anchors: Stream | None) -> Stream:
     """Passive events (Def. 4.8) at the clock's ticks, or anchored after each anchor occurrence
     when the negation is the posterior operand of a sequence (DESIGN §3)."""
     tag = expr_text(expr)
@@ -129,13 +129,13 @@ def negate(expr: ast.Negation, negated: Stream, ctx: _Context, anchors: Stream |
     return [c for count, c in enumerate(candidates, start=1) if sem.negation_picks(count, expr.pairs)]
 
 
-def operands(node: ast.Binary, ctx: _Context) -> tuple[Stream, Stream]:
+def operands(node: ast.Binary, ctx: Context) -> tuple[Stream, Stream]:
     left = eval_expr(node.left.expr, ctx)
     anchored = isinstance(node, ast.Sequence) and isinstance(node.right.expr, ast.Negation)
     return left, eval_expr(node.right.expr, ctx, anchors=left if anchored else None)
 
 
-def eval_binary(node: ast.Binary, ctx: _Context) -> tuple[Stream, list[Element]]:
+def eval_binary(node: ast.Binary, ctx: Context) -> tuple[Stream, list[Element]]:
     return combine(node, *operands(node, ctx))
 
 
@@ -165,7 +165,7 @@ def combine(node: ast.Binary, left: Stream, right: Stream) -> tuple[Stream, list
     return out, view
 
 
-def eval_end_of_interval(node: ast.Binary, ctx: _Context) -> Stream:
+def eval_end_of_interval(node: ast.Binary, ctx: Context) -> Stream:
     return end_of_interval(node, *operands(node, ctx), ctx.end)
 
 
@@ -207,10 +207,10 @@ def end_of_interval(node: ast.Binary, left: Stream, right: Stream, end: int) -> 
 # ------------------------------------------------------------------ profiles
 
 
-RootStream = Callable[[ast.Profile, "_Context"], Stream]
+RootStream = Callable[[ast.Profile, "Context"], Stream]
 
 
-def profile_stream(profile: ast.Profile, ctx: _Context) -> Stream:
+def profile_stream(profile: ast.Profile, ctx: Context) -> Stream:
     """The reported stream of a profile in one partition (end-of-interval at the root)."""
     root = profile.expr
     if (profile.evaluation is ast.Evaluation.END_OF_INTERVAL
@@ -251,7 +251,7 @@ def evaluate_profile(profile: ast.Profile, doc: ast.Document, events: list[Event
         def admit(key: Key, created: Key | None = created) -> bool:
             return key[0] > start and (created is None or key >= created)
 
-        ctx = _Context(group, doc, admit, start, end, tick, matchers, value)
+        ctx = Context(group, doc, admit, start, end, tick, matchers, value)
         stream = root(profile, ctx)
         out.extend(Notification(profile.name, value, occ, emit) for emit, occ in stream)
     return out

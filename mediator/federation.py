@@ -111,7 +111,7 @@ class Federation:
 
     # ---------------------------------------------------------------- Services
 
-    def remote(self, node: Remote, ctx: ref._Context, root_eoi: bool) -> Stream:
+    def remote(self, node: Remote, ctx: ref.Context, root_eoi: bool) -> Stream:
         assert self.profile is not None
         text = native_text(self.language, node.target, self.doc, self.profile, root_eoi)
         if isinstance(self.language, PeerLanguage):
@@ -123,7 +123,7 @@ class Federation:
         expr = node.original if node.kind is Kind.POSITIVE else node.target
         return rerun(expr, visible(ctx, ids), root_eoi)
 
-    def subscribe(self, node: Subscribe, ctx: ref._Context) -> Stream:
+    def subscribe(self, node: Subscribe, ctx: ref.Context) -> Stream:
         prim = ast.Prim(node.name)
         if node.clock:
             return ref.eval_prim(prim, ctx)  # the mediator's own clock
@@ -136,7 +136,7 @@ class Federation:
 
     # ---------------------------------------------------------------- transformations back
 
-    def _from_peer(self, detections: list[Detection], ctx: ref._Context) -> Stream:
+    def _from_peer(self, detections: list[Detection], ctx: ref.Context) -> Stream:
         want = ref.partition_key(ctx.partition) if ctx.partition is not None else None
         out: Stream = []
         for d in detections:
@@ -145,7 +145,7 @@ class Federation:
                 out.append(occurrence(d.extra))
         return out
 
-    def _pairs(self, target: ast.Expr, detections: list[Detection], ctx: ref._Context) -> Stream:
+    def _pairs(self, target: ast.Expr, detections: list[Detection], ctx: ref.Context) -> Stream:
         """Snoop pairs (initiator, terminator) as EVA composites of a flat operator."""
         assert isinstance(target, (ast.Conjunction, ast.Sequence))
         assert isinstance(target.left.expr, ast.Prim) and isinstance(target.right.expr, ast.Prim)
@@ -167,7 +167,7 @@ class Federation:
         out.sort(key=lambda item: item[0])
         return [(occ.key, occ) for _, occ in out]
 
-    def _is(self, event: Event, name: str, ctx: ref._Context) -> bool:
+    def _is(self, event: Event, name: str, ctx: ref.Context) -> bool:
         if event.type.startswith(TICK_TYPE):
             return event.type == TICK_TYPE + name
         return name in ctx.matchers and ctx.matchers[name](event)

@@ -28,9 +28,9 @@ class Services(Protocol):
     EVA occurrences of one partition (``ctx``). ``root_eoi``: the remote is the profile's root
     and the profile is evaluated at the end of the interval."""
 
-    def remote(self, node: Remote, ctx: ref._Context, root_eoi: bool) -> Stream: ...
+    def remote(self, node: Remote, ctx: ref.Context, root_eoi: bool) -> Stream: ...
 
-    def subscribe(self, node: Subscribe, ctx: ref._Context) -> Stream: ...
+    def subscribe(self, node: Subscribe, ctx: ref.Context) -> Stream: ...
 
     def for_profile(self, profile: ast.Profile) -> Services:
         """The same services, answering for this profile's remotes."""
@@ -43,7 +43,7 @@ class Simulated:
     def for_profile(self, profile: ast.Profile) -> Simulated:
         return self
 
-    def remote(self, node: Remote, ctx: ref._Context, root_eoi: bool) -> Stream:
+    def remote(self, node: Remote, ctx: ref.Context, root_eoi: bool) -> Stream:
         if node.kind is not Kind.POSITIVE:
             # The service's answer is the EVA answer (with the ticks the mediator published).
             if root_eoi and isinstance(node.target, (ast.Disjunction, ast.Conjunction, ast.Sequence)):
@@ -52,18 +52,18 @@ class Simulated:
         ids = {event for _, occ in ref.eval_expr(node.target, ctx) for event in occ.events}
         return rerun(node.original, visible(ctx, ids), root_eoi)
 
-    def subscribe(self, node: Subscribe, ctx: ref._Context) -> Stream:
+    def subscribe(self, node: Subscribe, ctx: ref.Context) -> Stream:
         return ref.eval_prim(ast.Prim(node.name), ctx)
 
 
-def rerun(expr: ast.Expr, ctx: ref._Context, root_eoi: bool) -> Stream:
+def rerun(expr: ast.Expr, ctx: ref.Context, root_eoi: bool) -> Stream:
     """The post-filter of a positive rule: the original expression on the visible sub-trace."""
     if root_eoi and isinstance(expr, (ast.Disjunction, ast.Conjunction, ast.Sequence)):
         return ref.eval_end_of_interval(expr, ctx)
     return ref.eval_expr(expr, ctx)
 
 
-def visible(ctx: ref._Context, ids: set[str]) -> ref._Context:
+def visible(ctx: ref.Context, ids: set[str]) -> ref.Context:
     """The post-filter's input: the events the service's notifications contain."""
     return ctx.with_events([e for e in ctx.events if e.id in ids])
 
@@ -83,7 +83,7 @@ def evaluate_plans(plans: list[Plan], doc: ast.Document, events: Iterable[Event]
 
         bound = backend.for_profile(p.profile)
 
-        def planned(_: ast.Profile, ctx: ref._Context, p: Plan = p,
+        def planned(_: ast.Profile, ctx: ref.Context, p: Plan = p,
                     bound: Services = bound) -> Stream:
             return root_stream(p, ctx, bound)
 
@@ -93,7 +93,7 @@ def evaluate_plans(plans: list[Plan], doc: ast.Document, events: Iterable[Event]
     return out
 
 
-def root_stream(p: Plan, ctx: ref._Context, services: Services) -> Stream:
+def root_stream(p: Plan, ctx: ref.Context, services: Services) -> Stream:
     root = p.root
     eoi = p.profile.evaluation is ast.Evaluation.END_OF_INTERVAL
     if isinstance(root, Remote):
@@ -105,7 +105,7 @@ def root_stream(p: Plan, ctx: ref._Context, services: Services) -> Stream:
     return stream(root, ctx, services)
 
 
-def stream(node: PlanNode, ctx: ref._Context, services: Services,
+def stream(node: PlanNode, ctx: ref.Context, services: Services,
            anchors: Stream | None = None) -> Stream:
     if isinstance(node, Subscribe):
         return services.subscribe(node, ctx)
@@ -120,7 +120,7 @@ def stream(node: PlanNode, ctx: ref._Context, services: Services,
     return ref.combine(expr, *_operands(node, ctx, services))[0]
 
 
-def _operands(node: Local, ctx: ref._Context, services: Services) -> tuple[Stream, Stream]:
+def _operands(node: Local, ctx: ref.Context, services: Services) -> tuple[Stream, Stream]:
     expr = node.node
     assert isinstance(expr, (ast.Disjunction, ast.Conjunction, ast.Sequence))
     left = stream(node.children[0], ctx, services)
