@@ -1,4 +1,16 @@
-"""The mediator's side of a base service: a small gRPC client and the replay transport."""
+"""The mediator's side of a base service: one client module for every way of reaching one.
+
+* :class:`Subscription` — one native query's evaluation, event by event, as the plan runner's
+  federation drives it (:mod:`adapters.federation`): :func:`in_process` (the service's
+  evaluator in this process, reporting as it goes) or :func:`remote_transport` (a running
+  service over gRPC; today's protocol reports no progress, so the events are sent at the end).
+* :class:`BaseClient` — the synchronous gRPC client (subscribe, publish, health, capabilities).
+* :class:`Adapter` / :class:`ServiceAdapter` — the asyncio interface of DESIGN §5 that the
+  mediator service uses: ``capabilities()``, ``render(node)`` and ``parse_notification`` (the
+  group's dialect, :mod:`transforms.dialects`), ``subscribe(native)`` (an async iterator of
+  native notifications), ``health()``. The embedded mode runs the same base services
+  in-process (``adapters.backends.service.serve`` on a loopback port): one code path for both.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +18,23 @@ import json
 import re
 import threading
 import uuid
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
+from typing import Any, Protocol
 
 import grpc
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
-from adapters.backends.native import Detection, NativeQueryError
+from adapters.backends.native import EventRejected, Language, NativeQueryError, Query
+from adapters.backends.registry import language
 from adapters.wire import SERVICE_NAME, base_pb2, base_pb2_grpc
+from eva import ast
 from eva.events import Event, from_cloudevent, to_cloudevent
+from transforms.capability import Capability
+from transforms.dialects import dialect
+from transforms.dialects.base import Detection, Reading, Scope
+from transforms.plans import Remote, Subscribe
 
 BATCH_BYTES = 1024 * 1024
 """A Publish message is sent once its events reach this size (well under the service's limit)."""
@@ -51,6 +69,89 @@ def query_error(exc: grpc.RpcError, language: str, query: str) -> NativeQueryErr
     return NativeQueryError(language, exc.details() or "rejected")
 
 
+def capability_from_json(record: dict[str, Any]) -> Capability:
+    """The inverse of the service's Capabilities reply (sets travel as sorted lists)."""
+    fields = dict(record)
+    fields["operators"] = frozenset(fields["operators"])
+    if fields.get("settings") is not None:
+        fields["settings"] = frozenset(tuple(s) for s in fields["settings"])
+    return Capability(**fields)
+
+
+def _check_group(address: str, served: str, group: str) -> None:
+    """A service of another group would not understand the queries: refused."""
+    if served != group:
+        raise ConnectionError(f"the service at {address} serves {served}, not {group}")
+
+
+_HEALTH = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
+
+
+def _serving_status(reply: Any) -> str:
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+
+# ------------------------------------------------------------------ subscriptions, event by event
+
+
+class Subscription(Protocol):
+    """One native query's evaluation at a base service, driven event by event."""
+
+    live: bool
+    """The detections of an event come back from its ``push`` (so the service's progress is
+    known); otherwise they all come from ``close``."""
+
+    def push(self, event: Event) -> list[Detection]:
+        """The next event of the service's input (in order): what it completes."""
+        ...
+
+    def advance(self, time: int) -> list[Detection]:
+        """No event at or before ``time`` will come: what that completes."""
+        ...
+
+    def close(self, until: int) -> list[Detection]:
+        """End of input, the clock run to ``until``: what remains."""
+        ...
+
+
+Connect = Callable[[str], Subscription]
+"""Subscribe native query text (NativeQueryError if the service refuses it)."""
+
+
+class _Evaluation:
+    """The service's evaluator in this process: an event the evaluator refuses is left out and
+    the run goes on, as a base service does."""
+
+    live = True
+
+    def __init__(self, query: Query) -> None:
+        self.evaluator = query.evaluator()
+
+    def push(self, event: Event) -> list[Detection]:
+        try:
+            return self.evaluator.push(event)
+        except EventRejected:
+            return []
+
+    def advance(self, time: int) -> list[Detection]:
+        return self.evaluator.advance(time)
+
+    def close(self, until: int) -> list[Detection]:
+        return self.evaluator.advance(until)
+
+
+def in_process(lang: Language) -> Connect:
+    """The service's evaluator in this process (what ``replay --native`` runs)."""
+    return lambda text: _Evaluation(lang.parse(text))
+
+
+def evaluate(connect: Connect, text: str, events: Iterable[Event], until: int) -> list[Detection]:
+    """A whole trace through one subscription: its every detection, in order."""
+    subscription = connect(text)
+    out = [d for e in events for d in subscription.push(e)]
+    return out + subscription.close(until)
+
+
 class BaseClient:
     def __init__(self, address: str, timeout: float = 10.0) -> None:
         self.address = address
@@ -75,9 +176,8 @@ class BaseClient:
             raise ConnectionError(f"no base service at {self.address}") from None
 
     def health(self) -> str:
-        stub = health_pb2_grpc.HealthStub(self.channel)
-        reply = stub.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=self.timeout)
-        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+        return _serving_status(health_pb2_grpc.HealthStub(self.channel).Check(
+            _HEALTH, timeout=self.timeout))
 
     def capabilities(self) -> dict[str, Any]:
         reply = self.stub.Capabilities(base_pb2.CapabilitiesRequest(), timeout=self.timeout)
@@ -146,25 +246,35 @@ class BaseClient:
         return self.stub.Publish(messages())
 
 
-def remote_transport(address: str, group: str) -> Any:
-    """Evaluate native queries at a running base service: subscribe, publish the trace, let the
-    clock run to the end, unsubscribe once everything is queued, collect the notifications.
-    A service whose group is not ``group`` is refused (its language would not understand)."""
-    client = BaseClient(address)
-    client.wait_ready()
-    caps = client.capabilities()
-    served, name = caps["group"], caps["language"]
-    if served != group:
-        raise ConnectionError(f"the service at {address} serves {served}, not {group}")
+class _Sent:
+    """A query at a running service, reached over gRPC. Today's protocol says nothing of the
+    service's progress, so the events are kept and sent at ``close``: subscribe, publish them,
+    let the clock run to the end, unsubscribe once everything is queued, collect."""
 
-    def evaluate(text: str, events: list[Event], until: int) -> list[Detection]:
+    live = False
+
+    def __init__(self, client: BaseClient, name: str, text: str) -> None:
+        self.client = client
+        self.name = name
+        self.text = text
+        self.events: list[Event] = []
+
+    def push(self, event: Event) -> list[Detection]:
+        self.events.append(event)
+        return []
+
+    def advance(self, time: int) -> list[Detection]:
+        return []
+
+    def close(self, until: int) -> list[Detection]:
+        client, text = self.client, self.text
         sub_id = uuid.uuid4().hex
         stream = client.subscribe(text, sub_id)
         try:
             first = next(stream)
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                raise query_error(exc, name, text) from None
+                raise query_error(exc, self.name, text) from None
             raise
         assert first.ready
         out: list[Detection] = []
@@ -178,11 +288,91 @@ def remote_transport(address: str, group: str) -> Any:
 
         reader = threading.Thread(target=drain, daemon=True)
         reader.start()
-        client.publish(events, advance_to=until)
+        client.publish(self.events, advance_to=until)
         client.unsubscribe(sub_id)
         reader.join()
         if failure:
-            raise ConnectionError(f"subscription at {address} failed: {failure[0]}")
+            raise ConnectionError(f"subscription at {client.address} failed: {failure[0]}")
         return out
 
-    return evaluate
+
+def remote_transport(address: str, group: str) -> Connect:
+    """Native queries evaluated at the running base service at ``address``; one whose group
+    is not ``group`` is refused (its language would not understand)."""
+    client = BaseClient(address)
+    client.wait_ready()
+    caps = client.capabilities()
+    _check_group(address, caps["group"], group)
+    name = caps["language"]
+    return lambda text: _Sent(client, name, text)
+
+
+# ------------------------------------------------------------------ the asyncio adapter (DESIGN §5)
+
+
+class Adapter(Protocol):
+    group: str
+
+    async def capabilities(self) -> Capability: ...
+
+    def render(self, node: Remote | Subscribe, doc: ast.Document,
+               profile: ast.Profile | None = None, root_eoi: bool = False) -> str: ...
+
+    def subscribe(self, native: str) -> AsyncGenerator[Any, None]: ...
+
+    def parse_notification(self, native: Any, node: Remote, scope: Scope) -> Reading: ...
+
+    async def health(self) -> str: ...
+
+
+class ServiceAdapter:
+    """A base service reached over gRPC (asyncio)."""
+
+    def __init__(self, address: str, group: str, timeout: float = 10.0) -> None:
+        self.address = address
+        self.group = group
+        self.timeout = timeout
+        self._channel = grpc.aio.insecure_channel(address)
+        self._stub = base_pb2_grpc.BaseServiceStub(self._channel)
+        self._language = language(group)
+        self._dialect = dialect(group)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def capabilities(self) -> Capability:
+        reply = await self._stub.Capabilities(base_pb2.CapabilitiesRequest(), timeout=self.timeout)
+        _check_group(self.address, reply.group, self.group)
+        return capability_from_json(json.loads(reply.capability_json))
+
+    def render(self, node: Remote | Subscribe, doc: ast.Document,
+               profile: ast.Profile | None = None, root_eoi: bool = False) -> str:
+        expr = node.target if isinstance(node, Remote) else ast.Prim(node.name)
+        return self._dialect.render(expr, doc, profile, root_eoi)
+
+    async def subscribe(self, native: str) -> AsyncGenerator[Any, None]:
+        """Native notifications as they come; a rejected query raises NativeQueryError."""
+        call = self._stub.Subscribe(base_pb2.SubscribeRequest(query=native))
+        try:
+            async for message in call:
+                if message.ready:
+                    continue
+                yield message
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise query_error(exc, self._language.name, native) from None
+            raise
+        finally:
+            call.cancel()
+
+    def detection(self, native: Any) -> Detection:
+        """A notification message as a detection (its constituents as events)."""
+        return detection(native)
+
+    def parse_notification(self, native: Any, node: Remote, scope: Scope) -> Reading:
+        """A notification for ``node`` in EVA terms, by the group's dialect."""
+        return self._dialect.parse_notification(detection(native), node, scope)
+
+    async def health(self) -> str:
+        stub = health_pb2_grpc.HealthStub(self._channel)
+        return _serving_status(await stub.Check(_HEALTH, timeout=self.timeout))

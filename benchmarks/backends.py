@@ -17,11 +17,11 @@ from adapters.backends.native import run
 from adapters.backends.registry import language
 from adapters.backends.service import serve
 from adapters.client import BaseClient
+from adapters.federation import via
 from eva.events import Event, from_cloudevent
 from eva.parser import parse
 from eva.reference import evaluate
 from examples.logistics.generate import day
-from mediator.federation import via
 
 QUERIES = {
     "cg1": 'OR([type = "a" & data.k = 1], [type = "b"])',

@@ -23,15 +23,11 @@ from typing import Any
 
 from eva.engine import EngineConfig
 from eva.parser import parse
+from spark_jobs.job import StreamJob, start
+from spark_jobs.profiles import Registration, write_table
+from spark_jobs.routing import config_tuple
 from spark_jobs.session import build_session
-from spark_jobs.streaming import (
-    Registration,
-    StreamJob,
-    config_tuple,
-    spool_file,
-    start,
-    write_table,
-)
+from spark_jobs.spool import spool_file
 
 # A and B come from two different sources (a truck feed and a depot feed): a cross-source
 # sequence per truck, within 10 s.
@@ -143,7 +139,8 @@ def floor(spark: Any, buckets: int, keys: int, batch: int, batches: int) -> floa
     import pandas as pd
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-    from spark_jobs.streaming import OUT, ROUTED, spool_lines
+    from spark_jobs.job import OUT, ROUTED
+    from spark_jobs.spool import spool_lines
 
     class Count(StatefulProcessor):
         def init(self, handle: Any) -> None:
@@ -195,13 +192,13 @@ def python_work(keys: int, batch: int, batches: int, buckets: int) -> dict[str, 
     from eva.events import from_json_line
     from eva.notify import composite_line
     from eva.snapshot import restore, snapshot
-    from spark_jobs.streaming import profiles, route
+    from spark_jobs.profiles import profiles, route
 
     root = tempfile.mkdtemp(prefix="evamed-bench-python-")
     table = os.path.join(root, "profiles.json")
     origin = 1_772_000_000_000_000
     write_table(table, [Registration(PROFILES, origin)])
-    routes = sorted(profiles(StreamJob(table, config_tuple(EngineConfig()), buckets)).items())
+    routes = sorted(profiles(table).items())
     shutil.rmtree(root, ignore_errors=True)
     doc = parse(PROFILES)
     engines = {}

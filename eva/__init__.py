@@ -1,11 +1,43 @@
 """EVA, the parameterized event algebra of Hinze & Voisard (2014).
 
-Parse profiles with :func:`parse`, evaluate them definitionally with
-:func:`eva.reference.evaluate` or incrementally with :class:`eva.engine.Engine`.
+    doc = eva.parse(text)                          # profiles and classes (eva.ast)
+    spec = eva.compile(profile, ...)               # once per profile: immutable node specs
+    engine = eva.Engine(); engine.add_document(doc)
+    notifications = engine.push(event)             # incremental (compiles on registration)
+    notifications = eva.evaluate(doc, events)      # the definition, over a finite trace
+
+``eva.reference`` is the definitional evaluator, ``eva.engine`` the incremental one, tested equal
+to it. The names load on first use: ``import eva`` itself imports nothing heavy.
 """
 
-from eva.events import Event
-from eva.parser import ProfileError, parse
-from eva.printer import to_text
+from __future__ import annotations
 
-__all__ = ["Event", "ProfileError", "parse", "to_text"]
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, tuple[str, str | None]] = {
+    "reference": ("eva.reference", None),
+    "Event": ("eva.events", "Event"),
+    "ProfileError": ("eva.parser", "ProfileError"),
+    "parse": ("eva.parser", "parse"),
+    "to_text": ("eva.printer", "to_text"),
+    # The module is eva.compiler: a submodule eva.compile would rebind this name on import.
+    "compile": ("eva.compiler", "compile_profile"),
+    "Engine": ("eva.engine", "Engine"),
+    "EngineConfig": ("eva.engine", "EngineConfig"),
+    "evaluate": ("eva.reference", "evaluate"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    found = _EXPORTS.get(name)
+    if found is None:
+        raise AttributeError(f"module 'eva' has no attribute {name!r}")
+    module = importlib.import_module(found[0])
+    value = module if found[1] is None else getattr(module, found[1])
+    globals()[name] = value  # once: the next access is a plain global
+    return value
+
+
+__all__ = ["Engine", "EngineConfig", "Event", "ProfileError", "compile", "evaluate", "parse",
+           "reference", "to_text"]

@@ -28,27 +28,42 @@ class Evaluation(StrEnum):
     END_OF_INTERVAL = "end_of_interval"
 
 
+class DupKind(StrEnum):
+    """Which elements of a duplicate list an operand selects (EIS, EVA Fig. 6); a StrEnum, so
+    it compares equal to its text."""
+
+    FIRST = "first"
+    LAST = "last"
+    ALL = "all"
+    NTH = "nth"
+
+
 @dataclass(frozen=True, slots=True)
 class Dup:
     """Event instance selection (EIS) within a duplicate list, EVA Fig. 6.
 
-    ``kind`` is ``first``, ``last``, ``all`` or ``nth`` (then ``n`` ≥ 1 is the 1-based index).
+    ``kind`` is ``first``, ``last``, ``all`` or ``nth`` (then ``n`` ≥ 1 is the 1-based index);
+    given as text, it becomes the :class:`DupKind` of that text (ValueError for another).
     """
 
-    kind: str
+    kind: DupKind
     n: int = 0
+
+    def __post_init__(self) -> None:
+        if type(self.kind) is not DupKind:
+            object.__setattr__(self, "kind", DupKind(self.kind))  # frozen: set once, here
 
     def __str__(self) -> str:
         return f"{self.n}_dup" if self.kind == "nth" else f"{self.kind}_dup"
 
 
-FIRST = Dup("first")
-LAST = Dup("last")
-ALL = Dup("all")
+FIRST = Dup(DupKind.FIRST)
+LAST = Dup(DupKind.LAST)
+ALL = Dup(DupKind.ALL)
 
 
 def nth(n: int) -> Dup:
-    return Dup("nth", n)
+    return Dup(DupKind.NTH, n)
 
 
 # ---------------------------------------------------------------- predicates (event classes)
@@ -123,6 +138,16 @@ class Prim:
 
 
 @dataclass(frozen=True, slots=True)
+class External:
+    """An operand whose occurrences the caller supplies (``Engine.feed``; the reference's
+    ``externals``): the output of a base service, say, in an incremental plan. The parser never
+    produces one; the printer writes it ``<name>``. It is a leaf: it keeps no state, and its
+    occurrences may have any time up to the instant they are delivered at."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
 class Operand:
     """An operand of a binary operator with its duplicate selection: ``all_dup(E)``."""
 
@@ -178,7 +203,7 @@ class Selection:
 
 
 Binary = Disjunction | Conjunction | Sequence
-Expr = Prim | Disjunction | Conjunction | Sequence | Negation | Selection
+Expr = Prim | External | Disjunction | Conjunction | Sequence | Negation | Selection
 
 
 @dataclass(frozen=True, slots=True)

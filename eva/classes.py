@@ -149,6 +149,10 @@ class ClassIndex:
         self._plans.clear()
         return ident
 
+    def predicates(self) -> dict[ast.Predicate, int]:
+        """Every registered (resolved) predicate and its id."""
+        return dict(self._ids)
+
     def plan(self, type_: str) -> tuple[frozenset[int], tuple[tuple[int, Matcher], ...]]:
         """(ids implied by the type alone, (id, matcher) pairs still to evaluate)."""
         found = self._plans.get(type_)

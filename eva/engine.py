@@ -18,35 +18,25 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from eva import ast
-from eva import nodes as nd
 from eva import semantics as sem
 from eva.classes import ClassIndex, label, next_tick
-from eva.events import Event, brief_repr
-from eva.printer import expr_text
-from eva.reference import Notification, partition_key
+from eva.compiler import ProfileSpec, compile_profile, external_id
+from eva.events import DeadLetter, Event, brief_repr, field_path
 from eva.retention import longest, retention
-from eva.semantics import Key, Occ
+from eva.semantics import Key, Notification, Occ, partition_key
+from eva.state import Budget
 from eva.units import format_span
 
 NEVER = 2**62
+_CANONICAL = frozenset((str, int, bool))
+"""Types of ``per`` values equal to every other value of their partition key."""
 REMEMBERED = 100_000
 """Ids per generation of the duplicate memory (two generations): what bounds it when its time
 window holds more events, or is unbounded."""
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """An input the engine could not use, and why: ``malformed``, ``late``, ``future``,
-    ``duplicate`` or ``state_cap``."""
-
-    reason: str
-    detail: str
-    event: Event | None = None
-    raw: str | None = None
 
 
 @dataclass
@@ -83,28 +73,93 @@ class EngineConfig:
     anyway: an engine that only admits events for evaluation elsewhere (``replay --via``) is
     told the profiles' here."""
 
+    def to_json(self) -> dict[str, Any]:
+        """The configuration as a JSON object (field name → value; ``sources`` a list): what a
+        checkpoint keeps, and compares, to resume with the same configuration."""
+        return {"tick": self.tick, "allowed_lateness": self.allowed_lateness, "gc": self.gc,
+                "state_cap": self.state_cap, "sources": list(self.sources),
+                "sweep": self.sweep, "horizon": self.horizon, "remember": self.remember}
 
-@dataclass(slots=True)
+    @classmethod
+    def from_json(cls, data: Any) -> EngineConfig:
+        """The configuration ``to_json`` wrote; ValueError naming the field that is missing,
+        unknown or of the wrong type."""
+        if not isinstance(data, dict):
+            raise ValueError(f"engine configuration: expected a JSON object, found "
+                             f"{type(data).__name__}")
+        expected = set(cls().to_json())
+        if set(data) != expected:
+            raise ValueError(f"engine configuration: fields {sorted(data)}, expected "
+                             f"{sorted(expected)}")
+        counts = ("tick", "allowed_lateness", "state_cap", "sweep")
+        for name in (*counts, "horizon", "remember"):
+            value = data[name]
+            if not (type(value) is int or (value is None and name not in counts)):
+                raise ValueError(f"engine configuration: {name} is {brief_repr(value)}, "
+                                 "expected an integer" + ("" if name in counts else " or null"))
+        if type(data["gc"]) is not bool:
+            raise ValueError(f"engine configuration: gc is {brief_repr(data['gc'])}, "
+                             "expected true or false")
+        sources = data["sources"]
+        if not isinstance(sources, list) or not all(type(s) is str for s in sources):
+            raise ValueError(f"engine configuration: sources is {brief_repr(sources)}, "
+                             "expected a list of strings")
+        return cls(data["tick"], data["allowed_lateness"], data["gc"], data["state_cap"],
+                   tuple(sources), data["sweep"], data["horizon"], data["remember"])
+
+
+EXTERNAL_SOURCE = "eva.external"
+"""The source whose watermark the occurrences given to ``Engine.feed`` share."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fed:
+    """An occurrence given to ``Engine.feed``, buffered until its instant."""
+
+    profile: str
+    leaf: Hashable
+    occ: Occ
+    partition: Any
+
+
 class _Partition:
-    value: Any
-    root: nd.Node
-    created: Key | None
-    order: int  # creation order within its profile: same-key clock steps run in this order
+    # A plain class, not a dataclass: mypyc compiles its constructor, while a dataclass's
+    # generated __init__ runs interpreted — and the engine builds one per new ``per`` value.
+    __slots__ = ("created", "key", "order", "state", "value")
+
+    def __init__(self, value: Any, key: Hashable, state: Any, created: Key | None,
+                 order: int) -> None:
+        self.value = value
+        self.key = key  # partition_key(value); None without ``per``
+        self.state = state  # the root's state record (eva.state)
+        self.created = created
+        self.order = order  # creation order within its profile: same-key clock steps run in it
 
 
-@dataclass(slots=True)
 class _Profile:
-    index: int
-    profile: ast.Profile
-    doc_id: int
-    start: int | None
-    preds: frozenset[Any]
-    tick_ids: frozenset[Hashable]
-    timed: bool
-    budget: nd.Budget
-    partitions: dict[Hashable, _Partition] = field(default_factory=dict)
-    single: _Partition | None = None  # the partition of a profile without ``per``
-    evicted: int = 0
+    __slots__ = ("budget", "doc_id", "droppable", "evicted", "index", "partitions", "path",
+                 "preds", "profile", "single", "spec", "start", "tick_ids", "timed")
+
+    def __init__(self, index: int, profile: ast.Profile, doc_id: int, start: int | None,
+                 spec: ProfileSpec, tick_ids: frozenset[Hashable], budget: Budget,
+                 gc: bool) -> None:
+        self.index = index
+        self.profile = profile
+        self.doc_id = doc_id
+        self.start = start
+        self.spec = spec  # compiled once; each partition holds only its state
+        self.preds: frozenset[int] = spec.preds
+        self.tick_ids = tick_ids
+        self.timed = spec.timed
+        self.budget = budget
+        self.partitions: dict[Hashable, _Partition] = {}
+        self.single: _Partition | None = None  # the partition of a profile without ``per``
+        self.evicted = 0
+        # The ``per`` path, split once (events.field_path); None without ``per``.
+        self.path = None if profile.per is None else field_path(profile.per)
+        # A partition at rest answers as the one a new event of its key would create, so it
+        # need not be kept (unless clock-driven: it acts without events, from its creation).
+        self.droppable = gc and profile.per is not None and not spec.timed and not tick_ids
 
 
 class Engine:
@@ -125,7 +180,7 @@ class Engine:
         self._dispatch: dict[str, tuple[frozenset[int], list[_Profile], int] | None] = {}
         self._clocked = False  # any profile with negation, end-of-interval or time classes
         self._time_classes: dict[Hashable, tuple[ast.Every, int, list[_Profile]]] = {}
-        self._buffer: list[tuple[int, int, Event]] = []
+        self._buffer: list[tuple[int, int, Event | Fed]] = []
         self._arrivals = 0
         # A declared source that has not reported yet holds the frontier back.
         self._source_max: dict[str, int] = {s: -(2**62) for s in self.config.sources}
@@ -161,10 +216,7 @@ class Engine:
                      start: int | None = None) -> list[str]:
         """Register a document's profiles (all, or those named), seeing events after ``start``
         (default: the engine's current progress, or just before the first event)."""
-        doc_id = len(self._docs)
-        self._docs.append(doc)
-        classes = doc.class_map()
-        self._class_maps.append(classes)
+        doc_id = self._add_doc(doc)
         wanted = set(profiles) if profiles is not None else None
         names = []
         if start is None and self._done_until is not None:
@@ -173,30 +225,34 @@ class Engine:
         for profile in doc.profiles:
             if wanted is not None and profile.name not in wanted:
                 continue
-            preds: set[Any] = set()
-            ticks: set[Hashable] = set()
-            for node in ast.walk(profile.expr):
-                if isinstance(node, ast.Prim):
-                    body = classes[node.name].body
-                    if isinstance(body, ast.Every):
-                        ticks.add(self._add_time_class(doc_id, doc, node.name, body))
-                    else:
-                        preds.add(self.index.add(body, classes))
-            timed = any(isinstance(n, ast.Negation) for n in ast.walk(profile.expr)) or (
-                profile.evaluation is ast.Evaluation.END_OF_INTERVAL)
-            entry = _Profile(self._next_index, profile, doc_id, start, frozenset(preds),
-                             frozenset(ticks), timed, nd.Budget(self.config.state_cap))
+            entry = self._register(doc_id, profile, self._next_index, start)
             self._next_index += 1
-            self._profiles[entry.index] = entry
             if start is not None:
                 self._started(entry)
-            for pred in preds:
-                self._by_pred.setdefault(pred, []).append(entry)
-            for tick_id in ticks:
-                self._time_classes[tick_id][2].append(entry)
             names.append(profile.name)
         self._changed()
         return names
+
+    def _add_doc(self, doc: ast.Document) -> int:
+        self._docs.append(doc)
+        self._class_maps.append(doc.class_map())
+        return len(self._docs) - 1
+
+    def _register(self, doc_id: int, profile: ast.Profile, index: int,
+                  start: int | None) -> _Profile:
+        """Compile a profile of a registered document, once, and index it for dispatch."""
+        doc = self._docs[doc_id]
+        spec = compile_profile(profile, self._class_maps[doc_id], self.index, doc_id=doc_id,
+                               tick=self.config.tick, gc=self.config.gc)
+        ticks = frozenset(self._add_time_class(doc_id, doc, name) for name in spec.ticks)
+        entry = _Profile(index, profile, doc_id, start, spec, ticks, Budget(self.config.state_cap),
+                         self.config.gc)
+        self._profiles[index] = entry
+        for pred in spec.preds:
+            self._by_pred.setdefault(pred, []).append(entry)
+        for tick_id in ticks:
+            self._time_classes[tick_id][2].append(entry)
+        return entry
 
     def _changed(self) -> None:
         self._dispatch.clear()
@@ -208,11 +264,12 @@ class Engine:
                                    *(retention(p.profile.expr).horizon
                                      for p in self._profiles.values())])
 
-    def _add_time_class(self, doc_id: int, doc: ast.Document, name: str,
-                        every: ast.Every) -> Hashable:
+    def _add_time_class(self, doc_id: int, doc: ast.Document, name: str) -> Hashable:
         tick_id = (doc_id, name)
         if tick_id not in self._time_classes:
             index = [c.name for c in doc.classes].index(name)
+            every = self._class_maps[doc_id][name].body
+            assert isinstance(every, ast.Every)
             self._time_classes[tick_id] = (every, index, [])
         return tick_id
 
@@ -300,14 +357,7 @@ class Engine:
             self.admitted.append(event)
         late = self.config.allowed_lateness
         source_max = self._source_max
-        if done is None and (not self.config.sources or all(
-                source_max[s] > -(2**62) for s in self.config.sources if s != event.source)):
-            # The clock starts just before the earliest time still acceptable once every
-            # declared source has reported: profiles registered before any input see the whole
-            # trace (replay), and time classes tick from there.
-            self.begin(min([t, *(e[0] for e in self._buffer)]) - late - 1)
-        seq = self._arrivals
-        self._arrivals = seq + 1
+        seq = self._start(t, event.source, done)
         if not late and not self._clocked and not self._buffer and (
                 not source_max or (wm is not None and len(source_max) == 1)):
             # In order, one source, no lateness and no clock-driven work: nothing happens at
@@ -320,25 +370,65 @@ class Engine:
             self._done_until = t - 1
             self._progress = t
             return out
-        heapq.heappush(self._buffer, (t, seq, event))
+        return self._enqueue(t, seq, event, event.source, wm)
+
+    def _start(self, t: int, source: str, done: int | None) -> int:
+        """Start the clock at the first input (once every declared source has reported) and
+        number the input in arrival order: its ``seq``."""
+        if done is None and (not self.config.sources or all(
+                self._source_max[s] > -(2**62) for s in self.config.sources if s != source)):
+            # The clock starts just before the earliest time still acceptable once every
+            # declared source has reported: profiles registered before any input see the whole
+            # trace (replay), and time classes tick from there.
+            self.begin(min([t, *(e[0] for e in self._buffer)]) - self.config.allowed_lateness - 1)
+        seq = self._arrivals
+        self._arrivals = seq + 1
+        return seq
+
+    def _enqueue(self, t: int, seq: int, item: Event | Fed, source: str,
+                 wm: int | None) -> list[Notification]:
+        """Buffer an admitted input; process the instants every source has now passed."""
+        heapq.heappush(self._buffer, (t, seq, item))
         if wm is not None and t <= wm:
             return []  # its source's watermark did not move, so no instant completed
-        source_max[event.source] = t
+        source_max = self._source_max
+        source_max[source] = t
         if self._max_time is None or t > self._max_time:
             self._max_time = t
-        bound = (t if len(source_max) == 1 else min(source_max.values())) - late - 1
+        late = self.config.allowed_lateness
         # Instants up to the bound are complete: no source can still add to them.
-        if self._clocked:
-            return self._run_until(bound)
-        out = self._out = []
-        buffer = self._buffer
-        primitive = self._primitive
-        while buffer[0][0] <= bound:
-            head, seq, first = heapq.heappop(buffer)
-            primitive(first, (head, 0, seq))
-        if self._done_until is not None and bound > self._done_until:
-            self._done_until = bound
-        return out
+        return self._run_until((t if len(source_max) == 1 else min(source_max.values())) - late - 1)
+
+    def feed(self, profile: str, leaf: str, occ: Occ, partition: Any = None) -> list[Notification]:
+        """Deliver one occurrence of the external operand ``<leaf>`` of the profiles named
+        ``profile`` (in partition ``partition`` of a ``per`` profile) at ``occ.time``: a step
+        of that instant after the inputs already given for it, in time order with pushed events.
+        Feeds share one watermark (:data:`EXTERNAL_SOURCE`): one behind it, or at an instant
+        already processed, is a ``late`` dead letter. A profile or leaf that is not registered,
+        or a partition that does not fit the profile, is a ValueError (a caller's mistake)."""
+        targets = [p for p in self._profiles.values() if p.profile.name == profile]
+        if not targets:
+            raise ValueError(f"feed: no profile {profile!r} is registered")
+        for p in targets:
+            leaves = sorted(p.spec.externals)
+            if leaf not in leaves:
+                raise ValueError(f"feed: profile {profile!r} has no external operand <{leaf}> "
+                                 f"(it has {', '.join(f'<{n}>' for n in leaves) or 'none'})")
+            if (partition is None) != (p.profile.per is None):
+                raise ValueError(f"feed: profile {profile!r} is " + (
+                    f"partitioned (per {p.profile.per}): name the partition" if partition is None
+                    else f"not partitioned: got partition {brief_repr(partition)}"))
+        t = occ.time
+        wm = self._source_max.get(EXTERNAL_SOURCE)
+        done = self._done_until
+        if self._is_late(t, wm, done):
+            self.dead_letter(DeadLetter("late", f"occurrence {brief_repr(occ.events)} of <{leaf}> "
+                                        f"for profile {profile!r} at {label(t)} is behind the "
+                                        f"watermark: {self._behind(t, wm, done)}"))
+            return []
+        seq = self._start(t, EXTERNAL_SOURCE, done)
+        return self._enqueue(t, seq, Fed(profile, external_id(leaf), occ, partition),
+                             EXTERNAL_SOURCE, wm)
 
     def _after_held(self, event: Event) -> list[Notification]:
         """The event after one held beyond the horizon decides it: at most the horizon before
@@ -403,15 +493,15 @@ class Engine:
             event))
 
     def _late(self, event: Event, wm: int | None, done: int | None) -> None:
-        t = event.time
+        self.dead_letter(DeadLetter("late", f"event time {label(event.time)} is behind the "
+                                    f"watermark: {self._behind(event.time, wm, done)}", event))
+
+    def _behind(self, t: int, wm: int | None, done: int | None) -> str:
         late = self.config.allowed_lateness
         if wm is not None and t < wm - late:
-            behind = (f"its source's newest event time {label(wm)}"
-                      + (f" minus the allowed lateness {format_span(late)}" if late else ""))
-        else:
-            behind = f"the instants already processed (up to {label(done or 0)})"
-        self.dead_letter(DeadLetter("late", f"event time {label(t)} is behind the watermark: "
-                                    f"{behind}", event))
+            return (f"its source's newest event time {label(wm)}"
+                    + (f" minus the allowed lateness {format_span(late)}" if late else ""))
+        return f"the instants already processed (up to {label(done or 0)})"
 
     def begin(self, origin: int) -> None:
         """Start the clock just after ``origin``: profiles registered without a start see events
@@ -428,7 +518,7 @@ class Engine:
 
     def _started(self, p: _Profile) -> None:
         if p.profile.per is None and None not in p.partitions:
-            p.single = p.partitions[None] = self._new_partition(p, None, None)
+            p.single = p.partitions[None] = self._new_partition(p, None, None, None)
 
     def malformed(self, detail: str, raw: str | None = None) -> None:
         self.dead_letter(DeadLetter("malformed", detail, None, raw))
@@ -455,9 +545,10 @@ class Engine:
         if not self._clocked:
             # No clock-driven work: the instants are exactly the events' times.
             buffer = self._buffer
+            step = self._input
             while buffer and buffer[0][0] <= bound:
-                t, seq, event = heapq.heappop(buffer)
-                self._primitive(event, (t, 0, seq))
+                t, seq, item = heapq.heappop(buffer)
+                step(item, (t, 0, seq))
             if self._done_until is not None and bound > self._done_until:
                 self._done_until = bound
             return out
@@ -504,15 +595,15 @@ class Engine:
             if p.start is None or t <= p.start or (p.profile.per is None and p.single is None):
                 return False
             for partition in p.partitions.values():
-                if not partition.root.inert(tick_id, t):
+                if not p.spec.root.inert(partition.state, tick_id, t):
                     return False
         return True
 
     def _instant(self, t: int) -> None:
         self.instants += 1
         while self._buffer and self._buffer[0][0] == t:
-            _, seq, event = heapq.heappop(self._buffer)
-            self._primitive(event, (t, 0, seq))
+            _, seq, item = heapq.heappop(self._buffer)
+            self._input(item, (t, 0, seq))
         self._ticks(t)
         while self._timers:
             head = self._timers[0]
@@ -537,8 +628,8 @@ class Engine:
                 partition = profile.partitions.get(part)
                 if partition is None:
                     continue
-                self._emit(profile, partition, key, partition.root.clock(key))
-                self._schedule(profile, part, partition)
+                self._emit(profile, partition, key, profile.spec.root.clock(partition.state, key))
+                self._schedule(profile, partition)
 
     def _partition_order(self, timer: tuple[Key, int, Hashable]) -> int:
         profile = self._profile_by_index(timer[1])
@@ -552,7 +643,7 @@ class Engine:
         profile = self._profile_by_index(timer[1])
         if profile is None or timer[2] not in profile.partitions:
             return False
-        return profile.partitions[timer[2]].root.due() == timer[0]
+        return profile.spec.root.due(profile.partitions[timer[2]].state) == timer[0]
 
     def _plan(self, type_: str) -> tuple[frozenset[int], list[_Profile], int] | None:
         implied, residual = self.index.plan(type_)
@@ -580,30 +671,68 @@ class Engine:
             return
         t = event.time
         occ = sem.primitive(event.id, event.source, t, key)
-        out = self._out
         for p in stepped:
             if t <= p.start:  # type: ignore[operator]
                 continue
             partition = p.single
-            part_key: Hashable = None
+            if partition is not None:
+                self._step(p, partition, key, occ, hits, None)
+                continue
+            path = p.path
+            assert path is not None
+            value = event.field_at(path[0], path[1])
+            if value is not None:
+                self._step_value(p, value, key, occ, hits, None)
+
+    def _input(self, item: Event | Fed, key: Key) -> None:
+        if type(item) is Event:
+            self._primitive(item, key)
+            return
+        assert isinstance(item, Fed)
+        for p in [p for p in self._profiles.values() if p.profile.name == item.profile]:
+            if p.start is None or key[0] <= p.start:
+                continue
+            partition = p.single
             if partition is None:
-                value = event.field(p.profile.per)  # type: ignore[arg-type]
-                if value is None:
-                    continue
-                part_key = partition_key(value)
-                found = p.partitions.get(part_key)
-                if found is None:
-                    found = p.partitions[part_key] = self._new_partition(p, value, key)
-                partition = found
-            occs = partition.root.step(key, occ, hits, None)
-            if occs:
-                name, value = p.profile.name, partition.value
-                for o in occs:
-                    out.append(Notification(name, value, o, key))
-            if p.timed:
-                self._schedule(p, part_key, partition)
-            if p.budget.stored > p.budget.cap:
-                self._check_cap(p)
+                self._step_value(p, item.partition, key, item.occ, frozenset(), item.leaf)
+            else:
+                self._step(p, partition, key, item.occ, frozenset(), item.leaf)
+
+    def _step_value(self, p: _Profile, value: Any, key: Key, occ: Occ, hits: Any,
+                    tick: Hashable) -> None:
+        """One input through the partition of a ``per`` value, created at ``key`` if new. A
+        new partition the step leaves at rest, having reported nothing, is not kept: the sweep
+        would drop it (``_sweep``), and the next input of its key makes the same one again —
+        for a value its key gives back (a float's key is -0.0's too, a JSON object's is that
+        of its keys in any order: kept, the partition reports its first value, as the
+        reference does). Half the partitions of a sequence are opened by a posterior event
+        that finds nothing."""
+        part_key = partition_key(value)
+        partition = p.partitions.get(part_key)
+        if partition is not None:
+            self._step(p, partition, key, occ, hits, tick)
+            return
+        partition = self._new_partition(p, value, part_key, key)
+        root = p.spec.root
+        occs = root.step(partition.state, key, occ, hits, tick)
+        if occs or not p.droppable or type(value) not in _CANONICAL or not root.at_rest(
+                partition.state):
+            p.partitions[part_key] = partition
+            self._stepped(p, partition, key, occs)
+
+    def _step(self, p: _Profile, partition: _Partition, key: Key, occ: Occ, hits: Any,
+              tick: Hashable) -> None:
+        """One input through one partition."""
+        self._stepped(p, partition, key, p.spec.root.step(partition.state, key, occ, hits, tick))
+
+    def _stepped(self, p: _Profile, partition: _Partition, key: Key, occs: list[Occ]) -> None:
+        """What follows a step of a partition: its reports, its timer, its state cap."""
+        if occs:
+            self._emit(p, partition, key, occs)
+        if p.timed:
+            self._schedule(p, partition)
+        if p.budget.stored > p.budget.cap:
+            self._check_cap(p)
 
     def _sweep(self) -> None:
         """Collect every partition as a step at the clock would (``Node.sweep``) and drop the
@@ -613,13 +742,12 @@ class Engine:
         partitions = 0
         for p in self._profiles.values():
             if now is not None and self.config.gc:
-                # A partition at rest answers as the one a new event of its key would create,
-                # so it goes (unless clock-driven: it acts without events, from its creation).
-                droppable = p.profile.per is not None and not p.timed and not p.tick_ids
+                droppable = p.droppable
                 resting = []
+                root = p.spec.root
                 for part_key, partition in p.partitions.items():
-                    partition.root.sweep(now)
-                    if droppable and partition.root.at_rest():
+                    root.sweep(partition.state, now)
+                    if droppable and root.at_rest(partition.state):
                         resting.append(part_key)
                 for part_key in resting:
                     del p.partitions[part_key]
@@ -641,30 +769,31 @@ class Engine:
                 if p.start is None or t <= p.start:
                     continue
                 if p.profile.per is None and None not in p.partitions:
-                    p.single = p.partitions[None] = self._new_partition(p, None, None)
-                for part_key, partition in list(p.partitions.items()):
+                    p.single = p.partitions[None] = self._new_partition(p, None, None, None)
+                for partition in list(p.partitions.values()):
                     if partition.created is not None and occ.key < partition.created:
                         continue
                     self._emit(p, partition, occ.key,
-                               partition.root.step(occ.key, occ, frozenset(), tick_id))
+                               p.spec.root.step(partition.state, occ.key, occ, frozenset(), tick_id))
                     if p.timed:
-                        self._schedule(p, part_key, partition)
+                        self._schedule(p, partition)
 
-    def _new_partition(self, p: _Profile, value: Any, created: Key | None) -> _Partition:
+    def _new_partition(self, p: _Profile, value: Any, part_key: Hashable,
+                       created: Key | None) -> _Partition:
+        """A partition of ``value`` (key ``part_key``), created at ``created``; the caller
+        keeps it."""
         assert p.start is not None
         first = created[0] if created is not None else p.start + 1
-        root = build(p.profile, self._class_maps[p.doc_id], self._docs[p.doc_id], self.config,
-                     p.budget, first, p.doc_id, self.index)
-        partition = _Partition(value, root, created, len(p.partitions))
+        partition = _Partition(value, part_key, p.spec.new_state(p.budget, first), created,
+                               len(p.partitions))
         if p.timed:
-            part_key = partition_key(value) if p.profile.per is not None else None
-            self._schedule(p, part_key, partition)
+            self._schedule(p, partition)
         return partition
 
-    def _schedule(self, p: _Profile, part_key: Hashable, partition: _Partition) -> None:
-        due = partition.root.due()
+    def _schedule(self, p: _Profile, partition: _Partition) -> None:
+        due = p.spec.root.due(partition.state)
         if due[0] < NEVER:
-            heapq.heappush(self._timers, (due, p.index, part_key))
+            heapq.heappush(self._timers, (due, p.index, partition.key))
 
     def _emit(self, p: _Profile, partition: _Partition, key: Key, occs: list[Occ]) -> None:
         for occ in occs:
@@ -677,7 +806,7 @@ class Engine:
         for partition in p.partitions.values():
             if evicted >= excess:
                 break
-            evicted += partition.root.evict(excess - evicted)
+            evicted += p.spec.root.evict(partition.state, excess - evicted)
         budget.overflowed += 1
         p.evicted += evicted
         self.dead_letter(DeadLetter(
@@ -685,6 +814,51 @@ class Engine:
             f"occurrences (overflow {budget.overflowed}); evicted the {evicted} oldest, "
             f"{p.evicted} in all — answers that needed them are lost; bound the profile's "
             "span (see evamed check) or raise the cap"))
+
+    # ---------------------------------------------------------------- state as data
+
+    def export_state(self) -> dict[str, Any]:
+        """The engine's state as data (for :mod:`eva.snapshot`): documents, class predicates
+        in id order, profiles with their partitions' state records, clock and buffers —
+        nothing compiled (the specs are compiled again from the documents)."""
+        ordered = sorted(self.index.predicates().items(), key=lambda kv: kv[1])
+        profiles = [[p.index, p.doc_id, p.profile, p.start, p.evicted, p.budget,
+                     [[q.value, q.state, q.created, q.order] for q in p.partitions.values()]]
+                    for p in self._profiles.values()]
+        return {"config": self.config.to_json(), "docs": self._docs,
+                "predicates": [pred for pred, _ in ordered], "tests": self.index.tests,
+                "next_index": self._next_index, "profiles": profiles,
+                "clock": [self._buffer, self._arrivals, self._source_max, self._done_until,
+                          self._progress, self._max_time, self._timers, self._next_sweep,
+                          self._ids, self._old_ids, self._rotate_at, self._held, self.admitted,
+                          self.instants, self.origin]}
+
+    @classmethod
+    def import_state(cls, state: dict[str, Any],
+                     dead_letter: Callable[[DeadLetter], None] | None = None) -> Engine:
+        """The engine ``export_state`` described (its profiles compiled again)."""
+        engine = cls(EngineConfig.from_json(state["config"]), dead_letter)
+        for pred in state["predicates"]:
+            engine.index.add(pred, {})  # the same ids, in the same order
+        engine.index.tests = state["tests"]
+        for doc in state["docs"]:
+            engine._add_doc(doc)
+        for index, doc_id, profile, start, evicted, budget, partitions in state["profiles"]:
+            if profile not in engine._docs[doc_id].profiles:
+                raise ValueError(f"profile {profile.name!r} is not one of document {doc_id}'s")
+            p = engine._register(doc_id, profile, index, start)
+            p.evicted, p.budget = evicted, budget
+            for value, root, created, order in partitions:
+                key = partition_key(value) if profile.per is not None else None
+                p.partitions[key] = _Partition(value, key, root, created, order)
+            p.single = p.partitions.get(None) if profile.per is None else None
+        engine._next_index = state["next_index"]
+        (engine._buffer, engine._arrivals, engine._source_max, engine._done_until,
+         engine._progress, engine._max_time, engine._timers, engine._next_sweep, engine._ids,
+         engine._old_ids, engine._rotate_at, engine._held, engine.admitted, engine.instants,
+         engine.origin) = state["clock"]
+        engine._changed()
+        return engine
 
     # ---------------------------------------------------------------- introspection
 
@@ -694,42 +868,6 @@ class Engine:
 
     def peak_stored(self) -> int:
         return sum(p.budget.peak for p in self._profiles.values())
-
-
-def build(profile: ast.Profile, classes: dict[str, ast.ClassDef], doc: ast.Document,
-          config: EngineConfig, budget: nd.Budget, first_time: int, doc_id: int,
-          index: ClassIndex) -> nd.Node:
-    """Compile a profile into a fresh tree of node states for one partition; leaves refer to
-    class predicates by their id in the engine's shared index."""
-
-    def first_tick(after: int) -> int:
-        g = config.tick
-        return (after + g - 1) // g * g
-
-    def make(expr: ast.Expr, eoi: bool) -> nd.Node:
-        if isinstance(expr, ast.Prim):
-            body = classes[expr.name].body
-            if isinstance(body, ast.Every):
-                return nd.TimeLeaf((doc_id, expr.name))
-            return nd.AttributeLeaf(index.add(body, classes))
-        tag = expr_text(expr)
-        if isinstance(expr, ast.Selection):
-            return nd.SelectionNode(make(expr.expr, False), expr)
-        if isinstance(expr, ast.Negation):
-            return nd.NegationNode(make(expr.expr, False), expr, tag, config.tick,
-                                   first_tick(first_time))
-        left = make(expr.left.expr, False)
-        if isinstance(expr, ast.Sequence) and isinstance(expr.right.expr, ast.Negation):
-            neg = expr.right.expr
-            right: nd.Node = nd.AnchoredNegationNode(make(neg.expr, False), neg,
-                                                     expr_text(neg), config.gc)
-        else:
-            right = make(expr.right.expr, False)
-        if expr.pairs is ast.Pairs.REPEATED and not isinstance(expr, ast.Disjunction):
-            return nd.RepeatedNode(left, right, expr, tag, config.gc, budget)
-        return nd.BinaryNode(left, right, expr, tag, config.gc, budget, eoi)
-
-    return make(profile.expr, profile.evaluation is ast.Evaluation.END_OF_INTERVAL)
 
 
 def replay(doc: ast.Document, events: Iterable[Event], *, profiles: Iterable[str] | None = None,
@@ -746,4 +884,4 @@ def replay(doc: ast.Document, events: Iterable[Event], *, profiles: Iterable[str
     return out
 
 
-__all__ = ["DeadLetter", "Engine", "EngineConfig", "replay"]
+__all__ = ["EXTERNAL_SOURCE", "DeadLetter", "Engine", "EngineConfig", "replay"]

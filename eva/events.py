@@ -20,8 +20,28 @@ PRIMITIVE = 0
 TIME_EVENT = 1
 PASSIVE = 2
 
-Key = tuple[int, int, int]
-"""Total-order key of an occurrence: (time in µs, phase, sequence within the phase)."""
+Key = tuple[int, int, Any]
+"""Total-order key of an occurrence, the one ``Key`` of the algebra: (time in µs, phase, a
+tiebreak within the phase) — an event's arrival order, a time class's position, a passive
+event's anchor key."""
+
+
+TICK_TYPE = "eva.tick."
+"""The ``type`` of a time class's tick as an event (``eva.tick.<class>``): what a base service
+sees of a time class, and how a dialect names it."""
+TICK_SOURCE = "urn:evamed:clock"
+"""The ``source`` of tick events."""
+
+
+def tick_id(name: str, label: str) -> str:
+    """The id of the tick of time class ``name`` at ``label`` (its time as RFC 3339): also the
+    constituent a composite lists for it."""
+    return f"tick:{name}@{label}"
+
+
+def tick_event(name: str, time: int, label: str, seq: int = 0) -> Event:
+    """The tick of time class ``name`` at ``time`` as an event (a base service's input)."""
+    return Event(tick_id(name, label), TICK_SOURCE, TICK_TYPE + name, time, seq)
 
 
 class EventError(ValueError):
@@ -51,7 +71,12 @@ class Event:
 
     def field(self, path: str) -> Any:
         """The value at a dotted path such as ``data.area`` or ``subject``; ``None`` when absent."""
-        head, _, rest = path.partition(".")
+        head, rest = field_path(path)
+        return self.field_at(head, rest)
+
+    def field_at(self, head: str, rest: tuple[str, ...]) -> Any:
+        """``field`` of a path split by :func:`field_path` (the engine splits a ``per`` path
+        once, not per event)."""
         value: Any
         if head == "data":
             value = self.data
@@ -61,11 +86,28 @@ class Event:
             value = self.time
         else:
             value = self.attributes.get(head)
-        for part in rest.split(".") if rest else ():
+        for part in rest:
             if not isinstance(value, dict) or part not in value:
                 return None
             value = value[part]
         return value
+
+
+def field_path(path: str) -> tuple[str, tuple[str, ...]]:
+    """A dotted path as its head (an attribute, or ``data``) and the keys below it."""
+    head, _, rest = path.partition(".")
+    return head, tuple(rest.split(".")) if rest else ()
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """An input the engine could not use, and why: ``malformed``, ``late``, ``future``,
+    ``duplicate`` or ``state_cap``."""
+
+    reason: str
+    detail: str
+    event: Event | None = None
+    raw: str | None = None
 
 
 # RFC 3339 §5.6 date-time, nothing else (CloudEvents' Timestamp): ASCII digits, 'T' or 't'

@@ -1,7 +1,9 @@
-"""Incremental operator states: one object per profile node (and per ``per`` partition).
+"""Node specs of the incremental engine: the rules of each operator, compiled once per profile.
 
-Each step feeds one view element; a node reports the occurrences that element adds to its
-stream, in the same order as the reference evaluator. Binary nodes keep their trace view as
+A spec is immutable (no method assigns to it); each ``per`` partition keeps a tree of plain
+state records (:mod:`eva.state`) made by ``new_state``, and every spec method takes its node's
+record. Each step feeds one view element; a node reports the occurrences that element adds to
+its stream, in the same order as the reference evaluator. Binary nodes keep their trace view as
 duplicate-list *metadata* (role, element count) plus only the elements that can still be
 selected, so garbage collection never changes which element counts as first, last or i-th
 (research/bry_eckert.md R10). ``gc=False`` keeps everything; tests check it changes nothing.
@@ -11,74 +13,70 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_right, insort
-from collections import deque
 from collections.abc import Hashable, Iterable
 from typing import Any
 
 from eva import ast
 from eva import semantics as sem
 from eva.classes import label
-from eva.semantics import LR, L, Occ, R
+from eva.semantics import LR, Key, L, Occ, R
+from eva.state import (
+    AnchoredState,
+    BinaryState,
+    Budget,
+    Candidate,
+    DList,
+    NegationState,
+    RepeatedState,
+    SelectionState,
+)
 
-Key = tuple[int, int, Any]
 NO_DUE: Key = (2**62, 9, 0)
 
 
-class Budget:
-    """Counts stored occurrences of one profile against its cap (DESIGN §3: bounded state)."""
-
-    __slots__ = ("cap", "overflowed", "peak", "stored")
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.stored = 0
-        self.peak = 0
-        self.overflowed = 0
-
-    def add(self, n: int = 1) -> None:
-        self.stored += n
-        if self.stored > self.peak:
-            self.peak = self.stored
-
-
 class Node:
-    """Interface of an incremental node."""
+    """Interface of a node spec; ``st`` is the node's state record (None for a leaf)."""
 
     __slots__ = ()
 
-    def step(self, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
+    def new_state(self, budget: Budget, first: int) -> Any:
+        """A fresh state record for one partition created at time ``first`` (children's
+        included); ``budget`` counts the profile's stored occurrences."""
+        return None
+
+    def step(self, st: Any, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
         raise NotImplementedError
 
-    def clock(self, key: Key) -> list[Occ]:
+    def clock(self, st: Any, key: Key) -> list[Occ]:
         return []
 
-    def due(self) -> Key:
+    def due(self, st: Any) -> Key:
         return NO_DUE
 
-    def evict(self, count: int) -> int:
+    def evict(self, st: Any, count: int) -> int:
         """Drop up to ``count`` of the oldest stored occurrences (state cap overflow); returns
         how many were dropped. Answers that needed them are lost, so the engine reports it."""
         return 0
 
-    def sweep(self, now: int) -> None:
+    def sweep(self, st: Any, now: int) -> None:
         """Collect as a step at ``now`` would, without one: every instant up to ``now`` has
         been processed, so no element this node sees from here on is older. A partition's
         collection otherwise runs only when the partition gets an event, and a partition that
         never gets another (a finished delivery, a closed session) would keep its state."""
 
-    def inert(self, tick: Hashable, now: int) -> bool:
+    def inert(self, st: Any, tick: Hashable, now: int) -> bool:
         """Whether a tick of time class ``tick`` at ``now`` would report nothing and change no
         state that matters — and so would every later one while nothing else reaches the node
         (the engine then skips that class's ticks across a quiet gap). False whenever unsure."""
         return False
 
-    def at_rest(self) -> bool:
+    def at_rest(self, st: Any) -> bool:
         """Whether the node would answer every future input as a freshly built one does: no
         stored occurrence, no count, no duplicate list whose position still matters. False
         whenever unsure — the engine drops a partition only when its root is at rest."""
         return False
 
-    def floor(self, now: int) -> int:
+    def floor(self, st: Any, now: int) -> int:
         """A lower bound on the time of any occurrence this node may still report at or after
         ``now`` (the lower bounds of Bry & Eckert's suppressing joins). Garbage collection
         measures horizons from it, not from ``now``: a repeated_pairs node can report a
@@ -92,72 +90,76 @@ class AttributeLeaf(Node):
     def __init__(self, pred: Any) -> None:
         self.pred = pred
 
-    def step(self, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
+    def step(self, st: Any, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
         return [current] if tick is None and self.pred in hits else []
 
-    def inert(self, tick: Hashable, now: int) -> bool:
+    def inert(self, st: Any, tick: Hashable, now: int) -> bool:
         return True
 
-    def at_rest(self) -> bool:
+    def at_rest(self, st: Any) -> bool:
         return True
 
 
 class TimeLeaf(Node):
+    """A time class's ticks, or an external operand's fed occurrences: steps named by id."""
+
     __slots__ = ("tick_id",)
 
     def __init__(self, tick_id: Hashable) -> None:
-        self.tick_id = tick_id
+        self.tick_id = tick_id  # a time class's (document, name), or external_id(name)
 
-    def step(self, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
+    def step(self, st: Any, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
         return [current] if tick == self.tick_id else []
 
-    def inert(self, tick: Hashable, now: int) -> bool:
+    def inert(self, st: Any, tick: Hashable, now: int) -> bool:
         return tick != self.tick_id
 
-    def at_rest(self) -> bool:
+    def at_rest(self, st: Any) -> bool:
         return True
 
 
 class SelectionNode(Node):
-    __slots__ = ("child", "count", "index", "pairs")
+    __slots__ = ("child", "index", "pairs")
 
     def __init__(self, child: Node, expr: ast.Selection) -> None:
         self.child = child
         self.index = expr.index
         self.pairs = expr.pairs
-        self.count = 0
 
-    def _pick(self, occs: list[Occ]) -> list[Occ]:
+    def new_state(self, budget: Budget, first: int) -> SelectionState:
+        return SelectionState(self.child.new_state(budget, first))
+
+    def _pick(self, st: SelectionState, occs: list[Occ]) -> list[Occ]:
         out = []
         for occ in occs:
-            self.count += 1
-            if sem.selection_picks(self.index, self.count, self.pairs):
+            st.count += 1
+            if sem.selection_picks(self.index, st.count, self.pairs):
                 out.append(occ)
         return out
 
-    def step(self, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
-        return self._pick(self.child.step(key, current, hits, tick))
+    def step(self, st: SelectionState, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
+        return self._pick(st, self.child.step(st.child, key, current, hits, tick))
 
-    def clock(self, key: Key) -> list[Occ]:
-        return self._pick(self.child.clock(key))
+    def clock(self, st: SelectionState, key: Key) -> list[Occ]:
+        return self._pick(st, self.child.clock(st.child, key))
 
-    def due(self) -> Key:
-        return self.child.due()
+    def due(self, st: SelectionState) -> Key:
+        return self.child.due(st.child)
 
-    def floor(self, now: int) -> int:
-        return self.child.floor(now)
+    def floor(self, st: SelectionState, now: int) -> int:
+        return self.child.floor(st.child, now)
 
-    def sweep(self, now: int) -> None:
-        self.child.sweep(now)
+    def sweep(self, st: SelectionState, now: int) -> None:
+        self.child.sweep(st.child, now)
 
-    def inert(self, tick: Hashable, now: int) -> bool:
-        return self.child.inert(tick, now)
+    def inert(self, st: SelectionState, tick: Hashable, now: int) -> bool:
+        return self.child.inert(st.child, tick, now)
 
-    def at_rest(self) -> bool:
-        return self.count == 0 and self.child.at_rest()  # the i-th counts from the first
+    def at_rest(self, st: SelectionState) -> bool:
+        return st.count == 0 and self.child.at_rest(st.child)  # the i-th counts from the first
 
-    def evict(self, count: int) -> int:
-        return self.child.evict(count)
+    def evict(self, st: SelectionState, count: int) -> int:
+        return self.child.evict(st.child, count)
 
 
 class NegationNode(Node):
@@ -167,148 +169,133 @@ class NegationNode(Node):
     is "the latest E time ≥ t − T": one number of state.
     """
 
-    __slots__ = ("child", "count", "latest", "next_tick", "pairs", "span", "tag", "tick")
+    __slots__ = ("child", "pairs", "span", "tag", "tick")
 
-    def __init__(self, child: Node, expr: ast.Negation, tag: str, tick: int, first: int) -> None:
+    def __init__(self, child: Node, expr: ast.Negation, tag: str, tick: int) -> None:
         self.child = child
         self.span = expr.span
         self.pairs = expr.pairs
         self.tag = tag
         self.tick = tick
-        self.next_tick = first
-        self.latest: int | None = None
-        self.count = 0
 
-    def _see(self, occs: list[Occ]) -> None:
+    def new_state(self, budget: Budget, first: int) -> NegationState:
+        # Its ticks start at the default clock's first tick at or after the partition's start.
+        g = self.tick
+        return NegationState(self.child.new_state(budget, first), (first + g - 1) // g * g)
+
+    def _see(self, st: NegationState, occs: list[Occ]) -> None:
         for occ in occs:
-            if self.latest is None or occ.time > self.latest:
-                self.latest = occ.time
+            if st.latest is None or occ.time > st.latest:
+                st.latest = occ.time
 
-    def step(self, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
-        self._see(self.child.step(key, current, hits, tick))
+    def step(self, st: NegationState, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
+        self._see(st, self.child.step(st.child, key, current, hits, tick))
         return []
 
-    def clock(self, key: Key) -> list[Occ]:
-        self._see(self.child.clock(key))
-        t = self.next_tick
+    def clock(self, st: NegationState, key: Key) -> list[Occ]:
+        self._see(st, self.child.clock(st.child, key))
+        t = st.next_tick
         if key != (t, sem.PASSIVE, ()):
             return []
         # The next tick that can report: none after unique_pairs' first report; none while
         # the latest E is within the span (it only moves later). A quiet gap costs the
         # passive events it reports, not its ticks.
         g = self.tick
-        latest = self.latest
+        latest = st.latest
         blocked = latest is not None and latest >= t - self.span
         if not blocked:
-            self.count += 1
-        if self.pairs is ast.Pairs.UNIQUE and self.count:
-            self.next_tick = NO_DUE[0]
+            st.count += 1
+        if self.pairs is ast.Pairs.UNIQUE and st.count:
+            st.next_tick = NO_DUE[0]
         elif latest is not None and latest + self.span >= t + g:
-            self.next_tick = (latest + self.span) // g * g + g
+            st.next_tick = (latest + self.span) // g * g + g
         else:
-            self.next_tick = t + g
-        if blocked or not sem.negation_picks(self.count, self.pairs):
+            st.next_tick = t + g
+        if blocked or not sem.negation_picks(st.count, self.pairs):
             return []
         return [sem.passive(self.tag, t, label(t), None)]
 
-    def due(self) -> Key:
-        return min(self.child.due(), (self.next_tick, sem.PASSIVE, ()))
+    def due(self, st: NegationState) -> Key:
+        return min(self.child.due(st.child), (st.next_tick, sem.PASSIVE, ()))
 
-    def sweep(self, now: int) -> None:
-        self.child.sweep(now)
+    def sweep(self, st: NegationState, now: int) -> None:
+        self.child.sweep(st.child, now)
 
-    def inert(self, tick: Hashable, now: int) -> bool:
-        return self.child.inert(tick, now)  # an E would move ``latest``
+    def inert(self, st: NegationState, tick: Hashable, now: int) -> bool:
+        return self.child.inert(st.child, tick, now)  # an E would move ``latest``
 
-    def evict(self, count: int) -> int:
-        return self.child.evict(count)
+    def evict(self, st: NegationState, count: int) -> int:
+        return self.child.evict(st.child, count)
 
 
 class AnchoredNegationNode(Node):
     """(A ; (not E)_T): a passive event at t(a) + T when no E lies in (t(a), t(a) + T]."""
 
-    __slots__ = ("child", "count", "gc", "order", "pairs", "pending", "span", "tag", "times")
+    __slots__ = ("child", "gc", "pairs", "span", "tag")
 
     def __init__(self, child: Node, expr: ast.Negation, tag: str, gc: bool) -> None:
         self.child = child
         self.span = expr.span
         self.pairs = expr.pairs
         self.tag = tag
-        self.pending: list[tuple[Key, int, Occ]] = []
-        self.times: list[int] = []
-        self.count = 0
         self.gc = gc
-        self.order = 0
 
-    def anchor(self, emitted: Key, occs: list[Occ]) -> None:
+    def new_state(self, budget: Budget, first: int) -> AnchoredState:
+        return AnchoredState(self.child.new_state(budget, first))
+
+    def anchor(self, st: AnchoredState, emitted: Key, occs: list[Occ]) -> None:
         for a in occs:
             deadline = (a.time + self.span, sem.PASSIVE, a.key)
             if deadline > emitted:
-                self.order += 1
-                heapq.heappush(self.pending, (deadline, self.order, a))
+                st.order += 1
+                heapq.heappush(st.pending, (deadline, st.order, a))
 
-    def _see(self, occs: list[Occ]) -> None:
+    def _see(self, st: AnchoredState, occs: list[Occ]) -> None:
         for occ in occs:
-            insort(self.times, occ.time)
+            insort(st.times, occ.time)
 
-    def step(self, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
-        self._see(self.child.step(key, current, hits, tick))
+    def step(self, st: AnchoredState, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
+        self._see(st, self.child.step(st.child, key, current, hits, tick))
         return []
 
-    def clock(self, key: Key) -> list[Occ]:
-        self._see(self.child.clock(key))
+    def clock(self, st: AnchoredState, key: Key) -> list[Occ]:
+        self._see(st, self.child.clock(st.child, key))
         out = []
-        while self.pending and self.pending[0][0] == key:
-            _, _, a = heapq.heappop(self.pending)
+        while st.pending and st.pending[0][0] == key:
+            _, _, a = heapq.heappop(st.pending)
             deadline = a.time + self.span
-            i = bisect_right(self.times, a.time)
-            if i < len(self.times) and self.times[i] <= deadline:
+            i = bisect_right(st.times, a.time)
+            if i < len(st.times) and st.times[i] <= deadline:
                 continue
-            self.count += 1
-            if sem.negation_picks(self.count, self.pairs):
+            st.count += 1
+            if sem.negation_picks(st.count, self.pairs):
                 out.append(sem.passive(self.tag, deadline, label(deadline), a))
-        self._trim(key[0])
+        self._trim(st, key[0])
         return out
 
-    def _trim(self, now: int) -> None:
-        if self.gc and self.times:
+    def _trim(self, st: AnchoredState, now: int) -> None:
+        if self.gc and st.times:
             # A window (t(a), t(a) + T] of a pending or future anchor lies after this floor:
             # a future anchor is reported now or later, so its deadline is after now.
-            floor = min((a.time for _, _, a in self.pending), default=now - self.span)
+            floor = min((a.time for _, _, a in st.pending), default=now - self.span)
             floor = min(floor, now - self.span)
-            cut = bisect_right(self.times, floor)
+            cut = bisect_right(st.times, floor)
             if cut:
-                del self.times[:cut]
+                del st.times[:cut]
 
-    def sweep(self, now: int) -> None:
-        self.child.sweep(now)
-        self._trim(now)
+    def sweep(self, st: AnchoredState, now: int) -> None:
+        self.child.sweep(st.child, now)
+        self._trim(st, now)
 
-    def inert(self, tick: Hashable, now: int) -> bool:
-        return self.child.inert(tick, now)
+    def inert(self, st: AnchoredState, tick: Hashable, now: int) -> bool:
+        return self.child.inert(st.child, tick, now)
 
-    def due(self) -> Key:
-        head = self.pending[0][0] if self.pending else NO_DUE
-        return min(head, self.child.due())
+    def due(self, st: AnchoredState) -> Key:
+        head = st.pending[0][0] if st.pending else NO_DUE
+        return min(head, self.child.due(st.child))
 
-    def evict(self, count: int) -> int:
-        return self.child.evict(count)
-
-
-class DList:
-    """A duplicate list's metadata and the elements of it that are still kept.
-
-    ``kept`` maps the element's index within the list to (view position, occurrence).
-    """
-
-    __slots__ = ("count", "first_pos", "kept", "number", "role")
-
-    def __init__(self, number: int, role: int, first_pos: int) -> None:
-        self.number = number
-        self.role = role
-        self.count = 0
-        self.kept: dict[int, tuple[int, Occ]] = {}
-        self.first_pos = first_pos
+    def evict(self, st: AnchoredState, count: int) -> int:
+        return self.child.evict(st.child, count)
 
 
 class BinaryNode(Node):
@@ -320,42 +307,46 @@ class BinaryNode(Node):
     decrease, expiry is a queue in arrival order.
     """
 
-    __slots__ = (
-        "anchored", "budget", "closing", "eoi", "expiry", "gc", "is_disj", "is_seq", "ldup",
-        "leafy", "left", "lists", "lpred", "now", "op", "pairs", "pending", "position", "rdup",
-        "right", "rpred", "span", "tag", "unique",
-    )
+    __slots__ = ("all_dups", "anchor", "any_last", "eoi", "gc", "is_disj", "is_seq", "ldup",
+                 "leafy", "left", "lkind", "ln", "lpred", "pairs", "rdup", "right", "rkind", "rn",
+                 "rpred", "span", "tag", "unique")
 
     def __init__(self, left: Node, right: Node, expr: ast.Binary, tag: str, gc: bool,
-                 budget: Budget, eoi: bool) -> None:
+                 eoi: bool) -> None:
         self.left = left
         self.right = right
-        self.op = type(expr)
         self.is_disj = isinstance(expr, ast.Disjunction)
         self.is_seq = isinstance(expr, ast.Sequence)
         self.ldup = expr.left.dup
         self.rdup = expr.right.dup
+        # The selections as plain text and numbers: read on every element, and the compiled
+        # engine reads a native attribute where an ast.Dup's would be a dictionary look-up.
+        self.lkind: str = self.ldup.kind.value
+        self.ln: int = self.ldup.n
+        self.rkind: str = self.rdup.kind.value
+        self.rn: int = self.rdup.n
+        self.all_dups = self.lkind == "all" and self.rkind == "all"
+        self.any_last = self.lkind == "last" or self.rkind == "last"
         self.span = None if isinstance(expr, ast.Disjunction) else expr.span
         self.pairs = expr.pairs
         self.unique = expr.pairs is ast.Pairs.UNIQUE
         self.tag = tag
-        self.lists: deque[DList] = deque()
-        self.position = 0
-        self.anchored = isinstance(right, AnchoredNegationNode)
-        self.lpred = left.pred if type(left) is AttributeLeaf else None
-        self.rpred = right.pred if type(right) is AttributeLeaf else None
+        # The right operand when it is an anchored negation: it hears of each left occurrence.
+        self.anchor = right if isinstance(right, AnchoredNegationNode) else None
+        self.lpred = left.pred if isinstance(left, AttributeLeaf) else None
+        self.rpred = right.pred if isinstance(right, AttributeLeaf) else None
         self.leafy = self.lpred is not None and self.rpred is not None
-        self.expiry: deque[tuple[int, DList, int]] = deque()
         self.gc = gc
-        self.budget = budget
-        self.now = -(2**62)
         self.eoi = eoi
-        self.pending: list[_Candidate] = []
-        self.closing: list[tuple[Key, int, int, Occ]] = []
+
+    def new_state(self, budget: Budget, first: int) -> BinaryState:
+        if self.leafy:
+            return BinaryState(None, None, budget)
+        return BinaryState(self.left.new_state(budget, first), self.right.new_state(budget, first), budget)
 
     # ---- feeding
 
-    def step(self, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
+    def step(self, st: BinaryState, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
         if self.leafy:
             if tick is not None:
                 return []
@@ -363,47 +354,47 @@ class BinaryNode(Node):
             inr = self.rpred in hits
             if not (inl or inr):
                 return []
-            self.now = key[0]
-            found = self._element(key, current, LR if inl and inr else (L if inl else R))
-            return self._finish_eoi(key) if self.eoi else found
-        lo = self.left.step(key, current, hits, tick)
-        if self.anchored:
-            self.right.anchor(key, lo)  # type: ignore[attr-defined]
-        ro = self.right.step(key, current, hits, tick)
-        return self._feed(key, lo, ro)
+            st.now = key[0]
+            found = self._element(st, key, current, LR if inl and inr else (L if inl else R))
+            return self._finish_eoi(st, key) if self.eoi else found
+        lo = self.left.step(st.left, key, current, hits, tick)
+        if self.anchor is not None:
+            self.anchor.anchor(st.right, key, lo)
+        ro = self.right.step(st.right, key, current, hits, tick)
+        return self._feed(st, key, lo, ro)
 
-    def clock(self, key: Key) -> list[Occ]:
+    def clock(self, st: BinaryState, key: Key) -> list[Occ]:
         if self.leafy:
-            return self._close_frames(key) if self.eoi and key[1] == sem.CLOSE else []
-        lo = self.left.clock(key)
-        if self.anchored:
-            self.right.anchor(key, lo)  # type: ignore[attr-defined]
-        ro = self.right.clock(key)
-        out = self._feed(key, lo, ro) if lo or ro else []
+            return self._close_frames(st, key) if self.eoi and key[1] == sem.CLOSE else []
+        lo = self.left.clock(st.left, key)
+        if self.anchor is not None:
+            self.anchor.anchor(st.right, key, lo)
+        ro = self.right.clock(st.right, key)
+        out = self._feed(st, key, lo, ro) if lo or ro else []
         if self.eoi and key[1] == sem.CLOSE:
-            out.extend(self._close_frames(key))
+            out.extend(self._close_frames(st, key))
         return out
 
-    def due(self) -> Key:
+    def due(self, st: BinaryState) -> Key:
         own = NO_DUE
         if self.eoi:
-            for cand in self.pending:
+            for cand in st.pending:
                 if cand.frame is not None and cand.wait_y:
                     own = min(own, (cand.frame, sem.CLOSE, 0))
         if self.leafy:
             return own
-        return min(own, self.left.due(), self.right.due())
+        return min(own, self.left.due(st.left), self.right.due(st.right))
 
-    def floor(self, now: int) -> int:
+    def floor(self, st: BinaryState, now: int) -> int:
         if self.leafy:
             return now
-        return min(self.left.floor(now), self.right.floor(now))
+        return min(self.left.floor(st.left, now), self.right.floor(st.right, now))
 
-    def inert(self, tick: Hashable, now: int) -> bool:
+    def inert(self, st: BinaryState, tick: Hashable, now: int) -> bool:
         if self.leafy:
             return True  # ticks never reach a fused node
-        left = self.left.inert(tick, now)
-        right = self.right.inert(tick, now)
+        left = self.left.inert(st.left, tick, now)
+        right = self.right.inert(st.right, tick, now)
         if left and right:
             return True
         if left == right or self.eoi or not self.gc:
@@ -416,12 +407,12 @@ class BinaryNode(Node):
         if type(self.right if left else self.left) is not TimeLeaf:
             return False
         role = R if left else L
-        lists = self.lists
+        lists = st.lists
         if not lists or lists[-1].role != role:
             return False
-        dup = self.rdup if left else self.ldup
+        kind, n = (self.rkind, self.rn) if left else (self.lkind, self.ln)
         index = lists[-1].count
-        if (dup.kind == "first" and index >= 1) or (dup.kind == "nth" and index >= dup.n):
+        if (kind == "first" and index >= 1) or (kind == "nth" and index >= n):
             return True
         if not self.is_seq or role != R:
             return False
@@ -433,40 +424,40 @@ class BinaryNode(Node):
                         return False
         return True
 
-    def at_rest(self) -> bool:
+    def at_rest(self, st: BinaryState) -> bool:
         # Only with all_dup on both sides: otherwise the last duplicate list's length decides
         # whether the next element is first, last or i-th, however long ago the list began.
-        return (self.ldup.kind == "all" and self.rdup.kind == "all" and not self.eoi
-                and not self.pending and not self.closing
-                and not any(dl.kept for dl in self.lists)
-                and (self.leafy or (self.left.at_rest() and self.right.at_rest())))
+        return (self.all_dups and not self.eoi
+                and not st.pending and not st.closing
+                and not any(dl.kept for dl in st.lists)
+                and (self.leafy or (self.left.at_rest(st.left) and self.right.at_rest(st.right))))
 
-    def sweep(self, now: int) -> None:
+    def sweep(self, st: BinaryState, now: int) -> None:
         if not self.leafy:
-            self.left.sweep(now)
-            self.right.sweep(now)
-        if self.span is not None and self.gc and now > self.now:
-            self._gc(now, self.span)  # else a step at ``now`` already collected it
+            self.left.sweep(st.left, now)
+            self.right.sweep(st.right, now)
+        if self.span is not None and self.gc and now > st.now:
+            self._gc(st, now, self.span)  # else a step at ``now`` already collected it
 
-    def evict(self, count: int) -> int:
+    def evict(self, st: BinaryState, count: int) -> int:
         done = 0
-        for dl in self.lists:  # oldest list first, oldest element first
+        for dl in st.lists:  # oldest list first, oldest element first
             while dl.kept and done < count:
                 del dl.kept[next(iter(dl.kept))]
                 done += 1
             if done >= count:
                 break
-        self.budget.stored -= done
-        self._prune()
+        st.budget.stored -= done
+        self._prune(st)
         if done < count and not self.leafy:
-            done += self.left.evict(count - done)
-            done += self.right.evict(count - done)
+            done += self.left.evict(st.left, count - done)
+            done += self.right.evict(st.right, count - done)
         return done
 
-    def _feed(self, key: Key, lo: list[Occ], ro: list[Occ]) -> list[Occ]:
+    def _feed(self, st: BinaryState, key: Key, lo: list[Occ], ro: list[Occ]) -> list[Occ]:
         if not lo and not ro:
             return []
-        self.now = key[0]
+        st.now = key[0]
         out: list[Occ] = []
         if ro and lo:
             # An occurrence both operands report in one step is one element with both roles.
@@ -474,31 +465,31 @@ class BinaryNode(Node):
             both = [o for o in lo if o.ident in rids]
             bids = {o.ident for o in both}
             for occ in lo:
-                out.extend(self._element(key, occ, LR if occ.ident in bids else L))
+                out.extend(self._element(st, key, occ, LR if occ.ident in bids else L))
             for occ in ro:
                 if occ.ident not in bids:
-                    out.extend(self._element(key, occ, R))
+                    out.extend(self._element(st, key, occ, R))
         else:
             for occ in lo:
-                out.extend(self._element(key, occ, L))
+                out.extend(self._element(st, key, occ, L))
             for occ in ro:
-                out.extend(self._element(key, occ, R))
+                out.extend(self._element(st, key, occ, R))
         if self.eoi:
-            return self._finish_eoi(key)
+            return self._finish_eoi(st, key)
         return out
 
-    def _element(self, key: Key, occ: Occ, role: int) -> list[Occ]:
-        pos = self.position
-        self.position = pos + 1
-        lists = self.lists
+    def _element(self, st: BinaryState, key: Key, occ: Occ, role: int) -> list[Occ]:
+        pos = st.position
+        st.position = pos + 1
+        lists = st.lists
         last = lists[-1] if lists else None
         if last is not None and role != LR and last.role == role:
             dl = last
             if self.eoi:
-                self._list_grew(dl)
+                self._list_grew(st, dl)
         else:
             if last is not None and self.eoi:
-                self._list_closed(last, key)
+                self._list_closed(st, last, key)
             dl = DList(last.number + 1 if last is not None else 0, role, pos)
             lists.append(dl)
             if self.gc:
@@ -506,7 +497,7 @@ class BinaryNode(Node):
                     if len(lists) > 2:
                         # Unique pairs only ever pair a list with its neighbour.
                         dropped = lists.popleft()
-                        self.budget.stored -= len(dropped.kept)
+                        st.budget.stored -= len(dropped.kept)
                         dropped.kept.clear()
                 else:
                     while len(lists) > 1 and not lists[0].kept:
@@ -514,35 +505,35 @@ class BinaryNode(Node):
         index = dl.count
         dl.count = index + 1
         if self.is_disj:
-            found = self._disjunction(dl, index, occ, pos)
+            found = self._disjunction(st, dl, index, occ, pos)
         elif self.is_seq:
-            found = self._sequence(dl, index, occ, pos) if role & R else []
+            found = self._sequence(st, dl, index, occ, pos) if role & R else []
         else:
-            found = self._conjunction(dl, index, occ, pos, role)
-        self._keep(dl, index, pos, occ)
+            found = self._conjunction(st, dl, index, occ, pos, role)
+        self._keep(st, dl, index, pos, occ)
         span = self.span
         if span is not None and self.gc:
-            self._gc(self.now, span)
+            self._gc(st, st.now, span)
         if self.eoi:
-            self._stage(found, key)
+            self._stage(st, found, key)
             return []
         return [f[0] for f in found]
 
     # ---- the operators (same rules as semantics.binary_results)
 
-    def _disjunction(self, dl: DList, index: int, occ: Occ, pos: int) -> list[_Found]:
+    def _disjunction(self, st: BinaryState, dl: DList, index: int, occ: Occ, pos: int) -> list[_Found]:
         dups = ([self.ldup] if dl.role & L else []) + ([self.rdup] if dl.role & R else [])
         if any(sem.selected_single(d, index, dl.count) for d in dups):
             return [(occ, pos, pos, dl, dl)]
         return []
 
-    def _sequence(self, dl: DList, index: int, e2: Occ, pos: int) -> list[_Found]:
-        rdup = self.rdup
+    def _sequence(self, st: BinaryState, dl: DList, index: int, e2: Occ, pos: int) -> list[_Found]:
+        rkind = self.rkind
         # Fig. 6 for the newest posterior element: first and <i> are positions; all and last
         # select it exactly when it lies inside the frame, which the time test checks.
-        if (rdup.kind == "first" and index != 0) or (rdup.kind == "nth" and index != rdup.n - 1):
+        if (rkind == "first" and index != 0) or (rkind == "nth" and index != self.rn - 1):
             return []
-        lists = self.lists
+        lists = st.lists
         if self.unique:
             if len(lists) < 2:
                 return []
@@ -556,10 +547,10 @@ class BinaryNode(Node):
         t2 = e2.time
         key2 = e2.key
         tag = self.tag
-        anchored = self.anchored
+        anchored = self.anchor is not None
         out: list[_Found] = []
         for x in anterior:
-            for p1, e1 in _selected(x, self.ldup):
+            for p1, e1 in _selected(x, self.lkind, self.ln):
                 t1 = e1.time
                 if t1 >= t2 or (span is not None and t2 - t1 > span):
                     continue
@@ -568,18 +559,19 @@ class BinaryNode(Node):
                 out.append((sem.composite(tag, e1, e2, key2), p1, pos, x, dl))
         return out
 
-    def _conjunction(self, dl: DList, index: int, occ: Occ, pos: int, role: int) -> list[_Found]:
+    def _conjunction(self, st: BinaryState, dl: DList, index: int, occ: Occ, pos: int,
+                     role: int) -> list[_Found]:
         span = self.span
-        lists = self.lists
+        lists = st.lists
         if self.unique:
             partners: Iterable[DList] = ()
             if dl.number % 2 == 1 and len(lists) >= 2 and lists[-2].number == dl.number - 1:
                 partners = (lists[-2],)
         else:
             partners = [x for x in lists if x is not dl]
-        rdup = self.rdup
+        rkind = self.rkind
         newest_selected_as_post = not (
-            (rdup.kind == "first" and index != 0) or (rdup.kind == "nth" and index != rdup.n - 1))
+            (rkind == "first" and index != 0) or (rkind == "nth" and index != self.rn - 1))
         selected_as_ante = index in sem.select_anterior(self.ldup, dl.count)
         t = occ.time
         found: list[_Found] = []
@@ -589,7 +581,7 @@ class BinaryNode(Node):
             if self.unique and other.role & L and role & R:
                 as_ante = False  # in a block the earlier list is anterior when it can be
             if as_post:
-                for p1, e1 in _selected(other, self.ldup):
+                for p1, e1 in _selected(other, self.lkind, self.ln):
                     if span is not None and abs(t - e1.time) > span:
                         continue
                     found.append((sem.composite(self.tag, e1, occ, max(e1.key, occ.key)),
@@ -597,7 +589,7 @@ class BinaryNode(Node):
             if as_ante and selected_as_ante:
                 # The other (earlier, closed) list is posterior: all of it lies before the
                 # frame's upper bound, so m is its whole length.
-                for p2, e2 in _selected(other, rdup):
+                for p2, e2 in _selected(other, rkind, self.rn):
                     if span is not None and abs(e2.time - t) > span:
                         continue
                     found.append((sem.composite(self.tag, occ, e2, max(occ.key, e2.key)),
@@ -608,10 +600,10 @@ class BinaryNode(Node):
 
     # ---- what to keep
 
-    def _keep(self, dl: DList, index: int, pos: int, occ: Occ) -> None:
+    def _keep(self, st: BinaryState, dl: DList, index: int, pos: int, occ: Occ) -> None:
         if not self.gc:
             dl.kept[index] = (pos, occ)
-            self.budget.add()
+            st.budget.add()
             return
         if self.is_disj:
             return  # a disjunction pairs nothing with earlier elements
@@ -619,169 +611,149 @@ class BinaryNode(Node):
             return  # posterior elements of a sequence are never looked up later
         wanted = False
         if dl.role & L:
-            wanted = _may_select(self.ldup, index)
+            wanted = _may_select(self.lkind, self.ln, index)
         if not wanted and dl.role & R and not self.is_seq:
-            wanted = _may_select(self.rdup, index)
+            wanted = _may_select(self.rkind, self.rn, index)
         if not wanted:
             return
-        if index and (self.ldup.kind == "last" or self.rdup.kind == "last"):
+        if index and self.any_last:
             # Only the newest element of a list can be its last one from now on.
             prev = dl.kept.pop(index - 1, None)
             if prev is not None:
-                if self._still_wanted(dl, index - 1):
+                if self._still_wanted(st, dl, index - 1):
                     dl.kept[index - 1] = prev
                 else:
-                    self.budget.stored -= 1
+                    st.budget.stored -= 1
         dl.kept[index] = (pos, occ)
-        budget = self.budget
+        budget = st.budget
         budget.stored += 1
         if budget.stored > budget.peak:
             budget.peak = budget.stored
         if self.leafy:
-            self.expiry.append((occ.time, dl, index))
+            st.expiry.append((occ.time, dl, index))
 
-    def _still_wanted(self, dl: DList, index: int) -> bool:
-        for dup, role in ((self.ldup, L), (self.rdup, R)):
+    def _still_wanted(self, st: BinaryState, dl: DList, index: int) -> bool:
+        for kind, n, role in ((self.lkind, self.ln, L), (self.rkind, self.rn, R)):
             if not (dl.role & role and (role == L or not self.is_seq)):
                 continue
-            if dup.kind == "all" or (dup.kind == "first" and index == 0):
+            if kind == "all" or (kind == "first" and index == 0):
                 return True
-            if dup.kind == "nth" and index == dup.n - 1:
+            if kind == "nth" and index == n - 1:
                 return True
         return False
 
-    def _gc(self, now: int, span: int) -> None:
+    def _gc(self, st: BinaryState, now: int, span: int) -> None:
         if not self.leafy:
-            self._collect(now)
-        elif self.expiry and self.expiry[0][0] < now - span:
-            self._expire(now - span)
+            self._collect(st, now)
+        elif st.expiry and st.expiry[0][0] < now - span:
+            self._expire(st, now - span)
 
-    def _expire(self, horizon: int) -> None:
+    def _expire(self, st: BinaryState, horizon: int) -> None:
         """Leaf operands' times never decrease: expire kept elements in arrival order."""
-        expiry = self.expiry
-        budget = self.budget
+        expiry = st.expiry
+        budget = st.budget
         while expiry and expiry[0][0] < horizon:
             _, dl, index = expiry.popleft()
             if dl.kept.pop(index, None) is not None:
                 budget.stored -= 1
-        self._prune()
+        self._prune(st)
 
-    def _collect(self, now: int) -> None:
+    def _collect(self, st: BinaryState, now: int) -> None:
         # Every result from now on involves a new element, whose time is at least the
         # operands' floor (a repeated_pairs operand can report older composites).
         assert self.span is not None
-        horizon = self.floor(now) - self.span
-        for dl in self.lists:
+        horizon = self.floor(st, now) - self.span
+        for dl in st.lists:
             stale = [i for i, (_, o) in dl.kept.items() if o.time < horizon]
             for i in stale:
                 del dl.kept[i]
-            self.budget.stored -= len(stale)
-        self._prune()
+            st.budget.stored -= len(stale)
+        self._prune(st)
 
-    def _prune(self) -> None:
-        lists = self.lists
+    def _prune(self, st: BinaryState) -> None:
+        lists = st.lists
         while len(lists) > 1 and not lists[0].kept and (not self.unique or len(lists) > 2):
             lists.popleft()
 
     # ---- end-of-interval evaluation (root only)
 
-    def _stage(self, found: list[_Found], key: Key) -> None:
+    def _stage(self, st: BinaryState, found: list[_Found], key: Key) -> None:
         for occ, p1, p2, x, y in found:
-            cand = _Candidate(occ, p1, p2, x, y)
+            cand = Candidate(occ, p1, p2, x, y)
             if self.is_disj:
                 dups = ([self.ldup] if x.role & L else []) + ([self.rdup] if x.role & R else [])
                 index = x.count - 1
                 cand.wait_x = all(d.kind == "last" for d in dups
                                   if sem.selected_single(d, index, x.count))
             else:
-                cand.wait_x = self.ldup.kind == "last" and x is self.lists[-1]
-                if self.rdup.kind == "last" and y is self.lists[-1]:
+                cand.wait_x = self.lkind == "last" and x is st.lists[-1]
+                if self.rkind == "last" and y is st.lists[-1]:
                     cand.wait_y = True
                     if self.span is not None:
                         cand.frame = occ_time(x, p1) + self.span
                         if (cand.frame, sem.CLOSE, 0) <= key:
                             cand.wait_y = False  # reported after its frame already ended
             if cand.ready():
-                self.closing.append((key, p1, p2, occ))
+                st.closing.append((key, p1, p2, occ))
             else:
-                self.pending.append(cand)
+                st.pending.append(cand)
 
-    def _list_grew(self, dl: DList) -> None:
+    def _list_grew(self, st: BinaryState, dl: DList) -> None:
         # A newer element overwrites a provisional result that selected the previous last.
         keep = []
-        for cand in self.pending:
-            if cand.wait_x and cand.x is dl and (self.is_disj or self.ldup.kind == "last"):
+        for cand in st.pending:
+            if cand.wait_x and cand.x is dl and (self.is_disj or self.lkind == "last"):
                 continue
             if cand.wait_y and cand.y is dl:
                 continue
             keep.append(cand)
-        self.pending = keep
+        st.pending = keep
 
-    def _list_closed(self, dl: DList, key: Key) -> None:
-        for cand in self.pending:
+    def _list_closed(self, st: BinaryState, dl: DList, key: Key) -> None:
+        for cand in st.pending:
             if cand.x is dl:
                 cand.wait_x = False
             if cand.y is dl:
                 cand.wait_y = False
-        self._release(key)
+        self._release(st, key)
 
-    def _close_frames(self, key: Key) -> list[Occ]:
-        for cand in self.pending:
+    def _close_frames(self, st: BinaryState, key: Key) -> list[Occ]:
+        for cand in st.pending:
             if cand.frame is not None and (cand.frame, sem.CLOSE, 0) <= key:
                 cand.wait_y = False
-        self._release(key)
-        return self._finish_eoi(key)
+        self._release(st, key)
+        return self._finish_eoi(st, key)
 
-    def _release(self, key: Key) -> None:
+    def _release(self, st: BinaryState, key: Key) -> None:
         """Move the candidates nothing can overwrite any more to this step's reports."""
         keep = []
-        for cand in self.pending:
+        for cand in st.pending:
             if cand.ready():
-                self.closing.append((key, cand.p1, cand.p2, cand.occ))
+                st.closing.append((key, cand.p1, cand.p2, cand.occ))
             else:
                 keep.append(cand)
-        self.pending = keep
+        st.pending = keep
 
-    def _finish_eoi(self, key: Key) -> list[Occ]:
-        if not self.closing:
+    def _finish_eoi(self, st: BinaryState, key: Key) -> list[Occ]:
+        if not st.closing:
             return []
-        ready = sorted(c for c in self.closing if c[0] == key)
-        self.closing = [c for c in self.closing if c[0] != key]
+        ready = sorted(c for c in st.closing if c[0] == key)
+        st.closing = [c for c in st.closing if c[0] != key]
         return [c[3] for c in ready]
 
 
-def _selected(dl: DList, dup: ast.Dup) -> Iterable[tuple[int, Occ]]:
-    """The kept elements of a (closed or growing) list that ``dup`` selects, in list order;
-    ``last`` is the list's newest element."""
-    kind = dup.kind
+def _selected(dl: DList, kind: str, n: int) -> Iterable[tuple[int, Occ]]:
+    """The kept elements of a (closed or growing) list that a selection (``kind``, ``n``:
+    an ast.Dup's) selects, in list order; ``last`` is the list's newest element."""
     kept = dl.kept
     if kind == "all":
         return kept.values()
-    index = 0 if kind == "first" else dl.count - 1 if kind == "last" else dup.n - 1
+    index = 0 if kind == "first" else dl.count - 1 if kind == "last" else n - 1
     found = kept.get(index)
     return (found,) if found is not None else ()
 
 
 _Found = tuple[Occ, int, int, DList, DList]
-
-
-class _Candidate:
-    """A provisional end-of-interval result waiting for its lists or frame to close."""
-
-    __slots__ = ("frame", "occ", "p1", "p2", "wait_x", "wait_y", "x", "y")
-
-    def __init__(self, occ: Occ, p1: int, p2: int, x: DList, y: DList) -> None:
-        self.occ = occ
-        self.p1 = p1
-        self.p2 = p2
-        self.x = x
-        self.y = y
-        self.wait_x = False
-        self.wait_y = False
-        self.frame: int | None = None
-
-    def ready(self) -> bool:
-        return not self.wait_x and not self.wait_y
 
 
 def occ_time(dl: DList, pos: int) -> int:
@@ -791,12 +763,13 @@ def occ_time(dl: DList, pos: int) -> int:
     raise AssertionError("an anterior element of a pending result is always kept")
 
 
-def _may_select(dup: ast.Dup, index: int) -> bool:
-    """Whether element ``index`` of a growing list can ever be selected by ``dup``."""
-    if dup.kind == "first":
+def _may_select(kind: str, n: int, index: int) -> bool:
+    """Whether element ``index`` of a growing list can ever be selected by a selection
+    (``kind``, ``n``: an ast.Dup's)."""
+    if kind == "first":
         return index == 0
-    if dup.kind == "nth":
-        return index == dup.n - 1
+    if kind == "nth":
+        return index == n - 1
     return True  # all, and last (the newest is the last until a newer one comes)
 
 
@@ -811,86 +784,87 @@ class RepeatedNode(Node):
     boundary, and the pairing of conjunction blocks keeps its parity.
     """
 
-    __slots__ = ("anchored", "budget", "expr", "gc", "left", "remaining", "right", "tag")
+    __slots__ = ("anchor", "expr", "gc", "left", "right", "tag")
 
     def __init__(self, left: Node, right: Node, expr: ast.Conjunction | ast.Sequence, tag: str,
-                 gc: bool, budget: Budget) -> None:
+                 gc: bool) -> None:
         self.left = left
         self.right = right
         self.expr = expr
         self.tag = tag
-        self.remaining: list[sem.Element] = []
-        self.anchored = isinstance(right, AnchoredNegationNode)
+        self.anchor = right if isinstance(right, AnchoredNegationNode) else None
         self.gc = gc
-        self.budget = budget
 
-    def step(self, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
-        lo = self.left.step(key, current, hits, tick)
-        if self.anchored:
-            self.right.anchor(key, lo)  # type: ignore[attr-defined]
-        return self._feed(key, lo, self.right.step(key, current, hits, tick))
+    def new_state(self, budget: Budget, first: int) -> RepeatedState:
+        return RepeatedState(self.left.new_state(budget, first), self.right.new_state(budget, first), budget)
 
-    def clock(self, key: Key) -> list[Occ]:
-        lo = self.left.clock(key)
-        if self.anchored:
-            self.right.anchor(key, lo)  # type: ignore[attr-defined]
-        return self._feed(key, lo, self.right.clock(key))
+    def step(self, st: RepeatedState, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
+        lo = self.left.step(st.left, key, current, hits, tick)
+        if self.anchor is not None:
+            self.anchor.anchor(st.right, key, lo)
+        return self._feed(st, key, lo, self.right.step(st.right, key, current, hits, tick))
 
-    def due(self) -> Key:
-        return min(self.left.due(), self.right.due())
+    def clock(self, st: RepeatedState, key: Key) -> list[Occ]:
+        lo = self.left.clock(st.left, key)
+        if self.anchor is not None:
+            self.anchor.anchor(st.right, key, lo)
+        return self._feed(st, key, lo, self.right.clock(st.right, key))
 
-    def floor(self, now: int) -> int:
-        own = min((e.occ.time for e in self.remaining), default=now)
-        return min(own, self.left.floor(now), self.right.floor(now))
+    def due(self, st: RepeatedState) -> Key:
+        return min(self.left.due(st.left), self.right.due(st.right))
 
-    def inert(self, tick: Hashable, now: int) -> bool:
-        return self.left.inert(tick, now) and self.right.inert(tick, now)
+    def floor(self, st: RepeatedState, now: int) -> int:
+        own = min((e.occ.time for e in st.remaining), default=now)
+        return min(own, self.left.floor(st.left, now), self.right.floor(st.right, now))
 
-    def at_rest(self) -> bool:
+    def inert(self, st: RepeatedState, tick: Hashable, now: int) -> bool:
+        return self.left.inert(st.left, tick, now) and self.right.inert(st.right, tick, now)
+
+    def at_rest(self, st: RepeatedState) -> bool:
         # The unconsumed view is the whole state: empty, it is a fresh node's.
-        return not self.remaining and self.left.at_rest() and self.right.at_rest()
+        return not st.remaining and self.left.at_rest(st.left) and self.right.at_rest(st.right)
 
-    def sweep(self, now: int) -> None:
-        self.left.sweep(now)
-        self.right.sweep(now)
-        if self.gc and self.expr.span is not None and self.remaining:
-            self._collect(now, self.expr.span)
+    def sweep(self, st: RepeatedState, now: int) -> None:
+        self.left.sweep(st.left, now)
+        self.right.sweep(st.right, now)
+        if self.gc and self.expr.span is not None and st.remaining:
+            self._collect(st, now, self.expr.span)
 
-    def evict(self, count: int) -> int:
-        done = min(count, len(self.remaining))
-        del self.remaining[:done]
-        self.budget.stored -= done
+    def evict(self, st: RepeatedState, count: int) -> int:
+        done = min(count, len(st.remaining))
+        del st.remaining[:done]
+        st.budget.stored -= done
         if done < count:
-            done += self.left.evict(count - done)
-            done += self.right.evict(count - done)
+            done += self.left.evict(st.left, count - done)
+            done += self.right.evict(st.right, count - done)
         return done
 
-    def _feed(self, key: Key, lo: list[Occ], ro: list[Occ]) -> list[Occ]:
+    def _feed(self, st: RepeatedState, key: Key, lo: list[Occ], ro: list[Occ]) -> list[Occ]:
         if not lo and not ro:
             return []
         out: list[Occ] = []
         for element in sem.merge([(key, o) for o in lo], [(key, o) for o in ro]):
-            self.remaining.append(element)
-            self.budget.add()
+            st.remaining.append(element)
+            st.budget.add()
             while True:
-                found = sorted(sem.binary_results(self.expr, self.remaining, self.tag),
+                found = sorted(sem.binary_results(self.expr, st.remaining, self.tag),
                                key=sem.result_order)
                 if not found:
                     break
                 used = {i for r in found for i in (r[1], r[2])}
                 out.extend(r[0] for r in found)
-                self.remaining = [e for i, e in enumerate(self.remaining) if i not in used]
-                self.budget.stored -= len(used)
+                st.remaining = [e for i, e in enumerate(st.remaining) if i not in used]
+                st.budget.stored -= len(used)
         if self.gc and self.expr.span is not None:
-            self._collect(key[0], self.expr.span)
+            self._collect(st, key[0], self.expr.span)
         return out
 
-    def _collect(self, now: int, span: int) -> None:
+    def _collect(self, st: RepeatedState, now: int, span: int) -> None:
         """Drop a dead prefix: lists whose every element is more than the span older than any
         element after them and any element still to come, so nothing can ever pair with it."""
-        remaining = self.remaining
+        remaining = st.remaining
         lists = sem.cut(remaining)
-        future = min(self.left.floor(now), self.right.floor(now))
+        future = min(self.left.floor(st.left, now), self.right.floor(st.right, now))
         suffix_min = [future] * (len(lists) + 1)
         for i in range(len(lists) - 1, -1, -1):
             a, b = lists[i]
@@ -904,5 +878,5 @@ class RepeatedNode(Node):
         drop = max(0, dead - 2) // 2 * 2
         if drop:
             cut_at = lists[drop][0]
-            del self.remaining[:cut_at]
-            self.budget.stored -= cut_at
+            del st.remaining[:cut_at]
+            st.budget.stored -= cut_at

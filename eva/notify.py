@@ -6,10 +6,9 @@ import hashlib
 import json
 from typing import Any
 
-from eva.engine import DeadLetter
-from eva.events import format_time
+from eva.events import DeadLetter, format_time
 from eva.events import to_cloudevent as event_to_cloudevent
-from eva.reference import Notification
+from eva.semantics import Notification
 
 SOURCE = "urn:evamed"
 

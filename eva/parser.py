@@ -13,16 +13,24 @@ a consumption, a pair of parentheses.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import functools
+import hashlib
 import math
+import os
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
+import lark
 from lark import Lark, Token, Transformer_NonRecursive, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
+from lark.lexer import TerminalDef
 from lark.tree import Meta
 
 from eva import ast
@@ -62,8 +70,56 @@ def _window(line: str, column: int, width: int = 100) -> tuple[str, str]:
     return shown, "".join(c if c == "\t" else " " for c in prefix)
 
 
-_GRAMMAR = resources.files("eva").joinpath("grammar.lark").read_text()
-_PARSER = Lark(_GRAMMAR, parser="lalr", propagate_positions=True, maybe_placeholders=False)
+_OPTIONS: dict[str, object] = {"parser": "lalr", "propagate_positions": True,
+                               "maybe_placeholders": False}
+
+
+def _cache_file(grammar: str) -> Path | None:
+    """Where the built parser is kept between runs: the user's cache directory, under a name
+    made from what it was built from (grammar, options, lark, Python), so that a changed
+    grammar or another lark never loads a stale table. None when there is no home directory."""
+    try:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    except RuntimeError:  # no home directory to expand
+        return None
+    made_from = f"{grammar}\0{_OPTIONS}\0{lark.__version__}\0{sys.version_info[:2]}"
+    return base / "evamed" / f"grammar-{hashlib.sha256(made_from.encode()).hexdigest()[:16]}.lark"
+
+
+@functools.cache
+def _parser() -> Lark:
+    """The profile parser, made on first use, not at import: building the LALR tables takes
+    ~90 ms, most of a command's start-up; loading them from the cache file ~3 ms
+    (docs/performance.md, Start-up). The file is lark's own serialisation (``Lark.save``, a
+    pickle, as ``Lark(cache=True)`` writes), in the user's own directory."""
+    grammar = resources.files("eva").joinpath("grammar.lark").read_text()
+    path = _cache_file(grammar)
+    if path is not None and path.is_file():
+        try:
+            with path.open("rb") as file:
+                return Lark.load(file)
+        except Exception:  # any: a file that does not load is rebuilt, as lark's cache does
+            pass
+    parser = Lark(grammar, **_OPTIONS)
+    if path is not None:
+        _save(parser, path)
+    return parser
+
+
+def _save(parser: Lark, path: Path) -> None:
+    """Write the cache file under a name of this process's, then rename it: a concurrent
+    reader sees the whole file or none. One that cannot be written costs the next run a
+    build, nothing else."""
+    fresh = path.with_name(f"{path.name}.{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with fresh.open("wb") as file:
+            parser.save(file)
+        fresh.replace(path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            fresh.unlink(missing_ok=True)
+
 
 # What each terminal means to a user, for "expected ..." messages.
 _DESCRIBE = {
@@ -74,13 +130,17 @@ _DESCRIBE = {
     "INT": "an integer", "EVAL_MODE": "an evaluation (continuous, end_of_interval)",
     "$END": "end of input",
 }
-_TERMINALS = {t.name: t for t in _PARSER.terminals}
+
+
+@functools.cache
+def _terminals() -> dict[str, TerminalDef]:
+    return {t.name: t for t in _parser().terminals}
 
 
 def _describe(terminal: str) -> str:
     if terminal in _DESCRIBE:
         return _DESCRIBE[terminal]
-    found = _TERMINALS.get(terminal)
+    found = _terminals().get(terminal)
     if found is not None and found.pattern.type == "str":
         return f"'{found.pattern.value}'"
     return terminal.lower()
@@ -158,7 +218,7 @@ def _hint(source: str, pos: int, found: str, expected: set[str]) -> str:
         return (": only a duplicate selection (first_dup, last_dup, all_dup, <n>_dup) is "
                 "followed by '('")
     words = [w for t in expected for w in _WORDS.get(t, [])]
-    words += [t.pattern.value for n, t in _TERMINALS.items()
+    words += [t.pattern.value for n, t in _terminals().items()
               if n in expected and t.pattern.type == "str" and t.pattern.value.isalpha()]
     close = difflib.get_close_matches(found.strip("'"), words, n=1)
     return f": did you mean '{close[0]}'?" if close else ""
@@ -309,7 +369,7 @@ class _Build(Transformer_NonRecursive[Token, Any]):
         token = items[0]
         kind = str(token)[: -len("_dup")]
         if kind in ("first", "last", "all"):
-            dup = ast.Dup(kind)
+            dup = ast.Dup(ast.DupKind(kind))
         else:
             dup = ast.nth(self._int(token, kind, "the index of <n>_dup"))
         return _Item("dup", self._complete(items[1]), meta.start_pos, meta.end_pos, dup)
@@ -564,7 +624,7 @@ def parse(source: str | bytes, filename: str = "<profiles>") -> ast.Document:
         source = decode(source, filename)
     source = source.removeprefix("\ufeff")  # a byte-order mark some editors write
     try:
-        tree = _PARSER.parse(source)
+        tree = _parser().parse(source)
     except UnexpectedInput as exc:
         raise _syntax_error(exc, source, filename) from None
     try:

@@ -71,6 +71,8 @@ def expr_text(expr: ast.Expr) -> str:
     """The A-mediAS form of EVA Fig. 10."""
     if isinstance(expr, ast.Prim):
         return expr.name
+    if isinstance(expr, ast.External):
+        return f"<{expr.name}>"
     if isinstance(expr, ast.Disjunction):
         return f"({_operand(expr.left)} | {_operand(expr.right)})_{expr.pairs}"
     if isinstance(expr, ast.Conjunction):

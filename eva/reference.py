@@ -13,9 +13,8 @@ them; a parent's trace view merges its operands' streams in that order.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from eva import ast
@@ -23,23 +22,21 @@ from eva import semantics as sem
 from eva.classes import compile_predicate, label, ticks_between
 from eva.events import Event
 from eva.printer import expr_text
-from eva.semantics import Element, Key, L, Notification, Occ, R, Stream, binary_results, cut, merge
+from eva.semantics import (
+    Element,
+    Key,
+    L,
+    Notification,
+    Occ,
+    R,
+    Stream,
+    binary_results,
+    cut,
+    merge,
+    partition_key,
+)
 
 INF: Key = (2**62, 0, 0)
-
-
-def primitive(event: Event) -> Occ:
-    return sem.primitive(event.id, event.source, event.time, event.key)
-
-
-def partition_key(value: Any) -> Hashable:
-    """A hashable key for a ``per`` attribute value (JSON objects and arrays included)."""
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, sort_keys=True, separators=(",", ":"))
-    if isinstance(value, float):
-        # -0.0 and 0.0 are one key already; one spelling too, for whatever hashes its text.
-        return ("float", value + 0.0)
-    return (type(value).__name__, value)
 
 
 @dataclass
@@ -54,10 +51,12 @@ class Context:
     tick: int
     matchers: dict[str, Callable[[Event], bool]]
     partition: Any = None
+    externals: Mapping[str, Stream] = field(default_factory=dict)
+    """The streams of the profile's :class:`~eva.ast.External` leaves, by name."""
 
     def with_events(self, events: list[Event]) -> Context:
         return Context(events, self.doc, self.admit, self.start, self.end, self.tick,
-                        self.matchers, self.partition)
+                       self.matchers, self.partition, self.externals)
 
 
 # ------------------------------------------------------------------ nodes
@@ -66,6 +65,8 @@ class Context:
 def eval_expr(expr: ast.Expr, ctx: Context, anchors: Stream | None = None) -> Stream:
     if isinstance(expr, ast.Prim):
         return eval_prim(expr, ctx)
+    if isinstance(expr, ast.External):
+        return eval_external(expr, ctx)
     if isinstance(expr, ast.Negation):
         return eval_negation(expr, ctx, anchors)
     if isinstance(expr, ast.Selection):
@@ -84,7 +85,17 @@ def eval_prim(expr: ast.Prim, ctx: Context) -> Stream:
                 out.append((occ.key, occ))
         return out
     match = ctx.matchers[expr.name]
-    return [(e.key, primitive(e)) for e in ctx.events if match(e)]
+    return [(e.key, sem.occurrence(e)) for e in ctx.events if match(e)]
+
+
+def eval_external(expr: ast.External, ctx: Context) -> Stream:
+    """The caller's stream of the leaf, as the engine sees it: what is reported after the start
+    and by the end of the trace."""
+    stream = ctx.externals.get(expr.name)
+    if stream is None:
+        raise ValueError(f"no stream given for the external operand <{expr.name}> "
+                         f"(externals has {sorted(ctx.externals)})")
+    return [(emit, occ) for emit, occ in stream if ctx.admit(emit) and emit[0] <= ctx.end]
 
 
 def eval_selection(expr: ast.Selection, ctx: Context) -> Stream:
@@ -221,9 +232,15 @@ def profile_stream(profile: ast.Profile, ctx: Context) -> Stream:
 
 def evaluate_profile(profile: ast.Profile, doc: ast.Document, events: list[Event], *,
                      start: int, end: int, tick: int,
-                     root: RootStream = profile_stream) -> list[Notification]:
+                     root: RootStream = profile_stream,
+                     externals: Mapping[str, Stream] | None = None) -> list[Notification]:
     """One profile over a trace, partition by partition; ``root`` computes the partition's
-    stream (the definition by default; the transformation planner substitutes a plan)."""
+    stream (the definition by default; the transformation planner substitutes a plan).
+    ``externals`` are the streams of the profile's external operands (unpartitioned profiles
+    only: a stream names no partition)."""
+    if externals and profile.per is not None:
+        raise ValueError(f"profile {profile.name!r} is partitioned (per {profile.per}): "
+                         "external streams are given for unpartitioned profiles only")
     classes = doc.class_map()
     matchers = {c.name: compile_predicate(c.body, classes) for c in doc.classes
                 if not isinstance(c.body, ast.Every)}
@@ -251,7 +268,7 @@ def evaluate_profile(profile: ast.Profile, doc: ast.Document, events: list[Event
         def admit(key: Key, created: Key | None = created) -> bool:
             return key[0] > start and (created is None or key >= created)
 
-        ctx = Context(group, doc, admit, start, end, tick, matchers, value)
+        ctx = Context(group, doc, admit, start, end, tick, matchers, value, externals or {})
         stream = root(profile, ctx)
         out.extend(Notification(profile.name, value, occ, emit) for emit, occ in stream)
     return out
@@ -282,4 +299,4 @@ def evaluate(doc: ast.Document, events: Iterable[Event], *, profiles: Iterable[s
     return out
 
 
-__all__ = ["Notification", "evaluate", "partition_key", "primitive"]
+__all__ = ["Context", "evaluate", "evaluate_profile"]

@@ -37,8 +37,8 @@ def _single(dup: ast.Dup) -> bool:
 
 def node_retention(expr: ast.Expr) -> Retention:
     """Retention of the state the node itself keeps (its children are analysed separately)."""
-    if isinstance(expr, ast.Prim):
-        return Retention(0, "")
+    if isinstance(expr, (ast.Prim, ast.External)):
+        return Retention(0, "")  # a leaf keeps nothing
     if isinstance(expr, ast.Selection):
         return Retention(0, "")  # a counter
     if isinstance(expr, ast.Negation):
@@ -73,3 +73,24 @@ def retention(expr: ast.Expr) -> Retention:
         if isinstance(node, ast.Sequence) and isinstance(node.right.expr, ast.Negation):
             worst = max(worst, node.right.expr.span)
     return Retention(worst, "")
+
+
+def reach(expr: ast.Expr) -> int | None:
+    """How far (µs) before the instant a composite of ``expr`` is reported (in continuous
+    evaluation) its earliest constituent can lie; None when nothing bounds it.
+
+    Not :func:`retention`, which bounds how long a *node* keeps an occurrence: a unique_pairs
+    node with single selections keeps one element, but that element may be arbitrarily old.
+    Along any path of the tree each conjunction or sequence adds its span (a stored operand
+    lies within it of the newest one) and a negation its span (an anchored one reports at
+    t(a) + T), so their sum bounds every path. Unbounded: an inf span and repeated_pairs (a
+    stored, older composite can be reported later)."""
+    total = 0
+    for node in ast.walk(expr):
+        if isinstance(node, ast.Negation):
+            total += node.span
+        elif isinstance(node, (ast.Conjunction, ast.Sequence)):
+            if node.span is None or node.pairs is ast.Pairs.REPEATED:
+                return None
+            total += node.span
+    return total

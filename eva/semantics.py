@@ -11,24 +11,52 @@ docs/semantics.md, "Same class on both sides".
 
 from __future__ import annotations
 
+import json
 from collections.abc import Hashable, Sequence
 from typing import Any, NamedTuple
 
 from eva import ast
-from eva.events import PASSIVE, TIME_EVENT
+from eva.events import PASSIVE, TIME_EVENT, Event, Key, tick_id
 
-__all__ = ["CLOSE", "LR", "PASSIVE", "TIME_EVENT", "Element", "Key", "L", "Notification", "Occ", "R",
-           "Result",
-           "Stream", "binary_results", "composite", "conjunction_holds", "conjunction_pairs", "cut",
-           "frame_end", "merge", "negation_picks", "negation_window", "passive", "primitive", "result_order",
-           "select_anterior", "select_posterior", "selected_single", "selection_picks",
-           "sequence_holds", "sequence_pairs", "time_event"]
+__all__ = [
+    "CLOSE",
+    "LR",
+    "PASSIVE",
+    "TIME_EVENT",
+    "Element",
+    "Key",
+    "L",
+    "Notification",
+    "Occ",
+    "R",
+    "Result",
+    "Stream",
+    "binary_results",
+    "composite",
+    "conjunction_holds",
+    "conjunction_pairs",
+    "cut",
+    "frame_end",
+    "merge",
+    "negation_picks",
+    "negation_window",
+    "occurrence",
+    "partition_key",
+    "passive",
+    "primitive",
+    "result_order",
+    "select_anterior",
+    "select_posterior",
+    "selected_single",
+    "selection_picks",
+    "sequence_holds",
+    "sequence_pairs",
+    "time_event",
+]
 
 L = 1
 R = 2
 LR = L | R
-
-Key = tuple[int, int, Any]
 
 CLOSE = 3
 """Phase of the clock step at which end-of-interval results whose frame ended are emitted."""
@@ -100,6 +128,26 @@ def primitive(event_id: str, source: str, time: int, key: tuple[int, int, Any]) 
     return Occ(time, key, (source, event_id), (event_id,))
 
 
+def occurrence(event: Event) -> Occ:
+    """An event as the occurrence of a primitive class, at its own key."""
+    return primitive(event.id, event.source, event.time, event.key)
+
+
+def partition_key(value: Any) -> Hashable:
+    """A hashable key for a ``per`` attribute value (JSON objects and arrays included)."""
+    cls = type(value)
+    if cls is str:  # the common values first, spelt as below without looking up the type's name
+        return ("str", value)
+    if cls is int:
+        return ("int", value)
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    if isinstance(value, float):
+        # -0.0 and 0.0 are one key already; one spelling too, for whatever hashes its text.
+        return ("float", value + 0.0)
+    return (type(value).__name__, value)
+
+
 def composite(tag: str, left: Occ, right: Occ, key: tuple[int, int, Any]) -> Occ:
     """A binary composite; its identity is the node and its two operand occurrences."""
     return Occ(key[0], key, (tag, left.ident, right.ident), left.events + right.events)
@@ -107,7 +155,7 @@ def composite(tag: str, left: Occ, right: Occ, key: tuple[int, int, Any]) -> Occ
 
 def time_event(name: str, index: int, time: int, label: str) -> Occ:
     """A tick of a time class (EVA's time events, Def. 3.2 𝔼_t)."""
-    return Occ(time, (time, TIME_EVENT, index), ("tick", name, time), (f"tick:{name}@{label}",))
+    return Occ(time, (time, TIME_EVENT, index), ("tick", name, time), (tick_id(name, label),))
 
 
 def passive(tag: str, time: int, label: str, anchor: Occ | None) -> Occ:

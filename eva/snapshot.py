@@ -2,48 +2,58 @@
 
 What a state store (the Spark job keeps one engine per profile × bucket) or a restarted service
 needs. The format is **data only** (docs/spark.md, "Checkpoint state"): a version line, then
-zlib-compressed JSON of tagged records — scalars, tuples, lists, dicts, sets, the engine's own
-classes by name with their attribute values. Reading it creates nothing but the classes of the
-allow-list below, sets nothing but the attributes those classes declare, and calls no code the
-data names: whoever can write a checkpoint can make an engine give wrong answers, but cannot
-run code in the workers (``pickle`` would let them). An unknown version, a class or attribute
-outside the list, or any malformed record is refused with :class:`SnapshotError` — whatever
-goes wrong while reading (a number out of range, nesting too deep for the stack, memory) is one,
-never another exception. The state is at most :data:`MAX_STATE_BYTES` of JSON, decompressed
-within that bound, so a small zlib bomb cannot make the reader allocate more.
+zlib-compressed JSON of tagged records of what :meth:`Engine.export_state` gives — the
+documents (syntax-tree values), the class predicates, each profile's partitions as their state
+records (:mod:`eva.state`), the clock and buffers. Nothing compiled is written: ``restore``
+compiles the profiles again from their documents (:mod:`eva.compiler`) and hands the records to
+the new engine. Reading creates nothing but the value classes and state records of the
+allow-list below, each by calling it with the fields the class table names (which must be the
+record's own, :data:`eva.state.FIELDS`), and calls no code the data names: whoever can write a
+checkpoint can make an engine give wrong answers, but cannot run code in the workers
+(``pickle`` would let them). Another version, a class or field outside the list, or any
+malformed record is refused with :class:`SnapshotError` naming what was found and expected —
+whatever goes wrong while reading (a number out of range, nesting too deep for the stack,
+memory) is one, never another exception. The state is at most :data:`MAX_STATE_BYTES` of JSON,
+decompressed within that bound, so a small zlib bomb cannot make the reader allocate more.
 
 Objects are written once and referred to by number after (``["r", n]``), so shared state (a
-profile in several indexes, an event in several occurrences) stays shared and cycles are kept.
-The class index holds compiled predicates (closures): it is written as its predicates, in id
-order, and rebuilt from them. The engine's classes may be compiled by mypyc, whose instances
-take no attributes but those declared (``__mypyc_attrs__``): an object is rebuilt by calling
-its constructor with placeholder arguments and then setting every attribute. The dead-letter
-callback is not state: ``restore`` takes a new one.
+profile's budget in all its partitions, a duplicate list in the expiry queue, an event in the
+buffer and the admitted list) stays shared. The dead-letter callback is not state: ``restore``
+takes a new one.
+
+The records a partition holds by the thousand have flat layouts of their own (``_FLAT``): an
+occurrence is ``["O", n, time, key, ident, events, anchor]`` with its tuples as plain JSON
+arrays, a duplicate list ``["D", n, number, role, first_pos, count, [index, pos, occ, ...]]``,
+a binary node's state ``["B", *fields]`` with its expiry queue flat — a third of the generic
+records' size, and read by calling the constructor once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
+import gc
 import json
 import operator
 import sys
 import zlib
 from collections import deque
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from eva import ast
-from eva import nodes as nd
-from eva import semantics as sem
-from eva.classes import ClassIndex
-from eva.engine import DeadLetter, Engine, EngineConfig, _Partition, _Profile
-from eva.events import Event
+import orjson
 
-FORMAT = 2
-"""Version of the snapshot format (1 was a pickle, no longer read). A snapshot written in
-another version is refused: its records may mean something else."""
+from eva import ast
+from eva import semantics as sem
+from eva import state as records
+from eva.engine import Engine, Fed
+from eva.events import DeadLetter, Event
+
+FORMAT = 3
+"""Version of the snapshot format: 1 was a pickle, 2 the engine's objects with their compiled
+settings (no longer read); 3 holds state records only. A snapshot written in another version is
+refused: its records may mean something else."""
 _MAGIC = b"evamed-engine-snapshot "
 
 
@@ -87,69 +97,25 @@ def _brief(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "…"
 
 
-_X = ast.Prim("x")
-_SEQ = ast.Sequence(ast.Operand(ast.ALL, _X), ast.Operand(ast.ALL, _X), None, ast.Pairs.ALL)
-_NEG = ast.Negation(_X, 1, ast.Pairs.ALL)
-
-
-def _occ() -> sem.Occ:
-    return sem.Occ(0, (0, 0, 0), None, ())
-
-
-def _leaf() -> nd.Node:
-    return nd.AttributeLeaf(0)
-
-
-# The mutable engine-side classes: rebuilt from constructor arguments that build a placeholder,
-# every attribute then overwritten from the snapshot (so the values only need to be accepted
-# by __init__).
-_PLACEHOLDER: dict[type, Callable[[], tuple[Any, ...]]] = {
-    nd.Budget: lambda: (1,),
-    nd.AttributeLeaf: lambda: (0,),
-    nd.TimeLeaf: lambda: (None,),
-    nd.SelectionNode: lambda: (_leaf(), ast.Selection(_X, 1, ast.Pairs.ALL)),
-    nd.NegationNode: lambda: (_leaf(), _NEG, "", 1, 0),
-    nd.AnchoredNegationNode: lambda: (_leaf(), _NEG, "", False),
-    nd.DList: lambda: (0, 0, 0),
-    nd.BinaryNode: lambda: (_leaf(), _leaf(), _SEQ, "", False, nd.Budget(1), False),
-    nd._Candidate: lambda: (_occ(), 0, 0, nd.DList(0, 0, 0), nd.DList(0, 0, 0)),
-    nd.RepeatedNode: lambda: (_leaf(), _leaf(), _SEQ, "", False, nd.Budget(1)),
-    sem.Occ: lambda: (0, (0, 0, 0), None, ()),
-    sem.Notification: lambda: ("", None, _occ(), (0, 0, 0)),
-    _Partition: lambda: (None, _leaf(), None, 0),
-    _Profile: lambda: (0, ast.Profile("x", _X), 0, None, frozenset(), frozenset(), False,
-                       nd.Budget(1)),
-    Engine: lambda: (),
-}
-
-
 def _module_classes(module: Any) -> list[type]:
     return [v for v in vars(module).values()
             if isinstance(v, type) and v.__module__ == module.__name__]
-
-
-# Values: rebuilt by calling the class with their fields (frozen dataclasses, named tuples,
-# the engine configuration) — every dataclass of the profile language's syntax tree.
-_VALUES: list[type] = [Event, DeadLetter, EngineConfig, sem.Element,
-                       *(c for c in _module_classes(ast) if dataclasses.is_dataclass(c))]
-_ENUMS: list[type] = [c for c in _module_classes(ast) if issubclass(c, enum.Enum)]
 
 
 def _name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-_BY_NAME: dict[str, type] = {_name(c): c for c in [*_PLACEHOLDER, *_VALUES, *_ENUMS]}
-
-
-def _declared(cls: type) -> tuple[str, ...]:
-    """The state attributes of an object class: what a snapshot writes and may set."""
-    names = getattr(cls, "__mypyc_attrs__", None)
-    if names is None:
-        names = tuple(n for c in cls.__mro__ for n in getattr(c, "__slots__", ()))
-        if "__dict__" in dir(cls) or not names:
-            names += tuple(vars(cls(*_PLACEHOLDER[cls]())))  # interpreted, attributes in __dict__
-    return tuple(dict.fromkeys(n for n in names if n != "dead_letter" and not n.startswith("__")))
+# State records: rebuilt by calling the class with their fields, in the order of the class
+# table (which must be the class's own). Occurrences are records too (shared, not values).
+_RECORDS: dict[type, tuple[str, ...]] = {
+    **records.FIELDS, sem.Occ: ("time", "key", "ident", "events", "anchor")}
+# Values: rebuilt by calling the class with their fields (frozen dataclasses, named tuples) —
+# every dataclass of the profile language's syntax tree.
+_VALUES: list[type] = [Event, sem.Element, Fed,
+                       *(c for c in _module_classes(ast) if dataclasses.is_dataclass(c))]
+_ENUMS: list[type] = [c for c in _module_classes(ast) if issubclass(c, enum.Enum)]
+_BY_NAME: dict[str, type] = {_name(c): c for c in [*_RECORDS, *_VALUES, *_ENUMS]}
 
 
 def _fields(cls: type) -> tuple[str, ...]:
@@ -159,16 +125,15 @@ def _fields(cls: type) -> tuple[str, ...]:
 
 
 def _getter(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
-    """One C-level getter for all of a class's attributes: a snapshot holds thousands of nodes
-    of a handful of classes, and a per-attribute Python loop was most of its cost."""
+    """One C-level getter for all of a class's fields: a snapshot holds thousands of records
+    of a handful of classes, and a per-field Python loop was most of its cost."""
     every = operator.attrgetter(*names)
     return every if len(names) > 1 else (lambda o: (every(o),))
 
 
-# Per object class: its name in snapshots, its attribute names, the getter of their values.
-_OBJECT_LAYOUTS: dict[type, tuple[str, tuple[str, ...], Callable[[Any], tuple[Any, ...]]]] = {
-    cls: (_name(cls), names, _getter(names))
-    for cls in _PLACEHOLDER for names in [_declared(cls)]}
+# Per record class: its name in snapshots, its field names, the getter of their values.
+_RECORD_LAYOUTS: dict[type, tuple[str, tuple[str, ...], Callable[[Any], tuple[Any, ...]]]] = {
+    cls: (_name(cls), names, _getter(names)) for cls, names in _RECORDS.items()}
 _VALUE_FIELDS: dict[type, Callable[[Any], tuple[Any, ...]]] = {}
 
 
@@ -179,8 +144,49 @@ def _value_fields(cls: type) -> Callable[[Any], tuple[Any, ...]]:
     return found
 
 
-_UNSET = ["u"]  # an attribute not set on this object (set lazily by the engine)
 _SCALARS = frozenset((str, int, float, bool, type(None)))
+_DIGITS = bytes.maketrans(b"0123456789", b"0" * 10)
+_LONG_NUMBER = b"0" * 19
+"""19 digits in a row (once every digit reads 0): a number orjson may not read back as written —
+an integer past 64 bits, which it reads as a float."""
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused while a snapshot is written or read: it would pass
+    once every 700 new objects over all of them, tens of thousands, every one still reachable —
+    two thirds of the time of both (measured, benchmarks/engine.py ``--only per``)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+_UNREAD = object()
+
+
+def _frozen(data: Any) -> Any:
+    """A JSON array as the tuple it was written from (arrays in it too), other data as is."""
+    if type(data) is not list:
+        if type(data) is dict:
+            raise SnapshotError("an object where a tuple was expected")
+        return data
+    out = tuple(data)
+    try:
+        hash(out)  # of scalars only (the common case): nothing nested to convert
+    except TypeError:
+        out = tuple([_frozen(v) for v in data])
+    return out
+
+
+def _flat(data: Any, width: int, what: str) -> list[Any]:
+    """A flat list of ``width``-tuples (an ``_FLAT`` record's field)."""
+    if type(data) is not list or len(data) % width:
+        raise SnapshotError(f"{what}: {_brief(data)}, expected a list of {width}-tuples")
+    return data
 
 
 class _Writer:
@@ -209,45 +215,30 @@ class _Writer:
             return ["r", seen]
         if cls is tuple:
             return ["t", *self.values(obj)]
-        layout = _OBJECT_LAYOUTS.get(cls)
-        if layout is not None:  # the engine's mutable objects: numbered first, they may be
-            name, names, every = layout  # referred to by what they hold
+        flat = _FLAT_WRITERS.get(cls)
+        if flat is not None:
+            return flat(self, obj)
+        layout = _RECORD_LAYOUTS.get(cls)
+        if layout is not None:  # a state record (shared: numbered)
+            name, names, every = layout
             n = self.number(obj)
             if name not in self.classes:
                 self.classes[name] = list(names)
-            try:
-                values = every(obj)
-            except AttributeError:  # an attribute not set on this object: name by name
-                values = tuple(getattr(obj, a, _UNSET) for a in names)
-            value = self.value
-            return ["o", n, name, *[v if type(v) in _SCALARS or v is _UNSET else value(v)
-                                    for v in values]]
+            return ["o", n, name, *self.values(every(obj))]
+        # Containers are never shared in the exported state: written in place, unnumbered.
         if cls is list:
-            n = self.number(obj)
-            return ["l", n, *self.values(obj)]
+            return ["l", *self.values(obj)]
         if cls is dict:
-            n = self.number(obj)
-            out: list[Any] = ["d", n]
+            out: list[Any] = ["d"]
             value = self.value
             for key, item in obj.items():
                 out.append(key if type(key) in _SCALARS else value(key))
                 out.append(item if type(item) in _SCALARS else value(item))
             return out
         if cls is set or cls is frozenset:
-            n = self.number(obj)
-            return ["s" if cls is set else "f", n, *self.values(obj)]
+            return ["s" if cls is set else "f", *self.values(obj)]
         if cls is deque:
-            n = self.number(obj)
-            return ["q", n, obj.maxlen, *self.values(obj)]
-        if cls is ClassIndex:
-            ids: dict[ast.Predicate, int] = obj._ids
-            ordered = [pred for pred, _ in sorted(ids.items(), key=lambda kv: kv[1])]
-            return ["x", self.value(ordered), obj.tests]
-        if isinstance(obj, type):  # a node keeps its operator's syntax class
-            if _BY_NAME.get(_name(obj)) is not obj:
-                raise TypeError(f"engine state holds the class {_name(obj)}, which snapshots "
-                                "do not cover")
-            return ["k", _name(obj)]
+            return ["q", obj.maxlen, *self.values(obj)]
         name = _name(cls)
         if _BY_NAME.get(name) is not cls:
             raise TypeError(f"engine state holds a {name}, which snapshots do not cover")
@@ -257,14 +248,41 @@ class _Writer:
         return ["v", self.number(obj), name, *fields]
 
 
+    def occ(self, occ: sem.Occ) -> list[Any]:
+        # Its fields are times and tuples of scalars and tuples: JSON arrays as they are.
+        return ["O", self.number(occ), occ.time, occ.key, occ.ident, occ.events, occ.anchor]
+
+    def dlist(self, dl: records.DList) -> list[Any]:
+        value = self.value
+        kept: list[Any] = []
+        for index, (pos, occ) in dl.kept.items():
+            kept += (index, pos, value(occ))
+        return ["D", self.number(dl), dl.number, dl.role, dl.first_pos, dl.count, kept]
+
+    def binary(self, st: records.BinaryState) -> list[Any]:
+        value = self.value
+        # In field order, as the reader numbers them: the lists before the expiry queue that
+        # refers to them.
+        head = ["B", value(st.left), value(st.right), value(st.budget),
+                [value(dl) for dl in st.lists], st.position]
+        expiry: list[Any] = []
+        for time, dl, index in st.expiry:
+            expiry += (time, value(dl), index)
+        return [*head, expiry, st.now, value(st.pending), value(st.closing)]
+
+
+_FLAT_WRITERS: dict[type, Callable[[_Writer, Any], list[Any]]] = {
+    sem.Occ: _Writer.occ, records.DList: _Writer.dlist, records.BinaryState: _Writer.binary}
+"""The records with flat layouts (see the module's notes), by class."""
+
+
 def snapshot(engine: Engine) -> bytes:
     """The engine's whole state: registrations, partitions, buffered events, clock, timers."""
-    extra = set(getattr(engine, "__dict__", ())) - {"dead_letter", *_OBJECT_LAYOUTS[Engine][1]}
-    if extra:  # set outside __init__ (interpreted engine): it would be lost
-        raise TypeError(f"engine attributes {sorted(extra)} are not covered by snapshots")
     writer = _Writer()
-    root = writer.value(engine)
-    text = json.dumps({"classes": writer.classes, "root": root}, separators=(",", ":")).encode()
+    with _collector_paused():
+        root = writer.value(engine.export_state())
+        text = json.dumps({"classes": writer.classes, "root": root},
+                          separators=(",", ":")).encode()
     if len(text) > MAX_STATE_BYTES:
         raise SnapshotError(f"the engine state is {len(text):,} bytes of JSON, over the "
                             f"{MAX_STATE_BYTES:,} a snapshot may hold (MAX_STATE_BYTES, "
@@ -280,20 +298,19 @@ class _Reader:
         self.memo: dict[int, Any] = {}
         if not isinstance(classes, dict):
             raise SnapshotError("no class table")
-        self.layouts: dict[str, tuple[type, tuple[str, ...], tuple[Any, ...]]] = {}
+        self.layouts: dict[str, tuple[type, int]] = {}
         for name, names in classes.items():
             cls = _BY_NAME.get(name)
-            if cls is None or cls not in _PLACEHOLDER:
+            if cls is None or cls not in _RECORDS:
                 raise SnapshotError(f"class {name!r} is not engine state")
-            declared = set(_OBJECT_LAYOUTS[cls][1])
-            if not isinstance(names, list) or not all(isinstance(n, str) and n in declared
-                                                      for n in names):
-                raise SnapshotError(f"attributes {names!r} are not those of {name}")
-            self.layouts[name] = (cls, tuple(names), _PLACEHOLDER[cls]())
+            if names != list(_RECORDS[cls]):
+                raise SnapshotError(f"fields {_brief(names)} are not those of {name}, "
+                                    f"{list(_RECORDS[cls])}")
+            self.layouts[name] = (cls, len(names))
         self.tags: dict[str, Callable[[list[Any]], Any]] = {
             "t": self.r_tuple, "r": self.r_ref, "o": self.r_obj, "l": self.r_list, "d": self.r_dict,
-            "s": self.r_set, "f": self.r_set, "q": self.r_deque, "x": self.r_index, "k": self.r_cls,
-            "e": self.r_enum, "v": self.r_val}
+            "s": self.r_set, "f": self.r_set, "q": self.r_deque, "e": self.r_enum, "v": self.r_val,
+            "O": self.r_occ, "D": self.r_dlist, "B": self.r_binary}
 
     def put(self, n: Any, obj: Any) -> None:
         if type(n) is not int or n in self.memo:
@@ -324,65 +341,62 @@ class _Reader:
 
     def r_obj(self, data: list[Any]) -> Any:
         layout = self.layouts.get(data[2]) if len(data) > 2 and type(data[2]) is str else None
-        if layout is None or len(data) != 3 + len(layout[1]):
-            raise SnapshotError(f"object {data[2:3]!r} does not match the class table")
-        cls, names, placeholder = layout
-        # Placeholder arguments are shared: every attribute is overwritten (or removed).
-        made = cls(*placeholder)
+        if layout is None or len(data) != 3 + layout[1]:
+            raise SnapshotError(f"record {data[2:3]!r} does not match the class table")
+        made = layout[0](*self.values(data[3:]))
         self.put(data[1], made)
-        for attr, item in zip(names, self.values(data[3:]), strict=True):
-            if item == _UNSET:
-                with suppress(AttributeError, TypeError):
-                    delattr(made, attr)
-            else:
-                setattr(made, attr, item)
         return made
+
+    def r_occ(self, data: list[Any]) -> Any:
+        if len(data) != 7:
+            raise SnapshotError(f"an occurrence of {len(data) - 2} fields, expected 5")
+        anchor = data[6]
+        made = sem.Occ(data[2], _frozen(data[3]), _frozen(data[4]), _frozen(data[5]),
+                       None if anchor is None else _frozen(anchor))
+        self.put(data[1], made)
+        return made
+
+    def r_dlist(self, data: list[Any]) -> Any:
+        if len(data) != 7:
+            raise SnapshotError(f"a duplicate list of {len(data) - 2} fields, expected 5")
+        flat = _flat(data[6], 3, "kept elements")
+        value = self.value
+        kept = {flat[i]: (flat[i + 1], value(flat[i + 2])) for i in range(0, len(flat), 3)}
+        made = records.DList(data[2], data[3], data[4], data[5], kept)
+        self.put(data[1], made)
+        return made
+
+    def r_binary(self, data: list[Any]) -> Any:
+        if len(data) != 10:
+            raise SnapshotError(f"a binary node's state of {len(data) - 1} fields, expected 9")
+        value = self.value
+        left, right, budget = value(data[1]), value(data[2]), value(data[3])
+        lists = deque([value(dl) for dl in _flat(data[4], 1, "duplicate lists")])
+        flat = _flat(data[6], 3, "expiry queue")
+        expiry = deque([(flat[i], value(flat[i + 1]), flat[i + 2])
+                        for i in range(0, len(flat), 3)])
+        return records.BinaryState(left, right, budget, lists, data[5], expiry, data[7],
+                                   value(data[8]), value(data[9]))
 
     def r_list(self, data: list[Any]) -> Any:
-        out: list[Any] = []
-        self.put(data[1], out)
-        out.extend(self.values(data[2:]))
-        return out
+        return self.values(data[1:])
 
     def r_dict(self, data: list[Any]) -> Any:
-        table: dict[Any, Any] = {}
-        self.put(data[1], table)
-        items = self.values(data[2:])
+        items = self.values(data[1:])
         if len(items) % 2:
             raise SnapshotError("a dictionary with a key and no value")
-        for i in range(0, len(items), 2):
-            table[items[i]] = items[i + 1]
-        return table
+        return dict(zip(items[::2], items[1::2], strict=True))
 
     def r_set(self, data: list[Any]) -> Any:
-        members = self.values(data[2:])
-        made: set[Any] | frozenset[Any] = set(members) if data[0] == "s" else frozenset(members)
-        self.put(data[1], made)
-        return made
+        members = self.values(data[1:])
+        return set(members) if data[0] == "s" else frozenset(members)
 
     def r_deque(self, data: list[Any]) -> Any:
-        bound = data[2]
+        bound = data[1] if len(data) > 1 else None
         if bound is not None and (type(bound) is not int or not 0 <= bound <= sys.maxsize):
             raise SnapshotError(f"a deque bounded by {_brief(bound)}, expected none or a size "
                                 f"from 0 to {sys.maxsize}")
-        queue: deque[Any] = deque(maxlen=bound)
-        self.put(data[1], queue)
-        queue.extend(self.values(data[3:]))
-        return queue
-
-    def r_index(self, data: list[Any]) -> Any:
-        index = ClassIndex()
-        for pred in self.value(data[1]):
-            if not isinstance(pred, (ast.Compare, ast.And, ast.Or, ast.Not, ast.ClassRef)):
-                raise SnapshotError(f"class index entry {type(pred).__name__} is no predicate")
-            index.add(pred, {})
-        if type(data[2]) is not int or data[2] < 0:
-            raise SnapshotError(f"class index test count {_brief(data[2])}, expected a count")
-        index.tests = data[2]
-        return index
-
-    def r_cls(self, data: list[Any]) -> Any:
-        return self.named(data[1])
+        return deque(self.values(data[2:]), maxlen=bound)
 
     def r_enum(self, data: list[Any]) -> Any:
         cls = self.named(data[1])
@@ -392,7 +406,7 @@ class _Reader:
 
     def r_val(self, data: list[Any]) -> Any:
         cls = self.named(data[2])
-        if cls in _PLACEHOLDER or issubclass(cls, enum.Enum):
+        if cls in _RECORDS or issubclass(cls, enum.Enum):
             raise SnapshotError(f"{data[2]} is not a value class")
         made = cls(*self.values(data[3:]))
         self.put(data[1], made)
@@ -407,7 +421,14 @@ class _Reader:
 
 def _read(text: bytes) -> Any:
     """What the records of a snapshot's (decompressed) text build."""
-    document = json.loads(text)
+    # orjson reads several times faster; json reads what it would read wrongly (an integer
+    # past 64 bits) or not at all (NaN, a lone surrogate, nesting past its limit).
+    document: Any = _UNREAD
+    if text.translate(_DIGITS).find(_LONG_NUMBER) < 0:
+        with contextlib.suppress(orjson.JSONDecodeError):
+            document = orjson.loads(text)
+    if document is _UNREAD:
+        document = json.loads(text)
     reader = _Reader(document.get("classes") if isinstance(document, dict) else None)
     return reader.value(document["root"])
 
@@ -433,7 +454,12 @@ def restore(data: bytes, dead_letter: Callable[[DeadLetter], None] | None = None
         raise SnapshotError(f"malformed engine snapshot: {exc}") from None
     failure: str | None = None
     try:
-        engine = _read(text)
+        with _collector_paused():
+            state = _read(text)
+        if type(state) is not dict:
+            raise SnapshotError(f"the snapshot holds a {type(state).__name__}, not an engine's "
+                                "state")
+        engine = Engine.import_state(state, dead_letter)
     except SnapshotError:
         raise
     except Exception as exc:  # the trust boundary: see below
@@ -445,7 +471,4 @@ def restore(data: bytes, dead_letter: Callable[[DeadLetter], None] | None = None
         failure = f"{type(exc).__name__}: {str(exc)[:200]}"
     if failure is not None:  # raised outside the handler: what was read is freed with it
         raise SnapshotError(f"malformed engine snapshot: {failure}")
-    if type(engine) is not Engine:
-        raise SnapshotError(f"the snapshot holds a {type(engine).__name__}, not an engine")
-    engine.dead_letter = dead_letter or (lambda _: None)
     return engine

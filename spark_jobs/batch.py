@@ -20,16 +20,20 @@ frame, an engine), not per event — with 10⁴ keys, one group per key ran at 3
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 from eva.engine import Engine, EngineConfig
-from eva.events import PASSIVE, PRIMITIVE, Event, from_json_line, to_cloudevent
+from eva.events import PRIMITIVE, Event, from_json_line, to_cloudevent
 from eva.notify import composite_line, tuples_from_json, tuples_to_json
-from eva.reference import partition_key
+from eva.semantics import partition_key
 from spark_jobs.routing import config_tuple, document, event_matchers, memberships
+from transforms.runner import trace_key
 
 GROUPS_SCHEMA = "profile INT, grp INT, seq LONG, line STRING"
 OUT_SCHEMA = "profile INT, created LONG, rkey STRING, ord INT, event STRING"
@@ -48,16 +52,6 @@ class Job:
     end: int
 
 
-def _remap(key: Any, global_seq: list[int]) -> Any:
-    """A group engine's report key with its arrival numbers replaced by the trace's."""
-    time, phase, tiebreak = key
-    if phase == PRIMITIVE:
-        return (time, phase, global_seq[tiebreak])
-    if phase == PASSIVE and isinstance(tiebreak, tuple) and tiebreak:
-        return (time, phase, _remap(tiebreak, global_seq))
-    return key
-
-
 @lru_cache(maxsize=8)
 def _routes(text: str, indices: tuple[int, ...]) -> list[tuple[int, str | None, list[Any]]]:
     """Per profile: its index, its ``per`` path and the matchers of its event classes."""
@@ -74,29 +68,60 @@ def run_group(job: Job, profile_index: int, rows: list[tuple[int, str]]) -> list
     engine.add_document(doc, [doc.profiles[profile_index].name])
     engine.begin(job.origin)
     events = sorted((seq, line) for seq, line in rows if seq != NO_EVENT)
-    global_seq = [seq for seq, _ in events]
+    keys = []  # the trace's key of each event the group's engine numbers
     created: dict[Any, int] = {}  # partition → the trace position of the event that opened it
     notes = []
     for local, (seq, line) in enumerate(events):
         event = from_json_line(line, seq=local)
+        keys.append((event.time, PRIMITIVE, seq))
         if per is not None:
             created.setdefault(partition_key(event.field(per)), seq)
         notes.extend(engine.push(event))
     notes.extend(engine.close(job.end))
     return [(profile_index, created.get(partition_key(n.partition), 0) if per is not None else 0,
-             json.dumps(tuples_to_json(_remap(n.emitted, global_seq))), i,
+             json.dumps(tuples_to_json(trace_key(n.emitted, keys))), i,
              composite_line(n)[1]) for i, n in enumerate(notes)]
 
 
-def replay(spark: Any, profiles_text: str, events: list[Event], *, config: EngineConfig,
-           origin: int, end: int, profiles: list[str] | None = None,
-           buckets: int = 16) -> list[str]:
-    """The composites (CloudEvents JSON, in report order) of admitted ``events`` on Spark."""
+@dataclass(frozen=True)
+class Spooled:
+    """Admitted events written to a JSON-lines file as they streamed in (``seq`` and the
+    CloudEvent line): Spark reads the file, the driver holds none of them."""
+
+    path: str
+    count: int
+    newest: int | None  # the latest event time
+
+
+@contextmanager
+def spooled(events: Iterable[Event]) -> Iterator[Spooled]:
+    """Spool ``events`` (as they come) to a temporary file, removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="evamed-replay-") as folder:
+        path = os.path.join(folder, "events.jsonl")
+        count, newest = 0, None
+        with open(path, "w", encoding="utf-8") as out:
+            for e in events:
+                out.write(json.dumps({"seq": e.seq, "line": json.dumps(to_cloudevent(e))}) + "\n")
+                count += 1
+                newest = e.time if newest is None else max(newest, e.time)
+        yield Spooled(path, count, newest)
+
+
+def replay(spark: Any, profiles_text: str, events: Spooled | Iterable[Event], *,
+           config: EngineConfig, origin: int, end: int | None = None,
+           profiles: list[str] | None = None, buckets: int = 16) -> list[str]:
+    """The composites (CloudEvents JSON, in report order) of admitted ``events`` on Spark;
+    the trace ends at ``end`` (default: the newest event's time)."""
+    if not isinstance(events, Spooled):
+        with spooled(events) as spool:
+            return replay(spark, profiles_text, spool, config=config, origin=origin, end=end,
+                          profiles=profiles, buckets=buckets)
     import pandas as pd
 
+    last = end if end is not None else events.newest if events.newest is not None else origin
     doc = document(profiles_text)
     indices = tuple(i for i, p in enumerate(doc.profiles) if profiles is None or p.name in profiles)
-    job = Job(profiles_text, indices, buckets, config_tuple(config), origin, end)
+    job = Job(profiles_text, indices, buckets, config_tuple(config), origin, last)
 
     def fan_out(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         routes = _routes(job.profiles_text, job.profile_indices)
@@ -113,8 +138,7 @@ def replay(spark: Any, profiles_text: str, events: list[Event], *, config: Engin
         result = run_group(job, int(frame["profile"].iloc[0]), rows)
         return pd.DataFrame(result, columns=["profile", "created", "rkey", "ord", "event"])
 
-    lines = [(e.seq, json.dumps(to_cloudevent(e))) for e in events]
-    source = spark.createDataFrame(lines, "seq LONG, line STRING")
+    source = spark.read.schema("seq LONG, line STRING").json(events.path)
     grouped = source.mapInPandas(fan_out, GROUPS_SCHEMA)
     # Every profile without `per` runs even if no event reaches it (its clock may report).
     anchors = [(i, 0, NO_EVENT, "") for i in indices if doc.profiles[i].per is None]

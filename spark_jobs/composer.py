@@ -1,10 +1,7 @@
-"""The composer: where the mediator composes primitive notifications into composites.
-
-One small protocol — register or remove profiles (the mediator-side parts of plans), feed
-primitive notifications, collect composites and dead letters — with two implementations the
-service switches between with one setting: ``SparkComposer`` (the default; the streaming job of
-``spark_jobs.streaming`` in local mode, or on a cluster) and ``InProcessComposer`` (the engine
-in this process: lowest latency, one machine).
+"""``SparkComposer``: the mediator's composer (mediator/composer.py, the protocol it
+satisfies) backed by the streaming job (spark_jobs/job.py) — in local mode embedded, or on a
+cluster. Profiles are registered in a profile table the running job re-reads, events are fed
+as spool files, and the sink's rows are collected in the driver.
 """
 
 from __future__ import annotations
@@ -14,71 +11,18 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
-from eva.engine import Engine, EngineConfig
+from eva.engine import EngineConfig
 from eva.events import Event, to_cloudevent
-from eva.notify import dead_letter_record
-from eva.notify import to_cloudevent as composite_event
 from eva.parser import parse
-from spark_jobs.streaming import (
-    Registration,
-    StreamJob,
-    config_tuple,
-    profiles,
-    spool_file,
-    start,
-    write_table,
-)
+from spark_jobs.job import StreamJob, start
+from spark_jobs.profiles import Registration, profiles, write_table
+from spark_jobs.routing import config_tuple
+from spark_jobs.spool import spool_file
 
+# mediator.composer.Output, spelled out: spark_jobs does not import the mediator above it.
 Output = tuple[str, str, dict[str, Any]]
-"""(kind, profile, payload): kind "composite" (a composite CloudEvent) or "dead_letter"."""
-
-
-class Composer(Protocol):
-    def register(self, text: str, at: int | None = None) -> list[str]:
-        """Register a profile document; its profiles see events after ``at`` (default: the
-        newest event fed so far; before any, the first event, as replay). Returns the profile
-        names."""
-        ...
-
-    def remove(self, name: str) -> bool: ...
-
-    def feed(self, events: Sequence[Event]) -> None: ...
-
-    def collect(self) -> list[Output]:
-        """What is ready: composites and dead letters since the last call."""
-        ...
-
-    def close(self) -> None: ...
-
-
-class InProcessComposer:
-    def __init__(self, config: EngineConfig | None = None) -> None:
-        self._out: list[Output] = []
-        self._engine = Engine(config or EngineConfig(),
-                              lambda d: self._out.append(("dead_letter", "", dead_letter_record(d))))
-        self._newest: int | None = None
-
-    def register(self, text: str, at: int | None = None) -> list[str]:
-        start_at = at if at is not None else self._newest
-        return self._engine.add_document(parse(text), start=start_at)
-
-    def remove(self, name: str) -> bool:
-        return self._engine.remove_profile(name)
-
-    def feed(self, events: Sequence[Event]) -> None:
-        for event in events:
-            self._newest = max(self._newest or event.time, event.time)
-            self._out.extend(("composite", n.profile, composite_event(n))
-                             for n in self._engine.push(event))
-
-    def collect(self) -> list[Output]:
-        out, self._out = self._out, []
-        return out
-
-    def close(self) -> None:
-        pass
 
 
 class SparkComposer:
@@ -158,4 +102,4 @@ class SparkComposer:
             self._query = None
 
     def profiles(self) -> list[str]:
-        return sorted(profiles(self.job))
+        return sorted(profiles(self.job.table))

@@ -15,7 +15,7 @@ from eva.classes import Matcher, compile_predicate
 from eva.engine import EngineConfig
 from eva.events import Event
 from eva.parser import parse
-from eva.reference import partition_key
+from eva.semantics import partition_key
 
 
 @lru_cache(maxsize=16)

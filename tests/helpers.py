@@ -9,7 +9,8 @@ from eva import ast
 from eva.engine import Engine, EngineConfig, replay
 from eva.events import Event
 from eva.parser import parse
-from eva.reference import Notification, evaluate
+from eva.reference import evaluate
+from eva.semantics import Notification
 from tests.strategies import CLASSES, trace_of
 
 

@@ -18,13 +18,13 @@ import pytest
 from adapters.backends.registry import language
 from adapters.backends.service import Running, serve
 from adapters.client import BaseClient, remote_transport
+from adapters.federation import via
 from eva.events import Event, to_cloudevent
 from eva.notify import to_cloudevent as composite_event
 from eva.reference import evaluate
-from mediator.federation import via
 from tests.strategies import trace_of
 from tests.test_backends import logistics
-from transforms.plan import Remote
+from transforms.plans import Remote
 
 EVAMED = str(Path(sys.executable).with_name("evamed"))
 
@@ -166,10 +166,11 @@ def test_the_async_adapter_interface(cg1: Running) -> None:
     render, subscribe (async), parse_notification, health — against a real gRPC service."""
     import asyncio
 
-    from adapters.adapter import ServiceAdapter
     from adapters.backends.native import NativeQueryError
+    from adapters.client import ServiceAdapter
     from eva.parser import parse
     from transforms.capability import CG1
+    from transforms.dialects.base import Scope
     from transforms.planner import plan
 
     doc = parse('class A = type == "a"\nclass B = type == "b"\n'
@@ -193,8 +194,10 @@ def test_the_async_adapter_interface(cg1: Running) -> None:
             assert len(cg1.service.subscriptions) == 1
             await asyncio.to_thread(BaseClient(f"127.0.0.1:{cg1.port}").publish,
                                     trace_of("a1@1 b1@2"))
-            got = adapter.parse_notification(await asyncio.wait_for(first, 10))
-            assert [e.id for e in got.constituents] == ["a1", "b1"]
+            message = await asyncio.wait_for(first, 10)
+            assert [e.id for e in adapter.detection(message).constituents] == ["a1", "b1"]
+            scope = Scope(doc, None, [], {})
+            assert adapter.parse_notification(message, root, scope).visible == {"a1", "b1"}
             await stream.aclose()
             with pytest.raises(NativeQueryError, match="expected"):
                 await adapter.subscribe("AND(").__anext__()

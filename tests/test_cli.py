@@ -191,12 +191,16 @@ def test_replay_on_spark_is_given_exactly_the_admitted_events(
     arrival order, numbered as the in-process engine numbers them."""
     import spark_jobs.batch
     import spark_jobs.session
+    from eva.events import from_cloudevent
 
     seen: dict[str, object] = {}
 
-    def fake_replay(spark: object, text: str, events: list[object], **options: object
-                    ) -> list[str]:
-        seen.update(events=events, **options)
+    def fake_replay(spark: object, text: str, events: spark_jobs.batch.Spooled,
+                    **options: object) -> list[str]:
+        # Spooled as they streamed in: read back before the spool is removed.
+        lines = Path(events.path).read_text().splitlines()
+        seen.update(events=[from_cloudevent(json.loads(r["line"]), r["seq"])
+                            for r in map(json.loads, lines)], newest=events.newest, **options)
         return []
 
     monkeypatch.setattr(spark_jobs.session, "java_missing", lambda: None)
@@ -210,7 +214,7 @@ def test_replay_on_spark_is_given_exactly_the_admitted_events(
     admitted = seen["events"]
     assert isinstance(admitted, list)
     assert [(e.id, e.seq) for e in admitted] == [("a", 0), ("b", 1), ("c", 2), ("d", 3), ("e", 4)]
-    assert seen["end"] == admitted[-1].time
+    assert seen["end"] is None and seen["newest"] == admitted[-1].time  # the trace's end
 
 
 def test_replay_native_prints_the_services_own_notifications(files: tuple[Path, Path],
@@ -356,8 +360,8 @@ def test_compose_passes_sources_and_lateness_to_the_job(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The CLI's plumbing only (the job itself runs for real in tests/test_spark.py): declared
     sources and lateness reach the engine configuration and Spark's watermark delay."""
+    import spark_jobs.job
     import spark_jobs.session
-    import spark_jobs.streaming
     from eva.engine import EngineConfig
 
     seen: dict[str, object] = {}
@@ -369,13 +373,13 @@ def test_compose_passes_sources_and_lateness_to_the_job(tmp_path: Path,
         def stop(self) -> None:
             seen["stopped"] = True
 
-    def fake_start(spark: object, job: spark_jobs.streaming.StreamJob, spool: str,
+    def fake_start(spark: object, job: spark_jobs.job.StreamJob, spool: str,
                    checkpoint: str, sink: object, **options: object) -> Query:
         seen.update(config=EngineConfig(*job.config), buckets=job.buckets, **options)
         return Query()
 
     monkeypatch.setattr(spark_jobs.session, "build_session", lambda *a, **k: object())
-    monkeypatch.setattr(spark_jobs.streaming, "start", fake_start)
+    monkeypatch.setattr(spark_jobs.job, "start", fake_start)
     profiles = tmp_path / "p.eva"
     profiles.write_text('class A = type == "a"\nprofile S = A\n')
     result = CliRunner().invoke(app, [
@@ -393,8 +397,8 @@ def test_compose_refuses_a_checkpoint_laid_out_otherwise(tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """State is filed by (profile, bucket) with each engine's configuration: resuming a
     checkpoint with other buckets or another configuration is refused before Spark starts."""
+    import spark_jobs.job
     import spark_jobs.session
-    import spark_jobs.streaming
 
     started: list[int] = []
 
@@ -405,13 +409,13 @@ def test_compose_refuses_a_checkpoint_laid_out_otherwise(tmp_path: Path,
         def stop(self) -> None:
             pass
 
-    def fake_start(spark: object, job: spark_jobs.streaming.StreamJob, *args: object,
+    def fake_start(spark: object, job: spark_jobs.job.StreamJob, *args: object,
                    **options: object) -> Query:
         started.append(job.buckets)
         return Query()
 
     monkeypatch.setattr(spark_jobs.session, "build_session", lambda *a, **k: object())
-    monkeypatch.setattr(spark_jobs.streaming, "start", fake_start)
+    monkeypatch.setattr(spark_jobs.job, "start", fake_start)
     profiles = tmp_path / "p.eva"
     profiles.write_text('class A = type == "a"\nprofile S = A\n')
 

@@ -5,18 +5,20 @@ an answer)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from eva import ast
-from eva.engine import EngineConfig, replay
+from eva import semantics as sem
+from eva.engine import DeadLetter, Engine, EngineConfig, replay
 from eva.events import Event
 from eva.parser import parse
 from eva.printer import expr_text
-from eva.reference import evaluate
+from eva.reference import evaluate, evaluate_profile
 from tests.helpers import signature
 from tests.strategies import CLASSES, documents, expressions, traces
 
@@ -119,3 +121,69 @@ def test_a_partition_remembers_its_duplicate_list_past_the_time_frame() -> None:
              Event("a2", "s", "a", 11, 2, {"k": 1}), Event("b1", "s", "b", 12, 3, {"k": 1})]
     assert evaluate(doc, trace) == []
     assert_engine_equals_reference(doc, trace)
+
+
+def _externalise(expr: ast.Expr) -> ast.Expr:
+    """``expr`` with every ``X`` leaf an external operand ``<x>``."""
+    if isinstance(expr, ast.Prim):
+        return ast.External("x") if expr.name == "X" else expr
+    if isinstance(expr, (ast.Disjunction, ast.Conjunction, ast.Sequence)):
+        return dataclasses.replace(
+            expr, left=ast.Operand(expr.left.dup, _externalise(expr.left.expr)),
+            right=ast.Operand(expr.right.dup, _externalise(expr.right.expr)))
+    if isinstance(expr, (ast.Negation, ast.Selection)):
+        return dataclasses.replace(expr, expr=_externalise(expr.expr))
+    return expr
+
+
+@settings(max_examples=300, deadline=None)
+@given(expr=expressions(2, names=["A", "B", "T", "X"]), trace=traces(types="abx"),
+       evaluation=st.sampled_from(list(ast.Evaluation)))
+def test_external_operands_fed_to_the_engine_match_the_reference_given_their_streams(
+        expr: ast.Expr, trace: list[Event], evaluation: ast.Evaluation) -> None:
+    """``Engine.feed`` steps an occurrence at its time after the inputs already given for that
+    instant; the reference reads the same stream from ``externals``."""
+    base = parse(CLASSES + "profile P = A\n")
+    profile = ast.Profile("P", _externalise(expr), None, evaluation)
+    assume(ast.External("x") in ast.walk(profile.expr))
+    doc = ast.Document(base.classes, (profile,))
+    events = [e for e in trace if e.type != "x"]
+    stream = [((e.time, 0, e.seq), sem.Occ(e.time, (e.time, 0, e.seq), ("svc", e.id), (e.id,)))
+              for e in trace if e.type == "x"]
+    if not trace:
+        return
+    start = trace[0].time - 1
+    expected = evaluate_profile(profile, doc, events, start=start, end=trace[-1].time, tick=1,
+                                externals={"x": stream})
+    expected.sort(key=lambda n: n.emitted)
+    engine = Engine(EngineConfig(tick=1))
+    engine.add_document(doc)
+    got = []
+    fed = dict(stream)
+    for e in trace:
+        if e.type == "x":
+            got.extend(engine.feed("P", "x", fed[(e.time, 0, e.seq)]))
+        else:
+            got.extend(engine.push(e))
+    got.extend(engine.close())
+    assert signature(got) == signature(expected), expr_text(profile.expr)
+
+
+def test_feeding_behind_the_watermark_is_a_late_dead_letter() -> None:
+    letters: list[DeadLetter] = []
+    engine = Engine(EngineConfig(tick=1), letters.append)
+    doc = parse(CLASSES + "profile P = A\n")
+    seq = ast.Sequence(ast.Operand(ast.ALL, ast.External("x")), ast.Operand(ast.ALL, ast.Prim("B")),
+                       5, ast.Pairs.ALL)
+    engine.add_document(ast.Document(doc.classes, (ast.Profile("Q", seq),)))
+    engine.feed("Q", "x", sem.Occ(10, (10, 0, 0), "x1", ("x1",)))
+    engine.feed("Q", "x", sem.Occ(12, (12, 0, 1), "x2", ("x2",)))
+    assert engine.feed("Q", "x", sem.Occ(9, (9, 0, 2), "x3", ("x3",))) == []
+    assert [letter.reason for letter in letters] == ["late"]
+    assert "<x>" in letters[0].detail and "'Q'" in letters[0].detail
+    got = engine.push(Event("b1", "s", "b", 13, 0)) + engine.close()
+    assert [n.occ.events for n in got] == [("x1", "b1"), ("x2", "b1")]
+    with pytest.raises(ValueError, match="has no external operand <y>"):
+        engine.feed("Q", "y", sem.Occ(20, (20, 0, 3), "y", ("y",)))
+    with pytest.raises(ValueError, match="no profile 'R'"):
+        engine.feed("R", "x", sem.Occ(20, (20, 0, 3), "y", ("y",)))

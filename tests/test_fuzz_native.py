@@ -2,7 +2,7 @@
 :class:`NativeQueryError` — never another exception — and an accepted query evaluates a short
 trace without one either (a late event may be refused, as the service expects).
 
-The inputs are the valid example queries each language's ``render`` produces for the paper's
+The inputs are the valid example queries each group's dialect renders for the paper's
 logistics profiles and random-class profiles, plus hand-written ones for what ``render`` never
 writes, then: random mutations of those (deletions, insertions of the language's own tokens,
 duplications), random characters, and deep nesting of the language's brackets and operators.
@@ -11,7 +11,6 @@ Bounded: a few hundred cases per language, well under a minute in all."""
 from __future__ import annotations
 
 from collections import Counter
-from contextlib import suppress
 from functools import cache
 from pathlib import Path
 
@@ -19,12 +18,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapters.backends.native import EventRejected, Language, NativeQueryError, Unrenderable
+from adapters.backends.native import EventRejected, Language, NativeQueryError
 from adapters.backends.registry import language
 from eva import ast
 from eva.events import Event
 from eva.parser import parse
 from tests.strategies import CLASSES
+from transforms.dialects import dialect
 
 CASES = 1000
 """Examples per language (each is one parse, and one short evaluation if accepted)."""
@@ -90,9 +90,9 @@ TALLY: dict[str, Counter[str]] = {}
 
 @cache
 def seeds(group: str) -> list[str]:
-    """The valid example queries: what ``render`` writes for every subexpression of the
+    """The valid example queries: what the dialect writes for every subexpression of the
     logistics profiles and of profiles over the random-test classes, and the hand-written ones."""
-    lang = language(group)
+    lang, spoken = language(group), dialect(group)
     docs = [parse(Path("examples/logistics/profiles.eva").read_text()),
             parse(CLASSES + "class D = type == \"c\" and data.k >= 2 or data.x.y == \"q\"\n"
                   "profile P1 = ((all_dup(((all_dup(A), all_dup(B))_5us)_all_pairs); "
@@ -103,8 +103,8 @@ def seeds(group: str) -> list[str]:
     for doc in docs:
         for profile in doc.profiles:
             for node in ast.walk(profile.expr):
-                with suppress(Unrenderable):
-                    out.add(lang.render(node, doc))
+                if spoken.can_render(node, doc):
+                    out.add(spoken.render(node, doc))
     for text in out:
         lang.parse(text)  # a seed is valid: mutations start from real queries
     return sorted(out)

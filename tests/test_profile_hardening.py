@@ -18,7 +18,8 @@ from eva.engine import Engine, EngineConfig
 from eva.events import Event
 from eva.parser import ProfileError, parse
 from eva.printer import to_text
-from eva.reference import Notification, evaluate
+from eva.reference import evaluate
+from eva.semantics import Notification
 from eva.units import MAX_SPAN, parse_span
 from eva.validate import (
     MAX_DOCUMENT_BYTES,

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from eva.events import Event, from_cloudevent
-from eva.reference import partition_key
+from eva.semantics import partition_key
 from spark_jobs.routing import _bucket_of, bucket
 
 

@@ -210,9 +210,6 @@ class Crashing:
             raise AssertionError("an oversize query must be refused before parsing")
         return self.inner.parse(text)
 
-    def render(self, expr: Any, doc: Any) -> str:
-        return self.inner.render(expr, doc)
-
 
 def subscribe_error(address: str, query: str) -> grpc.RpcError:
     with BaseClient(address) as client, pytest.raises(grpc.RpcError) as info:
@@ -329,9 +326,6 @@ class Picky:
                 return Evaluator()
 
         return Query()
-
-    def render(self, expr: Any, doc: Any) -> str:
-        return self.inner.render(expr, doc)
 
 
 def test_one_bad_event_in_a_batch_is_rejected_and_the_rest_evaluated(

@@ -20,15 +20,11 @@ from eva.notify import to_cloudevent
 from eva.printer import to_text
 from mediator.cli import app
 from spark_jobs.batch import replay
-from spark_jobs.streaming import (
-    Registration,
-    StreamJob,
-    config_tuple,
-    directory_sink,
-    spool_file,
-    start,
-    write_table,
-)
+from spark_jobs.job import StreamJob, start
+from spark_jobs.profiles import Registration, write_table
+from spark_jobs.routing import config_tuple
+from spark_jobs.sinks import directory_sink
+from spark_jobs.spool import spool_file
 from tests.helpers import SENTINEL, logistics_day
 from tests.strategies import documents, traces
 
@@ -173,13 +169,13 @@ def test_compose_reports_refused_checkpoint_state_in_one_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """State the job did not write fails the query inside Spark (a worker's CheckpointError in
     Spark's exception text): `evamed compose` says so in one line, exit 2, no traceback."""
+    import spark_jobs.job
     import spark_jobs.session
-    import spark_jobs.streaming
 
     class Query:
         def processAllAvailable(self) -> None:
             raise RuntimeError("[PYTHON_EXCEPTION] Traceback (most recent call last):\n  File "
-                               "...\nspark_jobs.streaming.CheckpointError: checkpoint state of "
+                               "...\nspark_jobs.processor.CheckpointError: checkpoint state of "
                                "profile S bucket 3 refused: not an evamed engine snapshot\n\tat "
                                "org.apache.spark...")
 
@@ -187,7 +183,7 @@ def test_compose_reports_refused_checkpoint_state_in_one_line(
             pass
 
     monkeypatch.setattr(spark_jobs.session, "build_session", lambda *a, **k: object())
-    monkeypatch.setattr(spark_jobs.streaming, "start", lambda *a, **k: Query())
+    monkeypatch.setattr(spark_jobs.job, "start", lambda *a, **k: Query())
     profiles = tmp_path / "p.eva"
     profiles.write_text('class A = type == "a"\nprofile S per data.k = A\n')
     result = CliRunner().invoke(app, [
@@ -269,7 +265,8 @@ def test_composers_agree_while_profiles_come_and_go(spark: Any, tmp_path: Path) 
     import random
 
     from eva.events import from_cloudevent
-    from spark_jobs.composer import InProcessComposer, SparkComposer
+    from mediator.composer import Composer, InProcessComposer
+    from spark_jobs.composer import SparkComposer
 
     base = ('class A = type == "a"\nclass B = type == "b"\nclass C = type == "c"\n'
             "profile S per data.k = ((all_dup(A); all_dup(B))_5s)_all_pairs\n"
@@ -285,8 +282,9 @@ def test_composers_agree_while_profiles_come_and_go(spark: Any, tmp_path: Path) 
                                 "time": "2026-03-02T12:00:00Z"}, 240)
     chunks = [events[:80], events[80:160], [*events[160:], sentinel]]
     results = {}
-    for name, composer in (("in-process", InProcessComposer()),
-                           ("spark", SparkComposer(spark, str(tmp_path / "spark")))):
+    composers: list[tuple[str, Composer]] = [  # SparkComposer is one by its shape alone
+        ("in-process", InProcessComposer()), ("spark", SparkComposer(spark, str(tmp_path / "spark")))]
+    for name, composer in composers:
         out = []
         composer.register(base, at=events[0].time - 1)
         composer.feed(chunks[0])

@@ -1,4 +1,4 @@
-"""The streaming job's per-key state (spark_jobs/streaming.py), without Spark: the processor
+"""The streaming job's per-key state (spark_jobs/processor.py), without Spark: the processor
 driven call by call through an in-process double of Spark's state handle (the real one is
 exercised by tests/test_spark.py). Whether a call finds its engine cached in the worker or
 rebuilds it from snapshot and log, and however often snapshots are written, the answers are
@@ -17,19 +17,11 @@ import pytest
 
 from eva.engine import EngineConfig
 from eva.events import from_cloudevent, from_json_line
-from spark_jobs import streaming
-from spark_jobs.streaming import (
-    ANCHOR,
-    CheckpointError,
-    Registration,
-    StreamJob,
-    anchor_line,
-    composer_processor,
-    config_tuple,
-    profiles,
-    route,
-    write_table,
-)
+from spark_jobs import processor as processing
+from spark_jobs.job import StreamJob
+from spark_jobs.processor import ANCHOR, CheckpointError, anchor_line, composer_processor
+from spark_jobs.profiles import Registration, profiles, route, write_table
+from spark_jobs.routing import config_tuple
 from tests.helpers import SENTINEL, logistics_day
 
 
@@ -106,11 +98,11 @@ def _run(job: StreamJob, files: list[list[str]], forget: bool,
     out: dict[str, list[str]] = defaultdict(list)
     watermark = 0
     seq = 0
-    streaming._ENGINES.clear()
+    processing._ENGINES.clear()
 
     def call(key: tuple[str, int], rows: list[tuple[int, str]] | None) -> None:
         if forget:
-            streaming._ENGINES.clear()
+            processing._ENGINES.clear()
         processor = composer_processor(job)
         processor.init(handles[key])
         if rows is None:
@@ -123,7 +115,7 @@ def _run(job: StreamJob, files: list[list[str]], forget: bool,
                 out[kind].append(payload)
 
     for lines in files:
-        table = sorted(profiles(job).items())
+        table = sorted(profiles(job.table).items())
         batch: dict[tuple[str, int], list[tuple[int, str]]] = defaultdict(list)
         newest = watermark
         events = [from_json_line(line) for line in lines]
@@ -215,7 +207,7 @@ def _key_with_a_log(tmp_path: Path) -> tuple[_Handle, Any]:
     handle = _Handle()
 
     def call(chunk: list[tuple[int, str]]) -> list[Any]:
-        streaming._ENGINES.clear()  # as on another worker, or after a restart
+        processing._ENGINES.clear()  # as on another worker, or after a restart
         processor = composer_processor(job)
         processor.init(handle)
         frame = pd.DataFrame(chunk, columns=["seq", "line"])
@@ -288,7 +280,44 @@ def test_a_log_entry_too_large_to_read_back_is_a_snapshot_instead(
     writes the engine's snapshot instead (and the log starts afresh)."""
     handle, _ = _key_with_a_log(tmp_path)
     assert len(handle.states["log"].items) == 1 and handle.states["head"].get()[2] > 0
-    monkeypatch.setattr(streaming, "MAX_STATE_BYTES", 100)  # under one row's entry
+    monkeypatch.setattr(processing, "MAX_STATE_BYTES", 100)  # under one row's entry
     (tmp_path / "small").mkdir()
     handle, _ = _key_with_a_log(tmp_path / "small")
     assert handle.states["log"].items == [] and handle.states["head"].get()[2] == 0
+
+
+def test_the_layout_records_the_configuration_by_name(tmp_path: Path) -> None:
+    """The checkpoint's layout keeps the engine configuration as ``EngineConfig.to_json``
+    has it: the same settings resume, others are refused naming the field that changed, and
+    a layout of the older state format (its configuration a positional list) is refused by
+    that format."""
+    from dataclasses import astuple
+
+    from eva.snapshot import FORMAT
+    from spark_jobs.job import LAYOUT, LayoutError, check_layout
+
+    job = StreamJob("unused", config_tuple(EngineConfig()), 16)
+    check_layout(str(tmp_path / "new"), job)
+    recorded = json.loads((tmp_path / "new" / LAYOUT).read_text())
+    assert recorded == {"buckets": 16, "config": EngineConfig().to_json(), "state": FORMAT}
+    check_layout(str(tmp_path / "new"), job)  # the same layout resumes
+    other = StreamJob("unused", config_tuple(EngineConfig(tick=2_000_000)), 16)
+    with pytest.raises(LayoutError, match=r"other settings \(config.tick 1000000 → 2000000\)"):
+        check_layout(str(tmp_path / "new"), other)
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / LAYOUT).write_text(json.dumps(
+        {"buckets": 16, "config": list(astuple(EngineConfig())), "state": 2}))
+    with pytest.raises(LayoutError, match=f"holds state in format 2; this evamed reads format "
+                                          f"{FORMAT} only"):
+        check_layout(str(tmp_path / "old"), job)
+
+
+@pytest.mark.parametrize(("text", "message"), [("{not json", "cannot be read"),
+                                               ("[16]", "holds list, expected a JSON object")])
+def test_an_unreadable_layout_is_refused_clearly(tmp_path: Path, text: str,
+                                                 message: str) -> None:
+    from spark_jobs.job import LAYOUT, LayoutError, check_layout
+
+    (tmp_path / LAYOUT).write_text(text)
+    with pytest.raises(LayoutError, match=message):
+        check_layout(str(tmp_path), StreamJob("unused", config_tuple(EngineConfig()), 16))

@@ -17,8 +17,8 @@ from tests.helpers import profile_doc, signature
 from tests.strategies import documents, trace_of, traces
 from transforms.capability import CG1, CG2, CG3, CG4, CG5, PRESETS, Capability
 from transforms.evaluate import evaluate_plans, within_capability
-from transforms.plan import Kind, Local, Remote, nodes
 from transforms.planner import plan
+from transforms.plans import Kind, Local, Remote, nodes
 
 GROUPS = list(PRESETS.values())
 

@@ -1,6 +1,36 @@
 """Transformation mediator (EVA §5.2–5.3): plan an EVA profile for a service that speaks less.
 
+    p = transforms.plan(profile, doc, capability)    # rules chosen bottom-up (planner)
+    transforms.explain(p)                            # the plan as a tree (rich), for people
+    runner = transforms.Runner(...)                  # a plan's mediator-side part, incremental
+
 ``capability`` describes what a service supports, ``rules`` holds one function per
-transformation rule, ``planner`` builds a plan, ``evaluate`` runs a plan (services simulated by
-the EVA evaluator restricted to their capability) and ``explain`` shows it.
+transformation rule, ``planner`` builds a plan of the nodes in ``plans``, ``dialects`` renders
+it in each group's language and reads notifications back, ``runner`` runs it incrementally on
+the engine, ``evaluate`` runs it over a finite trace (the test oracle) and ``explanation`` shows
+it. The names load on first use.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, tuple[str, str]] = {
+    "plan": ("transforms.planner", "plan"),
+    "explain": ("transforms.explanation", "explain"),
+    "Runner": ("transforms.runner", "Runner"),
+    "Capability": ("transforms.capability", "Capability"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    found = _EXPORTS.get(name)
+    if found is None:
+        raise AttributeError(f"module 'transforms' has no attribute {name!r}")
+    value = getattr(importlib.import_module(found[0]), found[1])
+    globals()[name] = value
+    return value
+
+
+__all__ = ["Capability", "Runner", "explain", "plan"]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from eva import ast
+
 DISJUNCTION = "disjunction"
 CONJUNCTION = "conjunction"
 SEQUENCE = "sequence"
@@ -35,6 +37,16 @@ SNOOP_SETTINGS: dict[str, frozenset[Setting]] = {
 """Snoop context → the EVA settings it evaluates exactly (cumulative aggregates: none)."""
 
 SNOOP_CONTEXTS: frozenset[Setting] = frozenset().union(*SNOOP_SETTINGS.values())
+
+OPERATOR = {ast.Disjunction: DISJUNCTION, ast.Conjunction: CONJUNCTION, ast.Sequence: SEQUENCE,
+            ast.Negation: NEGATION, ast.Selection: SELECTION}
+
+
+def setting_of(node: ast.Binary) -> Setting:
+    """The setting a binary node asks of a service, as capability records list them."""
+    # A disjunction pairs nothing: its EIC has no effect (docs/semantics.md §4).
+    pairs = "all_pairs" if isinstance(node, ast.Disjunction) else str(node.pairs)
+    return (OPERATOR[type(node)], node.left.dup.kind, node.right.dup.kind, pairs)
 
 
 @dataclass(frozen=True)

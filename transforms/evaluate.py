@@ -1,11 +1,11 @@
-"""Run a plan over a finite trace: what the mediator delivers for it.
+"""Run a plan over a finite trace, in batch: what the mediator delivers for it — the test
+oracle of the incremental plan runner (:mod:`transforms.runner`, which ``replay --via`` uses).
 
 The services behind the plan's leaves are pluggable (:class:`Services`): simulated by the EVA
 evaluator on the plan's target expressions (:class:`Simulated`, a service of a group evaluates
-only what its capability allows — ``within_capability`` checks the plan), or the real native
-languages (``mediator.federation``). A positive rule's post-filter re-runs the original
-operator on the visible sub-trace; decomposed operators run at the mediator over their
-operands' streams. The soundness property says the result equals
+only what its capability allows — ``within_capability`` checks the plan). A positive rule's
+post-filter re-runs the original operator on the visible sub-trace; decomposed operators run
+at the mediator over their operands' streams. The soundness property says the result equals
 :func:`eva.reference.evaluate` for every capability.
 """
 
@@ -18,9 +18,8 @@ from eva import ast
 from eva import reference as ref
 from eva.events import Event
 from eva.semantics import Notification, Stream
-from transforms.capability import NEGATION, Capability
-from transforms.plan import Kind, Local, Plan, PlanNode, Remote, Subscribe, nodes
-from transforms.rules import OPERATOR
+from transforms.capability import NEGATION, OPERATOR, Capability
+from transforms.plans import Kind, Local, Plan, PlanNode, Remote, Subscribe, nodes
 
 
 class Services(Protocol):

@@ -13,9 +13,9 @@ from dataclasses import replace
 
 from eva import ast
 from eva.classes import required_types, type_only
-from transforms.capability import SET_SEMANTICS, Capability
-from transforms.plan import Kind, Local, Plan, PlanNode, Remote, Subscribe
-from transforms.rules import CATALOGUE, OPERATOR, Rewrite, native_negation, native_operator
+from transforms.capability import SET_SEMANTICS, Capability, setting_of
+from transforms.plans import Kind, Local, Plan, PlanNode, Remote, Subscribe
+from transforms.rules import CATALOGUE, Rewrite, native_negation, native_operator
 
 
 def plan(profile: ast.Profile, doc: ast.Document, cap: Capability) -> Plan:
@@ -47,6 +47,8 @@ def decompose(expr: ast.Expr, classes: dict[str, ast.ClassDef], cap: Capability)
         return Local(expr, (plan_expr(expr.expr, classes, cap),), "count_at_mediator")
     if isinstance(expr, ast.Negation):
         return Local(expr, (plan_expr(expr.expr, classes, cap),), "absence_at_mediator")
+    if isinstance(expr, ast.External):
+        raise ValueError(f"an external operand <{expr.name}> is the output of a plan, not a profile")
     left = plan_expr(expr.left.expr, classes, cap)
     right_expr = expr.right.expr
     if isinstance(expr, ast.Sequence) and isinstance(right_expr, ast.Negation):
@@ -88,13 +90,8 @@ def push(expr: ast.Expr, classes: dict[str, ast.ClassDef], cap: Capability,
 
 def has_context(expr: ast.Expr) -> bool:
     """Whether some operator of the expression is evaluated at other than set semantics."""
-    for node in ast.walk(expr):
-        if isinstance(node, (ast.Conjunction, ast.Sequence)):
-            setting = (OPERATOR[type(node)], node.left.dup.kind, node.right.dup.kind,
-                       str(node.pairs))
-            if setting not in SET_SEMANTICS:
-                return True
-    return False
+    return any(isinstance(node, (ast.Conjunction, ast.Sequence))
+               and setting_of(node) not in SET_SEMANTICS for node in ast.walk(expr))
 
 
 def _one_context(target: ast.Expr, operands: list[Remote],

@@ -22,16 +22,14 @@ from dataclasses import dataclass
 from eva import ast
 from transforms.capability import (
     CONJUNCTION,
-    DISJUNCTION,
     NEGATION,
+    OPERATOR,
     SELECTION,
     SEQUENCE,
     Capability,
+    setting_of,
 )
-from transforms.plan import Kind
-
-OPERATOR = {ast.Disjunction: DISJUNCTION, ast.Conjunction: CONJUNCTION, ast.Sequence: SEQUENCE,
-            ast.Negation: NEGATION, ast.Selection: SELECTION}
+from transforms.plans import Kind
 
 
 @dataclass(frozen=True)
@@ -43,12 +41,6 @@ class Rewrite:
 
 
 Rule = Callable[[ast.Expr, Capability], Rewrite | None]
-
-
-def _setting(node: ast.Binary) -> tuple[str, str, str, str]:
-    # A disjunction pairs nothing: its EIC has no effect (docs/semantics.md §4).
-    pairs = "all_pairs" if isinstance(node, ast.Disjunction) else str(node.pairs)
-    return (OPERATOR[type(node)], node.left.dup.kind, node.right.dup.kind, pairs)
 
 
 def _primitive_operands(node: ast.Binary) -> bool:
@@ -99,7 +91,7 @@ def native_operator(node: ast.Expr, cap: Capability) -> Rewrite | None:
     """The service evaluates the operator with these very parameters and frame. Equivalent."""
     if not isinstance(node, (ast.Disjunction, ast.Conjunction, ast.Sequence)):
         return None
-    if not cap.supports(OPERATOR[type(node)]) or not cap.native(_setting(node)):
+    if not cap.supports(OPERATOR[type(node)]) or not cap.native(setting_of(node)):
         return None
     if isinstance(node, (ast.Conjunction, ast.Sequence)) and not _frame_fits(node, cap):
         return None
@@ -138,7 +130,7 @@ def parameters_to_all_pairs(node: ast.Expr, cap: Capability) -> Rewrite | None:
     if isinstance(node, (ast.Conjunction, ast.Sequence)) and not _frame_fits(node, cap):
         return None
     target = _set_semantics(node, type(node), getattr(node, "span", None))
-    if not cap.native(_setting(target)):  # type: ignore[arg-type]
+    if not cap.native(setting_of(target)):  # type: ignore[arg-type]
         return None
     return Rewrite(target, Kind.POSITIVE, "parameters_to_all_pairs",
                    f"re-run {node.left.dup}/{node.right.dup}/{node.pairs} on the visible sub-trace")
@@ -154,7 +146,7 @@ def timed_as_timeless(node: ast.Expr, cap: Capability) -> Rewrite | None:
     if not _reevaluable(node):
         return None
     target = _set_semantics(node, type(node), None)
-    if not cap.native(_setting(target)):  # type: ignore[arg-type]
+    if not cap.native(setting_of(target)):  # type: ignore[arg-type]
         return None
     frame = ("|t2 − t1| ≤ T" if isinstance(node, ast.Conjunction) else "t1 < t2 ≤ t1 + T")
     return Rewrite(target, Kind.POSITIVE, "timed_as_timeless",
@@ -173,7 +165,7 @@ def sequence_as_conjunction(node: ast.Expr, cap: Capability) -> Rewrite | None:
     if span is None and not cap.timeless:
         return None
     target = _set_semantics(node, ast.Conjunction, span)
-    if not cap.native(_setting(target)):  # type: ignore[arg-type]
+    if not cap.native(setting_of(target)):  # type: ignore[arg-type]
         return None
     return Rewrite(target, Kind.POSITIVE, "sequence_as_conjunction",
                    f"keep t1 < t2 ≤ t1 + T; re-run {node.left.dup}/{node.right.dup}/{node.pairs} "

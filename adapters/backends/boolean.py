@@ -26,23 +26,18 @@ it per subscription until the subscription ends.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from lark import Lark
 
-from adapters.backends.filters import FILTER_GRAMMAR, FILTER_TERMINALS, TICK_TYPE, FilterBuild, filter_text
-from adapters.backends.native import (
-    Detection,
-    NativeQueryError,
-    Unrenderable,
-    balanced,
-    operator_chain,
-    parse_lark,
-)
+from adapters.backends.filters import FILTER_GRAMMAR, FILTER_TERMINALS, FilterBuild
+from adapters.backends.native import NativeQueryError, parse_lark
 from eva import ast
 from eva.classes import compile_predicate
 from eva.events import Event
 from transforms.capability import CG0, CG1, Capability
+from transforms.dialects.base import Detection, balanced
 
 _GRAMMAR = r"""
 start: query
@@ -55,7 +50,12 @@ start: query
 %ignore WS
 """
 
-_PARSER = Lark(_GRAMMAR, parser="lalr", propagate_positions=True)
+
+
+@cache
+def _parser() -> Lark:
+    """Built when the language first reads a query, not at import (start-up time)."""
+    return Lark(_GRAMMAR, parser="lalr", propagate_positions=True)
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ def _check(node: Node, text: str) -> None:
 
 
 def parse_node(text: str, language: str = "boolean") -> Node:
-    node: Node = parse_lark(language, _PARSER, text, FILTER_TERMINALS, _Build())
+    node: Node = parse_lark(language, _parser(), text, FILTER_TERMINALS, _Build())
     _check(node, text)
     return node
 
@@ -208,16 +208,6 @@ class BooleanQuery:
         return Evaluator(self.node)
 
 
-# ------------------------------------------------------------------ the dialect
-
-
-def leaf_text(expr: ast.Prim, doc: ast.Document) -> str:
-    body = doc.class_map()[expr.name].body
-    if isinstance(body, ast.Every):
-        return f'[type = "{TICK_TYPE}{expr.name}"]'
-    return filter_text(body, doc.class_map())
-
-
 class BooleanLanguage:
     name = "boolean"
     group = "cg1"
@@ -225,28 +215,6 @@ class BooleanLanguage:
 
     def parse(self, text: str) -> BooleanQuery:
         return BooleanQuery(text, parse_node(text, self.name))
-
-    def render(self, expr: ast.Expr, doc: ast.Document) -> str:
-        """A chain of EVA disjunctions (or untimed conjunctions), however nested, as one n-ary
-        ``OR(…)`` (``AND(…)``): the same detections, one bracket deep instead of one per
-        operator."""
-        if isinstance(expr, ast.Prim):
-            return leaf_text(expr, doc)
-        if isinstance(expr, ast.Disjunction):
-            return f"OR({', '.join(self.render(e, doc) for e in _chain(expr))})"
-        if isinstance(expr, ast.Conjunction) and expr.span is None:
-            return f"AND({', '.join(self.render(e, doc) for e in _chain(expr))})"
-        raise Unrenderable(f"CG-1 cannot state {type(expr).__name__.lower()} with a time frame "
-                           "or parameters")
-
-
-def _chain(expr: ast.Disjunction | ast.Conjunction) -> list[ast.Expr]:
-    """The operands of the chain of ``expr``'s operator (disjunctions, or untimed conjunctions)."""
-    def same(node: ast.Expr) -> bool:
-        return isinstance(node, ast.Disjunction) if isinstance(expr, ast.Disjunction) else (
-            isinstance(node, ast.Conjunction) and node.span is None)
-
-    return operator_chain(expr, same)
 
 
 class FilterLanguage:
@@ -262,8 +230,3 @@ class FilterLanguage:
             raise NativeQueryError(self.name, "a primitive-filter service takes one [filter], "
                                    "no AND/OR/NOT", 1, 1, text)
         return BooleanQuery(text, node)
-
-    def render(self, expr: ast.Expr, doc: ast.Document) -> str:
-        if not isinstance(expr, ast.Prim):
-            raise Unrenderable("CG-0 states primitive filters only")
-        return leaf_text(expr, doc)

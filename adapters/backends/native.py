@@ -3,9 +3,9 @@
 A base service evaluates its *own* language with that language's *own* semantics (DESIGN §6);
 the mediator only meets it through text: a native query in, native notifications out. Each
 language module (``boolean``, ``snoop``, ``sql``, ``xchange``, ``peer``) provides a
-:class:`Language`: ``parse`` (text → query, or :class:`NativeQueryError`), ``evaluator`` (a
-fresh incremental evaluation of a query) and ``render`` (an EVA sub-profile → native text,
-the dialect the mediator speaks to that service).
+:class:`Language`: ``parse`` (text → query, or :class:`NativeQueryError`) and ``evaluator`` (a
+fresh incremental evaluation of a query). What the mediator speaks to a service — rendering EVA
+as native text, reading notifications back — is the group's dialect (:mod:`transforms.dialects`).
 """
 
 from __future__ import annotations
@@ -14,26 +14,15 @@ import json
 import math
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from lark import Lark, Token, Transformer, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
-from eva import ast
 from eva.events import Event
 from transforms.capability import Capability
-
-
-@dataclass(frozen=True)
-class Detection:
-    """One native notification: the occurrence time, the constituent events in the language's
-    own order, a rendering in its own notation and language-specific detail."""
-
-    time: int
-    constituents: tuple[Event, ...]
-    text: str = ""
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+from transforms.dialects.base import Detection as Detection  # where it was defined before
 
 
 @dataclass
@@ -113,10 +102,6 @@ class Language(Protocol):
 
     def parse(self, text: str) -> Query: ...
 
-    def render(self, expr: ast.Expr, doc: ast.Document) -> str:
-        """The EVA expression (over ``doc``'s classes) as a query of this language."""
-        ...
-
 
 def run(query: Query, events: Iterable[Event], until: int | None = None,
         rejected: Callable[[Event, EventRejected], None] | None = None) -> list[Detection]:
@@ -138,23 +123,6 @@ def run(query: Query, events: Iterable[Event], until: int | None = None,
     if end is not None:
         out.extend(evaluator.advance(end))
     return out
-
-
-class Unrenderable(ValueError):
-    """The dialect cannot state this expression (the planner should not have asked)."""
-
-
-def native_text(language: Language, expr: ast.Expr, doc: ast.Document,
-                profile: ast.Profile | None = None, root_eoi: bool = False) -> str:
-    """What the mediator subscribes at a service for a pushed subtree of ``profile``. A peer
-    mediator gets a whole profile: the subtree with the profile's ``per`` and, at the root, its
-    evaluation time; other languages get the subtree in their own notation."""
-    render_profile = getattr(language, "render_profile", None)
-    if render_profile is None:
-        return language.render(expr, doc)
-    evaluation = ast.Evaluation.END_OF_INTERVAL if root_eoi else ast.Evaluation.CONTINUOUS
-    per = profile.per if profile is not None else None
-    return str(render_profile(ast.Profile("R", expr, per, evaluation), doc))
 
 
 # ------------------------------------------------------------------ parsing helpers
@@ -326,32 +294,6 @@ def too_deep(root: N, children: Callable[[N], Iterable[N]], limit: int = MAX_DEP
         stack.extend((c, depth if chained is not None and chained(node, c) else depth + 1)
                      for c in children(node))
     return None
-
-
-def operator_chain(expr: ast.Expr, same: Callable[[ast.Expr], bool]) -> list[ast.Expr]:
-    """The operands, left to right, of the chain of binary nodes at ``expr`` for which ``same``
-    holds (``expr`` itself among them), iteratively: a dialect that writes a chain flat reads
-    it without recursing per term."""
-    out: list[ast.Expr] = []
-    stack: list[ast.Expr] = [expr]
-    while stack:
-        node = stack.pop()
-        if same(node):
-            assert isinstance(node, (ast.Disjunction, ast.Conjunction, ast.Sequence))
-            stack.extend([node.right.expr, node.left.expr])
-        else:
-            out.append(node)
-    return out
-
-
-def balanced(items: list[N], join: Callable[[N, N], N]) -> N:
-    """The chain ``items[0] ∘ items[1] ∘ …`` of an associative operator as a balanced binary
-    tree, operands in order: log2(n) levels where the fold would be n − 1, so the evaluators,
-    which recurse per level, take an n-ary chain of any length."""
-    while len(items) > 1:
-        joined = [join(items[i], items[i + 1]) for i in range(0, len(items) - 1, 2)]
-        items = joined + items[len(items) - len(items) % 2:]
-    return items[0]
 
 
 def depth_error(language: str, text: str, line: int, column: int) -> NativeQueryError:

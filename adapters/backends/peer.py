@@ -13,54 +13,35 @@ import logging
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any
 
-from adapters.backends.native import Detection, EventRejected, NativeQueryError, check_size
+from adapters.backends.native import EventRejected, NativeQueryError, check_size
 from eva import ast
 from eva.engine import DeadLetter, Engine, EngineConfig
 from eva.events import Event
-from eva.notify import tuples_from_json, tuples_to_json
+from eva.notify import tuples_to_json
 from eva.parser import ProfileError, parse
-from eva.printer import to_text
-from eva.semantics import Notification, Occ
-from eva.validate import refs
+from eva.retention import reach
+from eva.semantics import Notification
 from transforms.capability import CG5, Capability
+from transforms.dialects.base import Detection
 
 log = logging.getLogger("evamed.peer")
 
 
-def occurrence(extra: dict[str, Any]) -> tuple[tuple[int, int, Any], Occ]:
-    """(report key, occurrence) of a peer notification."""
-    key = tuples_from_json(extra["key"])
-    occ = Occ(key[0], key, tuples_from_json(extra["ident"]), tuple(extra["events"]),
-              tuples_from_json(extra.get("anchor")))
-    return tuples_from_json(extra["emitted"]), occ
-
-
 def constituent_age(doc: ast.Document, tick: int) -> int | None:
     """How far (µs) before the instant it is reported at a constituent of any of ``doc``'s
-    occurrences can lie; None when nothing bounds it.
-
-    Not the retention horizon of :mod:`eva.retention`, which bounds how long a *node*
-    keeps an occurrence (its state size): a unique_pairs node with single selections keeps one
-    element, but that element may be arbitrarily old. Along any path of the tree, each
-    conjunction or sequence adds its span (a stored operand lies within it of the newest one)
-    and a negation its span (an anchored one reports at t(a) + T); the sum over the whole tree
-    bounds every path, plus one tick for the clock's granularity. Unbounded: an inf span,
-    repeated_pairs (a stored, older composite can be reported later) and end-of-interval
-    evaluation (a result waits until its interval closes).
-    """
+    occurrences can lie; None when nothing bounds it: the sum of the profiles'
+    :func:`~eva.retention.reach` (which bounds every path of each tree), plus one tick for the
+    clock's granularity. Unbounded also in end-of-interval evaluation (a result waits until
+    its interval closes)."""
     total = tick
     for profile in doc.profiles:
         if profile.evaluation is ast.Evaluation.END_OF_INTERVAL:
             return None
-        for node in ast.walk(profile.expr):
-            if isinstance(node, ast.Negation):
-                total += node.span
-            elif isinstance(node, ast.Conjunction | ast.Sequence):
-                if node.span is None or node.pairs is ast.Pairs.REPEATED:
-                    return None
-                total += node.span
+        bound = reach(profile.expr)
+        if bound is None:
+            return None
+        total += bound
     return total
 
 
@@ -219,27 +200,3 @@ class PeerLanguage:
         if not doc.profiles:
             raise NativeQueryError(self.name, "the query defines no profile", 1, 1, text)
         return PeerQuery(text, doc, self.config)
-
-    def render(self, expr: ast.Expr, doc: ast.Document) -> str:
-        return self.render_profile(ast.Profile("R", expr), doc)
-
-    def render_profile(self, profile: ast.Profile, doc: ast.Document) -> str:
-        """The profile with the classes it uses (and the classes those refer to)."""
-        classes = doc.class_map()
-        needed: set[str] = set()
-
-        def need(name: str) -> None:
-            if name in needed:
-                return
-            needed.add(name)
-            body = classes[name].body
-            if not isinstance(body, ast.Every):
-                for ref in refs(body):
-                    need(ref)
-
-        for node in ast.walk(profile.expr):
-            if isinstance(node, ast.Prim):
-                need(node.name)
-        used = tuple(c for c in doc.classes if c.name in needed)
-        return to_text(ast.Document(used, (profile,)))
-

@@ -21,20 +21,17 @@ verified mapping of research/snoop.md §5.3 holds (a flat operator over distinct
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from lark import Lark, Transformer
 
-from adapters.backends.filters import TICK_TYPE
-from adapters.backends.native import Detection, Unrenderable, balanced, operator_chain, parse_lark
-from eva import ast
-from eva.classes import required_types
+from adapters.backends.native import parse_lark
 from eva.events import Event
-from transforms.capability import CG2, SET_SEMANTICS, SNOOP_SETTINGS, Capability
-
-CONTEXTS = ("unrestricted", "recent", "chronicle", "continuous", "cumulative")
+from transforms.capability import CG2, Capability
+from transforms.dialects.base import Detection
+from transforms.dialects.snoop import TYPE_PATTERN
 
 _GRAMMAR = r"""
 start: expr context?
@@ -48,17 +45,23 @@ context: "CONTEXT" CONTEXT_NAME
      | TYPE -> leaf
      | ESCAPED_STRING -> quoted
 CONTEXT_NAME.2: "unrestricted" | "recent" | "chronicle" | "continuous" | "cumulative"
-TYPE: /(?!(AND|OR|NOT|CONTEXT)\b)[A-Za-z_][A-Za-z0-9_.:\-]*/
+TYPE: /""" + TYPE_PATTERN + r"""/
 %import common.ESCAPED_STRING
 %import common.WS
 %ignore WS
 """
 
-_PARSER = Lark(_GRAMMAR, parser="lalr", propagate_positions=True)
+
+
+@cache
+def _parser() -> Lark:
+    """Built when the language first reads a query, not at import (start-up time)."""
+    return Lark(_GRAMMAR, parser="lalr", propagate_positions=True)
+
+
 _DESCRIBE = {"TYPE": "an event type", "ESCAPED_STRING": "a quoted event type",
              "CONTEXT_NAME": "a context (unrestricted, recent, chronicle, continuous, cumulative)",
              "SEMICOLON": "';'", "LPAR": "'('", "RPAR": "')'"}
-_BARE = re.compile(r"(?!(AND|OR|NOT|CONTEXT)\b)[A-Za-z_][A-Za-z0-9_.:\-]*\Z")
 
 
 @dataclass(frozen=True)
@@ -317,86 +320,11 @@ class SnoopQuery:
         return Evaluator(self.expr, self.context)
 
 
-# ------------------------------------------------------------------ the dialect
-
-SETTING_CONTEXT: dict[tuple[str, str, str, str], str] = {
-    setting: context for context, settings in SNOOP_SETTINGS.items() for setting in settings}
-
-
-def _name(type_: str) -> str:
-    if _BARE.match(type_):
-        return type_
-    return '"' + type_.replace('"', '\\"') + '"'
-
-
-def leaf_types(expr: ast.Prim, doc: ast.Document) -> frozenset[str] | None:
-    """The types a class is rendered as; None when the class names no type at all."""
-    classes = doc.class_map()
-    body = classes[expr.name].body
-    if isinstance(body, ast.Every):
-        return frozenset([TICK_TYPE + expr.name])
-    return required_types(body, classes)
-
-
-def context_of(expr: ast.Expr) -> str:
-    """The one context a rendered expression runs in (set semantics → unrestricted)."""
-    contexts = set()
-    for node in ast.walk(expr):
-        if isinstance(node, (ast.Conjunction, ast.Sequence)):
-            setting = (type(node).__name__.lower(), node.left.dup.kind, node.right.dup.kind,
-                       str(node.pairs))
-            if setting not in SET_SEMANTICS:
-                contexts.add(SETTING_CONTEXT.get(setting, "?"))
-    if not contexts:
-        return "unrestricted"
-    if "?" in contexts:
-        raise Unrenderable("no Snoop context evaluates these EVA parameters")
-    if len(contexts) > 1:
-        raise Unrenderable("one Snoop context applies to the whole expression")
-    return contexts.pop()
-
-
 class SnoopLanguage:
     name = "snoop"
     group = "cg2"
     capability: Capability = CG2
 
     def parse(self, text: str) -> SnoopQuery:
-        expr, context = parse_lark(self.name, _PARSER, text, _DESCRIBE, _Build())
+        expr, context = parse_lark(self.name, _parser(), text, _DESCRIBE, _Build())
         return SnoopQuery(text, expr, context)
-
-    def render(self, expr: ast.Expr, doc: ast.Document) -> str:
-        return f"{self._expr(expr, doc, top=True)} CONTEXT {context_of(expr)}"
-
-    def _expr(self, expr: ast.Expr, doc: ast.Document, top: bool = False) -> str:
-        if isinstance(expr, ast.Prim):
-            types = leaf_types(expr, doc)
-            if not types:
-                raise Unrenderable(f"class {expr.name} names no event type")
-            text, several = balanced([(_name(t), False) for t in sorted(types)], _or)
-            return f"({text})" if several else text
-        if isinstance(expr, ast.Disjunction):
-            op = "OR"
-        elif isinstance(expr, (ast.Conjunction, ast.Sequence)) and expr.span is None:
-            op = "AND" if isinstance(expr, ast.Conjunction) else ";"
-        else:
-            raise Unrenderable(f"Snoop cannot state {type(expr).__name__.lower()} with a frame")
-        if isinstance(expr, ast.Disjunction):
-            # OR — a union in every context — is associative: a chain of them, however it
-            # nests, is written as a balanced tree, log2(n) levels of Snoop's binary OR (each a
-            # level of the query's bounded depth) where the chain would be n − 1.
-            text, _ = balanced([(self._expr(e, doc), False) for e in _or_chain(expr)], _or)
-        else:  # read left-associatively at one precedence: a left operand needs no brackets
-            text = (f"{self._expr(expr.left.expr, doc, top=True)} {op} "
-                    f"{self._expr(expr.right.expr, doc)}")
-        return text if top else f"({text})"
-
-
-def _or(left: tuple[str, bool], right: tuple[str, bool]) -> tuple[str, bool]:
-    """``left OR right`` (texts, and whether each is such an OR): the right one bracketed."""
-    return (f"{left[0]} OR ({right[0]})" if right[1] else f"{left[0]} OR {right[0]}"), True
-
-
-def _or_chain(expr: ast.Disjunction) -> list[ast.Expr]:
-    """The operands, left to right, of the chain of disjunctions at ``expr``."""
-    return operator_chain(expr, lambda node: isinstance(node, ast.Disjunction))

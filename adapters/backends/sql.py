@@ -30,7 +30,6 @@ bound (a timeless join) every event is kept and any order is fine.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,26 +41,20 @@ from sqlglot.errors import ParseError, SqlglotError
 from sqlglot.tokenizer_core import TokenType
 from sqlglot.tokens import Tokenizer
 
-from adapters.backends.filters import TICK_TYPE, operands
 from adapters.backends.native import (
-    Detection,
     EventRejected,
     Lexical,
     NativeQueryError,
-    Unrenderable,
     check_text,
     depth_error,
     number,
     position,
     too_deep,
 )
-from eva import ast
-from eva.classes import resolve, type_only
 from eva.events import Event
 from transforms.capability import CG3, Capability
-
-_UNITS = {"WEEK": 604_800_000_000, "DAY": 86_400_000_000, "HOUR": 3_600_000_000,
-          "MINUTE": 60_000_000, "SECOND": 1_000_000, "MILLISECOND": 1_000, "MICROSECOND": 1}
+from transforms.dialects.base import Detection
+from transforms.dialects.sql import UNITS
 
 _SQL = Lexical(quotes="'\"", backslash=False, multiline=True, line_comment="--",
                block_comment=("/*", "*/"), unterminated=True)
@@ -226,13 +219,13 @@ def _json_path(event: Event | None, keys: list[str]) -> Any:
 def _micros(node: exp.Interval) -> int:
     unit = str(node.unit.name if node.unit else "").upper()
     unit = unit[:-1] if unit.endswith("S") else unit
-    if unit not in _UNITS:
-        raise _Reject(f"unknown interval unit {unit!r}; expected one of {', '.join(_UNITS)}", node)
+    if unit not in UNITS:
+        raise _Reject(f"unknown interval unit {unit!r}; expected one of {', '.join(UNITS)}", node)
     amount = node.this.name if isinstance(node.this, exp.Literal) else ""
     if not re.fullmatch(r"[+-]?\d{1,12}", amount.strip()):
         raise _Reject("an interval needs an integer amount (at most 12 digits): "
                       "INTERVAL '5' MINUTE", node)
-    return int(amount) * _UNITS[unit]
+    return int(amount) * UNITS[unit]
 
 
 # ------------------------------------------------------------------ expression compiler
@@ -754,155 +747,6 @@ class SqlQuery:
         return Evaluator(list(self.branches))
 
 
-# ------------------------------------------------------------------ the dialect
-
-
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-def _literal(value: object) -> str:
-    if isinstance(value, bool):
-        return "TRUE" if value else "FALSE"
-    if isinstance(value, (int, float)):
-        return json.dumps(value)
-    if isinstance(value, str):
-        return _quote(value)
-    raise Unrenderable(f"no SQL literal for {value!r}")
-
-
-def _column(alias: str, path: str) -> str:
-    head, _, rest = path.partition(".")
-    if head == "data" and rest:
-        return f"JSON_VALUE({alias}.data, {_quote('$.' + rest)})"
-    if head == "data":
-        raise Unrenderable("a test on the whole data object")
-    if head in ("id", "type", "source", "subject", "time"):
-        return f"{alias}.{head}"
-    return f'{alias}."{head}"'  # an extension attribute, quoted: its name keeps its case
-
-
-def _condition(pred: ast.Predicate, alias: str) -> str | None:
-    """The predicate as SQL, widened where SQL's NULL logic differs from EVA's (negative tests
-    are dropped — the mediator re-applies the exact class to what comes back). None = TRUE.
-    Written to be an operand of AND: chains flat (``x AND y AND z``, which the parser and the
-    evaluator take as one n-ary node however long), an OR chain in parentheses."""
-    found = _sql_condition(pred, alias)
-    if found is None:
-        return None
-    text, disjunction = found
-    return f"({text})" if disjunction else text
-
-
-def _sql_condition(pred: ast.Predicate, alias: str) -> tuple[str, bool] | None:
-    """(text, whether it is an OR chain) or None (TRUE), unbracketed."""
-    if isinstance(pred, ast.Compare):
-        if pred.op in ("!=",) or pred.value is None or (
-                pred.op == "in" and not all(isinstance(v, (str, int, float)) for v in
-                                            pred.value)):  # type: ignore[attr-defined]
-            return None
-        column = _column(alias, pred.path)
-        if pred.op == "in":
-            assert isinstance(pred.value, tuple)
-            return f"{column} IN ({', '.join(_literal(v) for v in pred.value)})", False
-        op = "=" if pred.op == "==" else pred.op
-        return f"{column} {op} {_literal(pred.value)}", False
-    if isinstance(pred, ast.Not):
-        return None
-    assert isinstance(pred, (ast.And, ast.Or))
-    parts = [_sql_condition(p, alias) for p in operands(pred)]
-    if isinstance(pred, ast.And):  # a dropped (TRUE) conjunct leaves the others
-        kept = [p for p in parts if p is not None]
-        if len(kept) <= 1:
-            return kept[0] if kept else None
-        return " AND ".join(f"({t})" if disjunction else t for t, disjunction in kept), False
-    texts = [p[0] for p in parts if p is not None]
-    if len(texts) < len(parts):  # a TRUE disjunct: the whole is TRUE
-        return None
-    return " OR ".join(texts), True  # AND binds tighter than OR: no brackets for its chains
-
-
-def _interval(micros: int) -> str:
-    for unit, size in _UNITS.items():
-        if micros % size == 0:
-            return f"INTERVAL '{micros // size}' {unit}"
-    raise AssertionError("MICROSECOND divides every integer")
-
-
-@dataclass(frozen=True)
-class _Part:
-    """An EVA subexpression as one flat join: streams and filters per alias, conditions that
-    mention aliases as «k», and its occurrence time as SQL over «k»."""
-
-    leaves: tuple[tuple[str | None, str | None], ...]
-    conditions: tuple[str, ...]
-    time: str
-
-
-def _shift(text: str, by: int) -> str:
-    return re.sub(r"«(\d+)»", lambda m: f"«{int(m.group(1)) + by}»", text)
-
-
-def _parts(expr: ast.Expr, doc: ast.Document) -> list[_Part]:
-    classes = doc.class_map()
-    if isinstance(expr, ast.Prim):
-        body = classes[expr.name].body
-        if isinstance(body, ast.Every):
-            return [_Part(((TICK_TYPE + expr.name, None),), (), "«0».time")]
-        types = type_only(body, classes)
-        if types is not None and len(types) == 1:
-            return [_Part(((next(iter(types)), None),), (), "«0».time")]
-        return [_Part(((None, _condition(resolve(body, classes), "«0»")),), (), "«0».time")]
-    if isinstance(expr, ast.Disjunction):
-        return _parts(expr.left.expr, doc) + _parts(expr.right.expr, doc)
-    if not isinstance(expr, (ast.Conjunction, ast.Sequence)):
-        raise Unrenderable(f"SQL interval joins cannot state {type(expr).__name__.lower()}")
-    out = []
-    for left in _parts(expr.left.expr, doc):
-        for right0 in _parts(expr.right.expr, doc):
-            by = len(left.leaves)
-            right = _Part(tuple((s, None if f is None else _shift(f, by)) for s, f in right0.leaves),
-                          tuple(_shift(c, by) for c in right0.conditions), _shift(right0.time, by))
-            lt, rt = left.time, right.time
-            conditions = [*left.conditions, *right.conditions]
-            if isinstance(expr, ast.Sequence):
-                conditions.append(f"{rt} > {lt}")
-                if expr.span is not None:
-                    conditions.append(f"{rt} <= {lt} + {_interval(expr.span)}")
-                time = rt
-            else:
-                if expr.span is not None:
-                    conditions.append(f"{rt} >= {lt} - {_interval(expr.span)}")
-                    conditions.append(f"{rt} <= {lt} + {_interval(expr.span)}")
-                time = f"GREATEST({lt}, {rt})"
-            out.append(_Part(left.leaves + right.leaves, tuple(conditions), time))
-    return out
-
-
-def _select(part: _Part, width: int) -> str:
-    names = [f"a{i + 1}" for i in range(len(part.leaves))]
-
-    def named(text: str) -> str:
-        return re.sub(r"«(\d+)»", lambda m: names[int(m.group(1))], text)
-
-    def stream(s: str | None) -> str:
-        return "events" if s is None else '"' + s.replace('"', '""') + '"'
-
-    columns = [f"{n}.id" for n in names] + ["NULL"] * (width - len(names))
-    text = f"SELECT {', '.join(columns)} FROM {stream(part.leaves[0][0])} AS {names[0]}"
-    by_level: list[list[str]] = [[] for _ in names]
-    for cond in part.conditions:
-        level = max(int(k) for k in re.findall(r"«(\d+)»", cond))
-        by_level[level].append(named(cond))
-    for i in range(1, len(names)):
-        on = " AND ".join(by_level[i]) or "TRUE"
-        text += f" JOIN {stream(part.leaves[i][0])} AS {names[i]} ON {on}"
-    where = [named(f) for _, f in part.leaves if f is not None] + by_level[0]
-    if where:
-        text += " WHERE " + " AND ".join(where)
-    return text
-
-
 class SqlLanguage:
     name = "sql"
     group = "cg3"
@@ -920,18 +764,6 @@ class SqlLanguage:
             line, column = _where(exc.node, text)
             raise NativeQueryError(self.name, str(exc), line, column, text) from None
         return SqlQuery(text, branches)
-
-    def render(self, expr: ast.Expr, doc: ast.Document) -> str:
-        parts = _parts(expr, doc)
-        width = max(len(p.leaves) for p in parts)
-        text = " UNION ALL ".join(_select(p, width) for p in parts)
-        try:
-            check_text(self.name, text, _SQL)
-        except NativeQueryError:
-            # Over a limit of the language (sqlglot would recurse out of stack on 50 brackets):
-            # left as written; the service refuses it, naming the limit, when it is asked.
-            return text
-        return sqlglot.parse_one(text).sql()  # printed by sqlglot: normalised, valid SQL
 
 
 def _parse_sql(language: str, text: str) -> exp.Expression:

@@ -34,24 +34,18 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from lark import Lark, Token, Transformer
 
-from adapters.backends.filters import TICK_TYPE
-from adapters.backends.native import (
-    Detection,
-    Unrenderable,
-    number_token,
-    operator_chain,
-    parse_lark,
-    string_token,
-)
-from eva import ast
-from eva.classes import required_types, resolve, same
+from adapters.backends.native import number_token, parse_lark, string_token
+from eva.classes import same
 from eva.events import Event
-from eva.units import UNITS, format_span
+from eva.units import UNITS
 from transforms.capability import CG4, Capability
+from transforms.dialects.base import Detection
+from transforms.dialects.xchange import LABEL_PATTERN
 
 _GRAMMAR = r"""
 start: query
@@ -79,7 +73,7 @@ label: LABEL | ESCAPED_STRING | STAR
       | (LABEL | STAR) -> bare_child
 STAR: "*"
 DURATION.2: /\d+\s*(weeks?|days?|d|hours?|h|minutes?|min|seconds?|s|ms|us)\b/
-LABEL: /(?!(and|andthen|or|without|within|during|var|true|false)\b)[A-Za-z_][A-Za-z0-9_.\-]*/
+LABEL: /""" + LABEL_PATTERN + r"""/
 VAR: /[A-Z][A-Za-z0-9_]*/
 %import common.ESCAPED_STRING
 %import common.SIGNED_NUMBER
@@ -87,7 +81,14 @@ VAR: /[A-Z][A-Za-z0-9_]*/
 %ignore WS
 """
 
-_PARSER = Lark(_GRAMMAR, parser="lalr", propagate_positions=True)
+
+
+@cache
+def _parser() -> Lark:
+    """Built when the language first reads a query, not at import (start-up time)."""
+    return Lark(_GRAMMAR, parser="lalr", propagate_positions=True)
+
+
 _DESCRIBE = {"LABEL": "an event term", "ESCAPED_STRING": "a string", "STAR": "'*'",
              "DURATION": "a duration (e.g. 2h, 30 min)", "VAR": "a variable (capitalised)",
              "SIGNED_NUMBER": "a number", "LBRACE": "'{'", "RBRACE": "'}'", "LSQB": "'['",
@@ -398,97 +399,11 @@ class XChangeQuery:
         return Evaluator(self.query)
 
 
-# ------------------------------------------------------------------ the dialect
-
-_BARE = re.compile(r"(?!(and|andthen|or|without|within|during|var|true|false)\b)"
-                   r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")
-
-
-def _label(text: str) -> str:
-    return text if _BARE.match(text) else json.dumps(text)
-
-
-def _equalities(pred: ast.Predicate) -> list[tuple[str, object]] | None:
-    """The predicate's top-level conjuncts that are equalities (others are widened away)."""
-    if isinstance(pred, ast.And):
-        return (_equalities(pred.left) or []) + (_equalities(pred.right) or [])
-    if isinstance(pred, ast.Compare) and pred.op == "==" and (
-            pred.path == "type" or pred.path.startswith("data.")) and not isinstance(
-            pred.value, (dict, list)) and pred.value is not None:
-        return [(pred.path, pred.value)]
-    return []
-
-
-def _data_term(fields: list[tuple[list[str], object]]) -> list[str]:
-    """Nested partial terms for data-field equalities, grouped by their first key."""
-    groups: dict[str, list[tuple[list[str], object]]] = {}
-    for path, value in fields:
-        groups.setdefault(path[0], []).append((path[1:], value))
-    out = []
-    for key, rest in groups.items():
-        leaves = [json.dumps(v) for p, v in rest if not p]
-        nested = _data_term([(p, v) for p, v in rest if p])
-        if len(leaves) == 1 and not nested:
-            out.append(f"{_label(key)}{{{leaves[0]}}}")  # total: the field is that value
-        else:
-            out.append(f"{_label(key)}{{{{{', '.join(leaves + nested)}}}}}")
-    return out
-
-
-def term_text(expr: ast.Prim, doc: ast.Document) -> str:
-    """A class as event terms: its type(s) and data equalities; other tests are widened away
-    (the mediator re-applies the class to what comes back)."""
-    classes = doc.class_map()
-    body = classes[expr.name].body
-    if isinstance(body, ast.Every):
-        return _label(TICK_TYPE + expr.name)
-    pred = resolve(body, classes)
-    types = required_types(pred, classes)
-    fields = [(p[len("data."):].split("."), v) for p, v in _equalities(pred) or []
-              if p.startswith("data.")]
-    inner = _data_term(fields)
-    labels = ["*"] if types is None else [_label(t) for t in sorted(types)]
-    terms = [f"{lab}{{{{{', '.join(inner)}}}}}" if inner else lab for lab in labels]
-    return terms[0] if len(terms) == 1 else "or{" + ", ".join(terms) + "}"
-
-
 class XChangeLanguage:
     name = "xchange"
     group = "cg4"
     capability: Capability = CG4
 
     def parse(self, text: str) -> XChangeQuery:
-        query: Query = parse_lark(self.name, _PARSER, text, _DESCRIBE, _Build())
+        query: Query = parse_lark(self.name, _parser(), text, _DESCRIBE, _Build())
         return XChangeQuery(text, query)
-
-    def render(self, expr: ast.Expr, doc: ast.Document) -> str:
-        """A chain of EVA operators as one n-ary XChange query where XChange's reads the same
-        (see :func:`_chain`): one bracket deep instead of one per operator."""
-        if isinstance(expr, ast.Prim):
-            return term_text(expr, doc)
-        if not isinstance(expr, (ast.Disjunction, ast.Conjunction, ast.Sequence)):
-            raise Unrenderable(f"XChange cannot state EVA's {type(expr).__name__.lower()}")
-        if not isinstance(expr, ast.Disjunction) and expr.span is None:
-            raise Unrenderable("XChange needs a temporal restriction on every composite query")
-        inner = ", ".join(self.render(e, doc) for e in _chain(expr))
-        if isinstance(expr, ast.Disjunction):
-            return f"or{{{inner}}}"
-        assert expr.span is not None
-        body = f"and{{{inner}}}" if isinstance(expr, ast.Conjunction) else f"andthen[{inner}]"
-        return f"{body} within {format_span(expr.span)}"
-
-
-def _chain(expr: ast.Disjunction | ast.Conjunction | ast.Sequence) -> list[ast.Expr]:
-    """The operands, left to right, of the chain at ``expr``, iteratively: through nested
-    disjunctions for ``or{…}``; for ``and{…}``/``andthen[…]`` through nested conjunctions
-    (sequences) whose span is at least ``expr``'s. All three are associative in XChange
-    (``andthen[andthen[a, b], c]``, ``andthen[a, andthen[b, c]]`` and ``andthen[a, b, c]``
-    order a before b before c alike), and the outer ``within d`` bounds every part of an
-    answer by d, so an inner ``within`` of d or more says nothing more."""
-    def same(node: ast.Expr) -> bool:
-        if isinstance(expr, ast.Disjunction):
-            return isinstance(node, ast.Disjunction)
-        return (type(node) is type(expr) and isinstance(node, (ast.Conjunction, ast.Sequence))
-                and node.span is not None and expr.span is not None and node.span >= expr.span)
-
-    return operator_chain(expr, same)

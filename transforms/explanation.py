@@ -14,7 +14,7 @@ from rich.tree import Tree
 
 from eva import ast
 from eva.printer import expr_text
-from transforms.plan import Kind, Local, Plan, PlanNode, Remote, Subscribe
+from transforms.plans import Kind, Local, Plan, PlanNode, Remote, Subscribe
 
 Render = Callable[[Remote], str]
 """A remote's target in the service's own language (the CLI passes the group's dialect)."""
@@ -62,7 +62,7 @@ def _span(span: int | None) -> str:
     return format_span(span)
 
 
-def tree(p: Plan, render: Render | None = None) -> Tree:
+def explain(p: Plan, render: Render | None = None) -> Tree:
     root = Tree(f"[bold]{p.profile.name}[/] on {p.capability.name} "
                 f"({p.capability.description}) — plan: {p.kind.symbol} {p.kind}")
     _grow(root, p.root, render)

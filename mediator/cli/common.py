@@ -1,0 +1,128 @@
+"""What every ``evamed`` command shares: the error exit, reading files, and options checked
+the same way everywhere.
+
+Light on purpose: the commands import this at start-up, so it imports nothing of the engine,
+the backends, sqlglot, grpc or Spark (tests/test_startup.py); each helper imports what it
+needs when it runs.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+import typer
+from rich.console import Console
+
+if TYPE_CHECKING:
+    from eva import ast
+
+err = Console(stderr=True)
+
+
+def fail(message: str, *, one_line: bool = False, plain: bool = False) -> NoReturn:
+    """Exit 2 with ``error: message`` on stderr: a user error, never a traceback. ``one_line``:
+    not wrapped at the terminal's width (messages that name a path or a command to run).
+    ``plain``: the message as given, neither prefixed nor wrapped nor read as markup — the
+    parsers' messages, which carry their own position and caret."""
+    if plain:
+        print(message, file=sys.stderr)
+    else:
+        err.print(f"[red]error:[/] {message}", soft_wrap=one_line)
+    raise typer.Exit(2) from None
+
+
+def read_head(path: Path, limit: int) -> bytes:
+    """A file's bytes, at most ``limit`` + 1 of them: one byte past the limit is enough for the
+    parser to refuse the file without reading it whole. Bytes: the parser reports one that is
+    not UTF-8 at its line and column. Exit 2 if the file cannot be read."""
+    try:
+        with path.open("rb") as file:
+            return file.read(limit + 1)
+    except OSError as exc:
+        fail(f"cannot read {path}: {exc.strerror}")
+
+
+def load(path: Path) -> ast.Document:
+    """A profile file, parsed and validated; exit 2 with the parser's message."""
+    from eva.parser import ProfileError, parse
+    from eva.validate import MAX_DOCUMENT_BYTES
+
+    source = read_head(path, MAX_DOCUMENT_BYTES)
+    try:
+        return parse(source, str(path))
+    except ProfileError as exc:
+        fail(str(exc), plain=True)
+
+
+def known_profiles(doc: ast.Document, wanted: list[str] | None, path: Path) -> list[str]:
+    """The document's profile names; exit 2 if ``--profile`` names one it does not have."""
+    names = [p.name for p in doc.profiles]
+    for name in wanted or []:
+        if name not in names:
+            fail(f"no profile {name!r} in {path}; expected one of: {', '.join(names)}")
+    return names
+
+
+def span_option(text: str | None, name: str) -> int | None:
+    """``--name``'s span in µs (None if not given); exit 2 if it is not a finite span."""
+    if text is None:
+        return None
+    from eva.units import parse_span
+
+    try:
+        value = parse_span(text)
+    except (KeyError, ValueError):
+        value = None
+    if value is None:
+        fail(f"--{name} {text!r}: expected a finite span such as 1s or 500ms")
+    return value
+
+
+def time_option(text: str | None, name: str) -> int | None:
+    """``--name``'s RFC 3339 time in µs (None if not given); exit 2 if it is not one."""
+    if text is None:
+        return None
+    from eva.events import EventError, parse_time
+
+    try:
+        return parse_time(text)
+    except EventError as exc:
+        fail(f"--{name}: {exc}")
+
+
+def group_option(value: str | None, name: str) -> None:
+    """Exit 2 unless ``--name`` is absent or one of the groups cg0 … cg5."""
+    if value is None:
+        return
+    from transforms.dialects import GROUPS
+
+    if value not in GROUPS:
+        fail(f"--{name} {value!r}: expected one of {', '.join(GROUPS)}")
+
+
+def require_java() -> None:
+    """Exit 2 with what to install, before Spark starts, if there is no Java."""
+    from spark_jobs.session import java_missing
+
+    missing = java_missing()
+    if missing is not None:
+        fail(missing, one_line=True)
+
+
+def event_lines(path: Path, stack: ExitStack) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of a JSON-lines file or stdin ('-'), blank lines skipped; exit 2 if
+    the file cannot be read. Bytes: each line is decoded on its own (events.from_json_line), so
+    one that is not UTF-8 is a dead letter, not the end of the run — the same from a file and
+    from stdin (whose text layer would turn such bytes into lone surrogates)."""
+    try:
+        handle = sys.stdin.buffer if str(path) == "-" else stack.enter_context(
+            open(path, "rb"))  # noqa: SIM115 - the caller's ExitStack closes it
+    except OSError as exc:
+        fail(f"cannot read {path}: {exc.strerror}")
+    for number, line in enumerate(handle, start=1):
+        if line.strip():
+            yield number, line

@@ -1,0 +1,117 @@
+"""``evamed compose``: the streaming composition job (Spark Structured Streaming)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from mediator.cli.common import fail, load, require_java, span_option, time_option
+
+if TYPE_CHECKING:
+    from spark_jobs.job import StreamJob
+
+
+def compose(
+    checkpoint: Annotated[Path, typer.Option(help="Spark checkpoint directory: a restarted job "
+                                                  "resumes from it, losing and repeating "
+                                                  "nothing.")],
+    profiles: Annotated[Path | None, typer.Option(help="Profile file, registered at --since.")]
+        = None,
+    table: Annotated[Path | None, typer.Option(help="A profile table kept by the mediator "
+                                                    "(followed while the job runs), instead "
+                                                    "of --profiles.")] = None,
+    since: Annotated[str | None, typer.Option(
+        help="Registration time of --profiles (RFC 3339): they see later events. Default: "
+             "the first event, as replay registers (its time − lateness).")] = None,
+    spool: Annotated[Path | None, typer.Option(help="Directory of CloudEvents JSON-lines "
+                                                    "files, taken in modification order.")]
+        = None,
+    redis: Annotated[str | None, typer.Option(help="Redis URL: read the notification log and "
+                                                   "write composites back, instead of "
+                                                   "--spool/--out.")] = None,
+    out: Annotated[Path | None, typer.Option(help="With --spool: composites and dead letters "
+                                                  "here, a file per micro-batch.")] = None,
+    tick: Annotated[str, typer.Option(help="Default clock granularity for negations.")] = "1s",
+    lateness: Annotated[str, typer.Option(help="Allowed lateness per source.")] = "0s",
+    source: Annotated[list[str] | None, typer.Option(
+        help="Declare a source (repeatable): nothing is processed until each has reported, "
+             "and each has its own watermark.")] = None,
+    buckets: Annotated[int, typer.Option(help="Engines per profile (hash buckets of `per` "
+                                              "partitions).")] = 16,
+    max_files: Annotated[int | None, typer.Option(help="Spool files per micro-batch.")] = None,
+    master: Annotated[str, typer.Option(help="Spark master.")] = "local[2]",
+    once: Annotated[bool, typer.Option(help="Process what is there now, then stop.")] = False,
+) -> None:
+    """Run the streaming composition job (Spark Structured Streaming): profiles over a spool
+    directory or the Redis notification log, until stopped (SIGINT/SIGTERM) or, with --once,
+    until the input present at the start is processed."""
+    import signal
+
+    from spark_jobs.job import start
+    from spark_jobs.processor import refusal
+    from spark_jobs.redis_io import redis_lines, redis_sink
+    from spark_jobs.session import build_session
+    from spark_jobs.sinks import directory_sink
+
+    if (profiles is None) == (table is None):
+        fail("give --profiles or --table (one of them)")
+    if (redis is None) == (spool is None) or (spool is not None and out is None):
+        fail("give --spool with --out, or --redis")
+    if buckets < 1:
+        fail(f"--buckets {buckets}: expected a positive number")
+    require_java()
+    tick_us = span_option(tick, "tick") or 1_000_000
+    late_us = span_option(lateness, "lateness") or 0
+    delay = f"{late_us // 1000} milliseconds"  # Spark's watermark delay: the same lateness
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    job = _job(checkpoint, profiles, table, since, tick_us, late_us, tuple(source or ()), buckets)
+    spark = build_session(master, "evamed-compose")
+    if redis is not None:
+        query = start(spark, job, "", str(checkpoint / "spark"), redis_sink(redis),
+                      lines=redis_lines(spark, redis), lateness=delay)
+    else:
+        assert spool is not None and out is not None
+        query = start(spark, job, str(spool), str(checkpoint / "spark"),
+                      directory_sink(str(out)), lateness=delay, max_files=max_files)
+    try:
+        if once:
+            query.processAllAvailable()
+            query.stop()
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: query.stop())
+        query.awaitTermination()
+    except Exception as exc:  # the query failed in Spark: refused checkpoint state in one line
+        refused = refusal(exc)
+        if refused is None:
+            raise
+        fail(refused, one_line=True)
+
+
+def _job(checkpoint: Path, profiles: Path | None, table: Path | None, since: str | None,
+         tick: int, lateness: int, sources: tuple[str, ...], buckets: int) -> StreamJob:
+    """The job over the profile table: ``table``, or one written in the checkpoint for
+    ``profiles`` (registered at ``since``); exit 2 if the profiles do not parse, the table is
+    missing, or the checkpoint was written by a job of another layout."""
+    from eva.engine import EngineConfig
+    from spark_jobs.job import LayoutError, StreamJob, check_layout
+    from spark_jobs.profiles import Registration, write_table
+    from spark_jobs.routing import config_tuple
+
+    if profiles is not None:
+        load(profiles)  # exit 2 with the parser's message
+        table = checkpoint / "profiles.json"
+        registered = time_option(since, "since")  # None: at the job's first event
+        write_table(str(table), [Registration(profiles.read_text(encoding="utf-8"), registered)])
+    elif table is not None and not table.is_file():
+        fail(f"no profile table at {table}")
+    assert table is not None
+    config = EngineConfig(tick=tick, allowed_lateness=lateness, sources=sources)
+    job = StreamJob(str(table), config_tuple(config), buckets)
+    try:  # before Spark starts (start checks again, for its other callers)
+        check_layout(str(checkpoint / "spark"), job)
+    except LayoutError as exc:
+        fail(str(exc), one_line=True)
+    return job

@@ -1,0 +1,183 @@
+"""``evamed replay``: the options checked, the files opened, then one of the four modes of
+:mod:`mediator.cli.runs`."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from contextlib import ExitStack
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, TextIO
+
+import typer
+
+from mediator.cli.common import (
+    err,
+    event_lines,
+    fail,
+    group_option,
+    known_profiles,
+    load,
+    read_head,
+    require_java,
+    span_option,
+    time_option,
+)
+
+if TYPE_CHECKING:
+    from eva import ast
+    from eva.engine import EngineConfig
+    from mediator.cli import runs
+
+
+def replay(
+    events: Annotated[Path, typer.Option(help="CloudEvents, one JSON object per line ('-': stdin).")],
+    profiles: Annotated[Path | None, typer.Option(help="Profile file.")] = None,
+    profile: Annotated[list[str] | None, typer.Option(help="Only this profile (repeatable).")] = None,
+    dead_letter: Annotated[Path | None, typer.Option(help="Write dead letters here (JSON lines) "
+                                                          "instead of stderr.")] = None,
+    tick: Annotated[str, typer.Option(help="Default clock granularity for negations.")] = "1s",
+    lateness: Annotated[str, typer.Option(help="Allowed lateness per source.")] = "0s",
+    horizon: Annotated[str, typer.Option(help="How far ahead of the newest event time an event "
+                                              "may lie; a further one is held until the next "
+                                              "event (or --until) confirms the jump, else it "
+                                              "is a dead letter (future). 'inf': no limit.")
+                       ] = "1d",
+    until: Annotated[str | None, typer.Option(help="End of the trace (RFC 3339); default: the "
+                                                   "last event's time.")] = None,
+    summary: Annotated[bool, typer.Option(help="Print a count per profile to stderr.")] = False,
+    via: Annotated[str | None, typer.Option(
+        help="Through the whole transformation path to group cg0 … cg5's base service: plan, "
+             "render, native evaluation, post-filter (prints what plain replay prints).")] = None,
+    native: Annotated[str | None, typer.Option(
+        help="Evaluate a native query (--query) with group cg0 … cg5's own semantics.")] = None,
+    query: Annotated[Path | None, typer.Option(help="The native query for --native.")] = None,
+    service: Annotated[str | None, typer.Option(
+        help="With --via/--native: a running base service (host:port) instead of the in-process "
+             "one.")] = None,
+    engine_name: Annotated[str, typer.Option("--engine", help="inprocess (the incremental engine) "
+                                             "or spark (the same engine in Spark tasks, local "
+                                             "mode unless --master).")] = "inprocess",
+    master: Annotated[str, typer.Option(help="Spark master for --engine spark.")] = "local[2]",
+) -> None:
+    """Evaluate profiles over a trace; composites go to stdout as CloudEvents JSON lines.
+
+    With --native G --query FILE, evaluate one native query of group G's language instead;
+    its notifications go to stdout as JSON lines."""
+    tick_us = span_option(tick, "tick") or 0
+    if tick_us <= 0:
+        fail(f"--tick {tick!r}: expected a positive span such as 1s")
+    end = time_option(until, "until")
+    group_option(via, "via")
+    group_option(native, "native")
+    if native is not None:
+        if query is None or profiles is not None or via is not None:
+            fail("--native takes --query (and no --profiles or --via)")
+        _native(native, query, events, end, tick_us, service)
+        return
+    if profiles is None:
+        fail("--profiles is required (or --native G --query FILE)")
+    if engine_name not in ("inprocess", "spark"):
+        fail(f"--engine {engine_name!r}: expected inprocess or spark")
+    if engine_name == "spark" and via is not None:
+        fail("--engine spark and --via exclude each other")
+    if engine_name == "spark":
+        require_java()
+    doc = load(profiles)
+    names = known_profiles(doc, profile, profiles)
+    wanted = profile or None
+    config = _config(doc, wanted, tick_us, lateness, horizon)
+
+    from mediator.cli import runs
+
+    out = sys.stdout
+    with ExitStack() as stack:
+        sink: TextIO = sys.stderr
+        if dead_letter:
+            sink = stack.enter_context(open(dead_letter, "w", encoding="utf-8"))
+        dead = runs.DeadLetters(sink)
+        lines = event_lines(events, stack)
+        if via is not None:
+            counts = _via(via, doc, wanted, lines, config, end, service, out, dead)
+        elif engine_name == "spark":
+            counts = runs.replay_spark(profiles.read_text(encoding="utf-8"), wanted, lines,
+                                       config, end, master, out, dead)
+        else:
+            counts = runs.replay_plain(doc, wanted, lines, config, end, out, dead)
+    if summary:
+        _summary(profile or names, counts, dead.count)
+
+
+def _config(doc: ast.Document, wanted: list[str] | None, tick: int, lateness: str,
+            horizon: str) -> EngineConfig:
+    """The admitting engine's configuration; exit 2 if --horizon or --lateness is not a span."""
+    from eva.engine import EngineConfig
+    from eva.retention import longest, retention
+
+    horizon_us = None if horizon == "inf" else span_option(horizon, "horizon") or 0
+    if horizon_us is not None and horizon_us <= 0:
+        fail(f"--horizon {horizon!r}: expected a positive span such as 1d, or inf")
+    # Ids are remembered for the profiles' retention even when they are evaluated elsewhere
+    # (--via, --engine spark), so every path refuses the same duplicates.
+    return EngineConfig(tick=tick, allowed_lateness=span_option(lateness, "lateness") or 0,
+                        remember=longest(retention(p.expr).horizon for p in doc.profiles
+                                         if not wanted or p.name in wanted),
+                        horizon=horizon_us)
+
+
+def _summary(names: list[str], counts: Counter[str], letters: int) -> None:
+    """--summary: the composites of each profile replayed, and the dead letters, to stderr."""
+    from rich.table import Table
+
+    table = Table(title="composites per profile")
+    table.add_column("profile")
+    table.add_column("composites", justify="right")
+    for name in names:
+        table.add_row(name, str(counts[name]))
+    table.add_row("dead letters", str(letters))
+    err.print(table)
+
+
+def _via(group: str, doc: ast.Document, wanted: list[str] | None, lines: runs.Lines,
+         config: EngineConfig, end: int | None, address: str | None, out: TextIO,
+         dead: runs.DeadLetters) -> Counter[str]:
+    """:func:`runs.replay_via`; exit 2 if the service cannot be reached or refuses a query."""
+    from rich.markup import escape
+
+    from adapters.federation import PushRefused
+    from mediator.cli import runs
+
+    try:
+        return runs.replay_via(group, doc, wanted, lines, config, end, address, out, dead)
+    except ConnectionError as exc:
+        fail(str(exc))
+    except PushRefused as exc:  # a limit of the native language: one line, no traceback
+        fail(escape(str(exc)), one_line=True)
+
+
+def _native(group: str, query_file: Path, events_file: Path, end: int | None, tick: int,
+            address: str | None) -> None:
+    """:func:`runs.replay_native` of the query in ``query_file``, checked first: exit 2 with
+    the parser's message if it is not UTF-8 or not a query of the group's language."""
+    from adapters.backends.native import MAX_QUERY_BYTES, NativeQueryError
+    from adapters.backends.registry import language
+    from eva.parser import ProfileError, decode
+    from mediator.cli import runs
+
+    data = read_head(query_file, MAX_QUERY_BYTES)
+    try:
+        # Past the limit the parser refuses the size, whatever the cut left of a character.
+        text = data.decode("utf-8", "replace") if len(data) > MAX_QUERY_BYTES else decode(
+            data, str(query_file))
+    except ProfileError as exc:  # the position of the first byte that is not UTF-8
+        fail(str(exc), plain=True)
+    try:
+        language(group, tick).parse(text)
+    except NativeQueryError as exc:
+        fail(str(exc).replace(" query:", f" query {query_file}:", 1), plain=True)
+    with ExitStack() as stack:
+        try:
+            runs.replay_native(group, text, event_lines(events_file, stack), end, tick, address,
+                               sys.stdout, sys.stderr)
+        except ConnectionError as exc:
+            fail(str(exc))

@@ -1,0 +1,211 @@
+"""What ``evamed replay`` runs, as functions over an event iterator and sinks, so that the
+service can run them as the command line does: one per mode (plain, --via, --engine spark,
+--native). They raise what goes wrong (``ConnectionError``, ``PushRefused``); the command
+turns it into an exit.
+
+Every mode admits the trace with the same engine (duplicates, lateness, horizon, malformed
+lines), so every path refuses the same events with the same dead letters.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, TextIO
+
+from eva.engine import DeadLetter, Engine, EngineConfig
+from eva.events import Event, EventError, format_time, from_json_line
+from eva.notify import composite_line, dead_letter_record
+from eva.semantics import Notification
+
+if TYPE_CHECKING:
+    from adapters.client import Connect
+    from eva import ast
+
+Lines = Iterable[tuple[int, bytes]]
+"""(line number, line) of a trace of CloudEvents JSON lines (common.event_lines)."""
+
+
+class DeadLetters:
+    """The sink of the admitting engine's dead letters: JSON lines, counted for --summary."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.count = 0
+
+    def __call__(self, letter: DeadLetter) -> None:
+        self.count += 1
+        self.out.write(json.dumps(dead_letter_record(letter)) + "\n")
+
+
+def raw(line: bytes) -> str:
+    """A line as a dead letter's ``raw`` text: bytes that are not UTF-8 written as \\xNN."""
+    return line.rstrip(b"\n").decode("utf-8", "backslashreplace")
+
+
+def _admit(engine: Engine, lines: Lines, end: int | None,
+           emit: Callable[[list[Notification]], None]) -> None:
+    """Push every line through ``engine`` (a malformed one is a dead letter), then close it."""
+    for number, line in lines:
+        try:
+            event = from_json_line(line, seq=number)
+        except EventError as exc:
+            engine.malformed(f"line {number}: {exc}", raw(line))
+            continue
+        emit(engine.push(event))
+    emit(engine.close(end))
+
+
+class Admitted:
+    """The events an engine without profiles admits, for the modes that evaluate elsewhere
+    (--via, --engine spark), as they stream in: numbered in arrival order as the engine numbers
+    the events it admits, given out in time order as soon as the engine has processed their
+    instant (no event before it can come any more); ``origin``: where its clock started."""
+
+    def __init__(self, lines: Lines, config: EngineConfig, end: int | None,
+                 dead: DeadLetters) -> None:
+        self.engine = Engine(config, dead)
+        # Filled by the engine as it admits: an event held beyond the horizon is decided by
+        # the next one, so "refused or not" is not known when a line is pushed.
+        self.engine.admitted = []
+        self.lines = lines
+        self.end = end
+        self.count = 0
+
+    @property
+    def origin(self) -> int | None:
+        return self.engine.origin
+
+    def __iter__(self) -> Iterator[Event]:
+        engine = self.engine
+        pending: list[tuple[tuple[int, int, int], Event]] = []
+
+        def ready(final: bool) -> Iterator[Event]:
+            admitted = engine.admitted
+            assert admitted is not None
+            for event in admitted:
+                numbered = replace(event, seq=self.count)
+                self.count += 1
+                heapq.heappush(pending, (numbered.key, numbered))
+            admitted.clear()
+            head = None if final else engine.next_instant()
+            while pending and (head is None or pending[0][0][0] < head):
+                yield heapq.heappop(pending)[1]
+
+        for number, line in self.lines:
+            try:
+                event = from_json_line(line, seq=number)
+            except EventError as exc:
+                engine.malformed(f"line {number}: {exc}", raw(line))
+                continue
+            engine.push(event)
+            yield from ready(False)
+        engine.close(self.end)
+        yield from ready(True)
+
+
+def replay_plain(doc: ast.Document, wanted: list[str] | None, lines: Lines,
+                 config: EngineConfig, end: int | None, out: TextIO,
+                 dead: DeadLetters) -> Counter[str]:
+    """The composites of the profiles (``wanted``: only these) over the trace, by the
+    incremental engine, to ``out`` as CloudEvents JSON lines; the count per profile."""
+    counts: Counter[str] = Counter()
+
+    def emit(notifications: list[Notification]) -> None:
+        for n in notifications:
+            counts[n.profile] += 1
+            out.write(composite_line(n)[1] + "\n")
+
+    engine = Engine(config, dead)
+    engine.add_document(doc, wanted)
+    _admit(engine, lines, end, emit)
+    return counts
+
+
+def transport(group: str, tick: int, address: str | None) -> Connect:
+    """Group ``group``'s base service: in process, or the one running at ``address``."""
+    from adapters.backends.registry import language
+    from adapters.client import in_process, remote_transport
+
+    if address is None:
+        return in_process(language(group, tick))
+    return remote_transport(address, group)
+
+
+def replay_via(group: str, doc: ast.Document, wanted: list[str] | None, lines: Lines,
+               config: EngineConfig, end: int | None, address: str | None, out: TextIO,
+               dead: DeadLetters) -> Counter[str]:
+    """What :func:`replay_plain` writes, through the whole transformation path to group
+    ``group``'s base service: plan, render, native evaluation, post-filter."""
+    from adapters.backends.registry import language
+    from adapters.federation import Federation
+    from transforms.planner import plan
+
+    lang = language(group, config.tick)
+    plans = [plan(p, doc, lang.capability) for p in doc.profiles
+             if wanted is None or p.name in wanted]
+    federation = Federation(lang, doc, plans, transport(group, config.tick, address),
+                            tick=config.tick, end=end)
+    counts: Counter[str] = Counter()
+
+    def emit(notifications: list[Notification]) -> None:
+        for n in notifications:
+            counts[n.profile] += 1
+            out.write(composite_line(n)[1] + "\n")
+
+    admitted = Admitted(lines, config, end, dead)
+    for event in admitted:
+        if admitted.origin is not None:
+            federation.begin(admitted.origin)  # both paths share the admitting engine's clock
+        emit(federation.push(event))
+    emit(federation.close(end))
+    return counts
+
+
+def replay_spark(source: str, wanted: list[str] | None, lines: Lines, config: EngineConfig,
+                 end: int | None, master: str, out: TextIO, dead: DeadLetters) -> Counter[str]:
+    """What :func:`replay_plain` writes, by the same engine in Spark tasks (``source``: the
+    profile file's text, which the tasks parse)."""
+    from spark_jobs.batch import replay, spooled
+    from spark_jobs.session import build_session
+
+    counts: Counter[str] = Counter()
+    admitted = Admitted(lines, config, end, dead)
+    with spooled(admitted) as events:
+        if not events.count or admitted.origin is None:
+            return counts
+        # The horizon is an admission rule: Spark's engines, one per bucket, evaluate what was
+        # admitted and must not apply it again to their own, partial, newest event time.
+        for composite in replay(build_session(master), source, events,
+                                config=replace(config, horizon=None), origin=admitted.origin,
+                                end=end, profiles=wanted):
+            counts[json.loads(composite)["subject"]] += 1
+            out.write(composite + "\n")
+    return counts
+
+
+def replay_native(group: str, query: str, lines: Lines, end: int | None, tick: int,
+                  address: str | None, out: TextIO, malformed: TextIO) -> None:
+    """The notifications of one native query of group ``group``'s language over the trace,
+    with the group's own semantics, to ``out`` as JSON lines; a malformed line is reported
+    to ``malformed``. The service evaluates a whole trace, so it is read first."""
+    from adapters.client import evaluate
+
+    trace: list[Event] = []
+    for number, line in lines:
+        try:
+            trace.append(from_json_line(line, seq=len(trace)))
+        except EventError as exc:
+            malformed.write(json.dumps({"reason": "malformed", "detail": f"line {number}: {exc}",
+                                        "raw": raw(line)}) + "\n")
+    trace.sort(key=lambda e: e.key)
+    last = end if end is not None else (trace[-1].time if trace else 0)
+    for d in evaluate(transport(group, tick, address), query, trace, last):
+        record: dict[str, Any] = {"group": group, "time": format_time(d.time), "detection": d.text,
+                                  "constituents": [e.id for e in d.constituents]}
+        if d.extra:
+            record["extra"] = d.extra
+        out.write(json.dumps(record, ensure_ascii=False) + "\n")

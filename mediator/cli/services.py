@@ -1,0 +1,41 @@
+"""``evamed base-service``: run the reference base service of a language group."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from mediator.cli.common import fail, group_option, span_option
+
+
+def base_service(
+    group: Annotated[str, typer.Option(help="Language group cg0 … cg5.")],
+    listen: Annotated[str, typer.Option(help="host:port to serve gRPC on (port 0: any).")]
+        = "127.0.0.1:50051",
+    tick: Annotated[str, typer.Option(help="A peer mediator's (cg5) default clock.")] = "1s",
+    queue_size: Annotated[int, typer.Option(help="Notifications buffered per subscriber.")] = 1024,
+    max_advance: Annotated[str | None, typer.Option(
+        help="How far one request may move a subscription's clock (default 86400 ticks: a day "
+             "at 1s); farther is rejected, the client steps.")] = None,
+    stall_timeout: Annotated[str, typer.Option(
+        help="A subscriber that has read nothing this long with a full queue is dropped.")]
+        = "10s",
+) -> None:
+    """Run the reference base service of a language group: eva.base.v1.BaseService (native
+    queries in, native notifications out), standard health checking and server reflection.
+    SIGTERM or SIGINT: health says NOT_SERVING for a second, then calls get 2 s to finish."""
+    import asyncio
+
+    from adapters.backends.service import run
+
+    group_option(group, "group")
+    tick_us = span_option(tick, "tick") or 1_000_000
+    host = listen.rsplit(":", 1)[0]
+    try:
+        asyncio.run(run(group, listen, lambda port: print(f"serving {group} on {host}:{port}",
+                                                          flush=True), tick_us, queue_size,
+                        span_option(max_advance, "max-advance"),
+                        stall_timeout=(span_option(stall_timeout, "stall-timeout") or 1) / 1e6))
+    except (OSError, RuntimeError) as exc:  # the port is taken (no sharing) or not ours
+        fail(str(exc))

@@ -1,0 +1,504 @@
+"""The incremental plan runner: a document's plans evaluated as the trace streams through.
+
+A plan's mediator-side part (its ``Local`` nodes) compiles to the engine: an EVA expression in
+which each composite remote is an :class:`~eva.ast.External` operand and each primitive leaf
+(a service's filter, the mediator's clock) stays the class it is. The services' notifications
+feed those leaves, transformed back into EVA occurrences by the group's dialect
+(:meth:`~transforms.dialects.base.Dialect.parse_notification`):
+
+* **taken over** (a peer mediator's occurrences, Snoop's (initiator, terminator) pairs): fed to
+  the outer engine as they are, once the service's progress passes their report time;
+* **set semantics** (everything else, and a positive rule's post-filter): the notifications
+  only say which events are *visible*. Each such remote has an engine of its own that re-runs
+  the original (positive) or target expression on the visible events; its composites feed the
+  outer leaf. Primitive leaves are re-evaluated by the outer engine itself on the events its
+  filters made visible.
+
+Visibility is final only once the service can no longer notify a composite containing the
+event: events are held until the services' progress passes their time plus the remote's
+:func:`~eva.retention.reach` (the longest a composite's report can lie after its earliest
+constituent) — until the end of the input when that is unbounded (an ``inf`` span, a timeless
+service's relaxed target). Nothing is decided before that, so the runner's answers lag the
+input by that much (docs/transformations.md, "The plan runner").
+
+Partitions: a ``per`` profile's partitions open where the reference opens them — at the first
+event of any of the profile's classes with that value, whether or not a service ever makes it
+visible — so every partition gets engines of its own, started just before that event (its
+clock, ticks and negations begin there, as the reference admits them). The engines number their
+own inputs; reports are mapped back to the trace's keys, so the runner's answer is the
+reference's to the key (:func:`transforms.evaluate.evaluate_plans` is the test oracle).
+
+The API is the engine's, per event: ``push`` (an admitted event, in time order), ``notify``
+(a service's notification for a leaf), ``advance`` (the services have reported every instant up
+to a time), ``close`` (end of input). :mod:`adapters.federation` connects the leaves to a
+group's base service.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from eva import ast
+from eva.classes import compile_predicate
+from eva.engine import DeadLetter, Engine, EngineConfig
+from eva.events import PASSIVE, PRIMITIVE, Event
+from eva.printer import expr_text
+from eva.retention import longest, reach
+from eva.semantics import Key, Notification, Occ, partition_key
+from transforms.dialects.base import Detection, Reading, Scope, rerun_target, taken
+from transforms.plans import Kind, Plan, PlanNode, Remote, Subscribe
+
+Matcher = Callable[[Event], bool]
+
+
+class Dialect(Protocol):
+    """What the runner needs of a group's dialect (:class:`transforms.dialects.base.Dialect`)."""
+
+    def takes_over(self, node: Remote) -> bool: ...
+
+    def parse_notification(self, detection: Detection, node: Remote, scope: Scope) -> Reading:
+        ...
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """A remote of a plan (or a primitive subscription) as the runner takes it from a service:
+    ``expr`` is what to subscribe (render it with ``profile`` and ``root_eoi``)."""
+
+    index: int
+    profile: ast.Profile
+    node: Remote | Subscribe
+    expr: ast.Expr
+    root_eoi: bool
+    external: str
+    """The outer expression's operand it feeds (``""``: a primitive class of the outer
+    expression, re-evaluated there on the visible events)."""
+    taken: bool
+    """The notifications carry EVA occurrences to take over (else: set semantics)."""
+    delay: int | None
+    """How long after an event's time a notification may still name it (None: unbounded)."""
+
+
+def _inline(node: Remote) -> bool:
+    """Whether the outer engine may re-run a set-semantics remote itself, on every event any
+    leaf of the profile made visible: a target at set semantics gives the same composites on
+    any superset of its visible events (each has all its constituents visible), and a
+    disjunction's visible events are all the events of its classes. A positive rule's
+    post-filter on a conjunction or sequence needs its own visible sub-trace: an engine of its
+    own. (Re-run inline, a disjunction's or filter's occurrence that another operand reports at
+    the same step is one element with both roles, as the trace view has it, Def. 4.1.)"""
+    return node.kind is not Kind.POSITIVE or isinstance(node.original, ast.Disjunction)
+
+
+def _time(key: Hashable) -> int:
+    """The time of a report key (a dialect's readings type them loosely)."""
+    assert isinstance(key, tuple) and isinstance(key[0], int)
+    return key[0]
+
+
+def trace_key(key: Any, keys: Sequence[Any]) -> Any:
+    """A report key of an engine that evaluated part of a trace, with its own arrival numbers
+    replaced by the keys of what it was given (``keys[n]``: the key of its n-th input) — in a
+    primitive step's key and in a passive event's anchor."""
+    time, phase, tiebreak = key
+    if phase == PRIMITIVE:
+        return keys[tiebreak]
+    if phase == PASSIVE and isinstance(tiebreak, tuple) and tiebreak:
+        return (time, phase, trace_key(tiebreak, keys))
+    return key
+
+
+def retagged(ident: Hashable, tags: dict[str, str]) -> Hashable:
+    """An occurrence identity with the node tags it names replaced (``tags``: outer
+    expression's text → the original's). A composite is named by its node's text, and an outer
+    node over an ``<Ln>`` operand prints differently from the profile's own node; the answer
+    must carry the profile's identities (its composite ids are made from them)."""
+    if not tags or not isinstance(ident, tuple) or len(ident) < 3:
+        return ident
+    head = ident[0]
+    if head == "not":  # ("not", tag, time[, anchor])
+        rest = (retagged(ident[3], tags),) if len(ident) > 3 else ()
+        return ("not", tags.get(ident[1], ident[1]), ident[2], *rest)
+    if isinstance(head, str) and isinstance(ident[1], tuple):  # (tag, left, right)
+        return (tags.get(head, head), retagged(ident[1], tags), retagged(ident[2], tags))
+    return ident
+
+
+def _bug(letter: DeadLetter) -> None:
+    raise AssertionError(f"the plan runner fed an engine what it refused: {letter.reason}: "
+                         f"{letter.detail}")
+
+
+class _Keyed:
+    """An engine over part of the trace whose reports carry the trace's keys: it numbers its
+    own inputs, and each number is mapped back to the key of what was given."""
+
+    def __init__(self, profiles: Iterable[ast.Profile], classes: tuple[ast.ClassDef, ...],
+                 origin: int, tick: int, tags: dict[str, str] | None = None) -> None:
+        self.engine = Engine(EngineConfig(tick=tick), _bug)
+        self.engine.add_document(ast.Document(classes, tuple(profiles)))
+        self.engine.begin(origin)
+        self.keys: list[Key] = []
+        self.tags = tags or {}
+
+    def push(self, event: Event) -> list[Notification]:
+        self.keys.append(event.key)
+        return self._mapped(self.engine.push(event))
+
+    def feed(self, profile: str, leaf: str, emit: Key, occ: Occ) -> list[Notification]:
+        # Inside the engine the occurrence is keyed as its step, like the engine's own events
+        # (an anchored absence's key names its anchor's); reports map back to ``emit``.
+        local = Occ(occ.time, (occ.time, PRIMITIVE, len(self.keys)), occ.ident, occ.events,
+                    occ.anchor)
+        self.keys.append(emit)
+        return self._mapped(self.engine.feed(profile, leaf, local))
+
+    def advance(self, time: int) -> list[Notification]:
+        return self._mapped(self.engine.advance(time))
+
+    def close(self, time: int) -> list[Notification]:
+        return self._mapped(self.engine.close(time))
+
+    def _key(self, key: Any) -> Any:
+        return trace_key(key, self.keys)
+
+    def _mapped(self, notes: list[Notification]) -> list[Notification]:
+        tags = self.tags
+        return [Notification(n.profile, n.partition,
+                             Occ(n.occ.time, self._key(n.occ.key), retagged(n.occ.ident, tags),
+                                 n.occ.events, retagged(n.occ.anchor, tags)),
+                             self._key(n.emitted)) for n in notes]
+
+
+@dataclass
+class _Partition:
+    """One partition of a profile: its outer engine and the engines of its set-semantics
+    remotes, all started just before the event that opened it."""
+
+    value: Any
+    outer: _Keyed | None  # None: the root is a composite remote, reported as it comes
+    rerun: dict[int, _Keyed]  # leaf index → the engine re-running its expression
+    pending: list[tuple[Key, int, int, Event | tuple[str, Occ]]] = field(default_factory=list)
+    """The outer engine's input this round: (report key, position of the leaf in the outer
+    expression, arrival, an event or (external operand, occurrence))."""
+
+
+class _Profile:
+    """A planned profile: its outer expression, leaves and partitions."""
+
+    def __init__(self, plan: Plan, leaves: list[Leaf], outer: ast.Expr,
+                 matchers: dict[str, Matcher], own_feed: bool, tags: dict[str, str]) -> None:
+        self.profile = plan.profile
+        self.tags = tags  # the outer expression's node texts that differ from the profile's
+        self.leaves = leaves
+        self.outer = ast.Profile(plan.profile.name, outer, None, plan.profile.evaluation)
+        self.root: Leaf | None = next((leaf for leaf in leaves if leaf.external
+                                       and isinstance(outer, ast.External)), None)
+        used = sorted({n.name for n in ast.walk(plan.profile.expr) if isinstance(n, ast.Prim)})
+        # Only events of the profile's own classes open a partition (as the reference says).
+        self.opens = [matchers[n] for n in used if n in matchers]
+        # Where each leaf stands, left to right: at equal report keys an operand's left side
+        # comes first (the trace view, Def. 4.1), so the outer engine is fed in this order.
+        walk = ast.walk(outer)
+        self.externals = {n.name: walk.index(n) for n in walk if isinstance(n, ast.External)}
+        self.classes = [(walk.index(n), matchers[n.name]) for n in walk
+                        if isinstance(n, ast.Prim) and n.name in matchers]
+        self.partitions: dict[Hashable, _Partition] = {}
+        self.visible: set[tuple[str, str]] = set()  # made visible by a primitive leaf
+        self.own_feed = own_feed  # a primitive leaf no service selects: every event is visible
+
+    def position(self, event: Event) -> int:
+        return min((i for i, match in self.classes if match(event)), default=-1)
+
+
+class Runner:
+    """A document's plans, evaluated incrementally (see the module docstring)."""
+
+    def __init__(self, plans: list[Plan], doc: ast.Document, dialect: Dialect, *,
+                 tick: int = 1_000_000, start: int | None = None, end: int | None = None,
+                 own_feed: Callable[[ast.Prim], bool] = lambda _: False) -> None:
+        """``own_feed(prim)``: the service cannot select this primitive class, so the mediator
+        takes it from the input itself (every event visible to it)."""
+        self.doc = doc
+        self.dialect = dialect
+        self.tick = tick
+        self.start = start
+        self.end = end
+        classes = doc.class_map()
+        self.matchers: dict[str, Matcher] = {
+            c.name: compile_predicate(c.body, classes) for c in doc.classes
+            if not isinstance(c.body, ast.Every)}
+        self.leaves: list[Leaf] = []
+        self.profiles = [self._profile(p, own_feed) for p in plans]
+        self._of: dict[int, _Profile] = {leaf.index: p for p in self.profiles for leaf in p.leaves}
+        self._held: list[tuple[Key, Event]] = []
+        self._visible: dict[int, set[tuple[str, str]]] = {
+            leaf.index: set() for leaf in self.leaves if leaf.external and not leaf.taken}
+        self._readings: dict[int, list[tuple[Hashable, Reading]]] = {}
+        # The events a taken-over answer may name (a service's copy has lost the arrival
+        # number), kept as long as the answer may come after them.
+        self._known: dict[tuple[str, str], Event] = {}
+        self._known_order: list[tuple[int, tuple[str, str]]] = []
+        taken_reach = [reach(leaf.expr) for leaf in self.leaves if leaf.taken]
+        self._keep_known: int | None = longest(taken_reach) if taken_reach else -1
+        self._done: int | None = None  # every instant ≤ this is decided
+        self._newest: int | None = None
+
+    # ---------------------------------------------------------------- the plan, compiled
+
+    def _profile(self, p: Plan, own_feed: Callable[[ast.Prim], bool]) -> _Profile:
+        leaves: list[Leaf] = []
+        externals: dict[Remote, str] = {}
+        eoi = p.profile.evaluation is ast.Evaluation.END_OF_INTERVAL
+        own = False
+
+        def leaf(node: Remote | Subscribe, expr: ast.Expr, external: str, at_root: bool) -> None:
+            taken = isinstance(node, Remote) and bool(external) and self.dialect.takes_over(node)
+            # When the service may still name an event: what it evaluates decides, not the
+            # post-filter (a timeless target may pair an event with any later one).
+            delay = 0 if taken else reach(expr)
+            if delay is not None and any(isinstance(n, ast.Negation) for n in ast.walk(expr)):
+                delay += self.tick  # the clock's granularity
+            made = Leaf(len(self.leaves), p.profile, node, expr, at_root and eoi, external, taken,
+                        delay)
+            self.leaves.append(made)
+            leaves.append(made)
+
+        def outer(node: PlanNode, at_root: bool) -> ast.Expr:
+            nonlocal own
+            if isinstance(node, Subscribe):
+                prim = ast.Prim(node.name)
+                if not node.clock:  # a time class comes from the outer engine's own clock
+                    if own_feed(prim):
+                        own = True
+                    else:
+                        leaf(node, prim, "", at_root)
+                return prim
+            if isinstance(node, Remote):
+                if not self.dialect.takes_over(node) and _inline(node):
+                    leaf(node, node.target, "", at_root)
+                    return rerun_target(node)
+                if node not in externals:
+                    externals[node] = f"L{len(externals)}"
+                    leaf(node, node.target, externals[node], at_root)
+                return ast.External(externals[node])
+            expr = node.node
+            kids = [outer(child, False) for child in node.children]
+            made: ast.Expr
+            if isinstance(expr, (ast.Selection, ast.Negation)):
+                made = replace(expr, expr=kids[0])
+            else:
+                assert isinstance(expr, (ast.Disjunction, ast.Conjunction, ast.Sequence))
+                made = replace(expr, left=replace(expr.left, expr=kids[0]),
+                               right=replace(expr.right, expr=kids[1]))
+            if made != expr:
+                tags[expr_text(made)] = expr_text(expr)
+            return made
+
+        tags: dict[str, str] = {}
+        expr = outer(p.root, True)
+        return _Profile(p, leaves, expr, self.matchers, own, tags)
+
+    # ---------------------------------------------------------------- input
+
+    def begin(self, origin: int) -> None:
+        """Profiles see events after ``origin`` (default: just before the first event)."""
+        if self.start is None:
+            self.start = origin
+
+    def push(self, event: Event) -> None:
+        """An admitted event of the trace, in time order (``seq``: its arrival number). It is
+        held until the services' notifications about it are final."""
+        if self.start is None:
+            self.start = event.time - 1
+        if event.time <= self.start or (self.end is not None and event.time > self.end):
+            return  # outside the trace the profiles see
+        heapq.heappush(self._held, (event.key, event))
+        if self._keep_known != -1:
+            ident = (event.source, event.id)
+            self._known[ident] = event
+            self._known_order.append((event.time, ident))
+        self._newest = event.time
+
+    def notify(self, leaf: Leaf, detection: Detection) -> None:
+        """A notification of ``leaf``'s subscription (in the order the service sent them)."""
+        p = self._of[leaf.index]
+        if not leaf.taken:
+            ids = {(e.source, e.id) for e in detection.constituents}
+            if leaf.external:
+                self._visible[leaf.index] |= ids
+            else:
+                p.visible |= ids
+            return
+        assert isinstance(leaf.node, Remote)
+        # A service that takes an answer over names the partition (a peer mediator's extra).
+        value = detection.extra.get("partition") if p.profile.per is not None else None
+        reading = self.dialect.parse_notification(detection, leaf.node, self._scope(
+            value, detection))
+        if reading.occurrences:
+            key = partition_key(value) if p.profile.per is not None else None
+            self._readings.setdefault(leaf.index, []).append((key, reading))
+
+    def _scope(self, value: Any, detection: Detection) -> Scope:
+        """What a dialect reads a notification against: the partition, and the trace's own
+        copies of the events the notification names."""
+        known = self._known
+        events = [known[k] for k in dict.fromkeys((e.source, e.id) for e in detection.constituents)
+                  if k in known]
+        return Scope(self.doc, value, events, self.matchers)
+
+    def advance(self, time: int) -> list[Notification]:
+        """The services have reported every instant up to ``time``, and every event up to it
+        has been pushed: decide what that settles."""
+        bound = time
+        for leaf in self.leaves:
+            if leaf.delay is None:
+                return []  # visibility is final only at the end of the input
+            bound = min(bound, time - leaf.delay)
+        if self._done is not None and bound <= self._done:
+            return []
+        return self._run(bound, False)
+
+    def close(self, until: int | None = None) -> list[Notification]:
+        """End of input: the trace ends at ``until`` (default: the newest event's time)."""
+        end = until if until is not None else self.end if self.end is not None else self._newest
+        if end is None or self.start is None:
+            return []
+        self.end = end
+        return self._run(end, True)
+
+    # ---------------------------------------------------------------- deciding
+
+    def _run(self, bound: int, final: bool) -> list[Notification]:
+        assert self.start is not None
+        for p in self.profiles:
+            if p.profile.per is None and None not in p.partitions:
+                # Unpartitioned: one partition from the start, events or not (its clock).
+                p.partitions[None] = self._open(p, None, self.start)
+        held = self._held
+        while held and held[0][0][0] <= bound:
+            self._release(heapq.heappop(held)[1])
+        out: list[Notification] = []
+        for p in self.profiles:
+            self._take_over(p, bound)
+            for partition in p.partitions.values():
+                out.extend(self._settle(p, partition, bound, final))
+        self._done = bound
+        self._forget(bound)
+        out.sort(key=lambda n: n.emitted)  # stable: profiles, partitions, reports in order
+        return out
+
+    def _release(self, event: Event) -> None:
+        """An event whose visibility is final, to the partitions of the profiles it is of."""
+        ident = (event.source, event.id)
+        for p in self.profiles:
+            if not any(match(event) for match in p.opens):
+                continue
+            partition = self._partition(p, event)
+            if partition is None:
+                continue
+            if partition.outer is not None and (p.own_feed or ident in p.visible):
+                partition.pending.append((event.key, p.position(event), len(partition.pending),
+                                          event))
+            for index, engine in partition.rerun.items():
+                if ident in self._visible[index]:
+                    self._pending(p, partition, self.leaves[index], engine.push(event))
+            p.visible.discard(ident)
+        for visible in self._visible.values():
+            visible.discard(ident)  # nothing can name it any more
+
+    def _forget(self, bound: int) -> None:
+        """Drop the events no taken-over answer can name any more."""
+        age = self._keep_known
+        if age is None or age == -1:
+            return
+        order = self._known_order
+        cut = 0
+        while cut < len(order) and order[cut][0] < bound - age:
+            self._known.pop(order[cut][1], None)
+            cut += 1
+        del order[:cut]
+
+    def _partition(self, p: _Profile, event: Event) -> _Partition | None:
+        if p.profile.per is None:
+            return p.partitions[None]
+        value = event.field(p.profile.per)
+        if value is None:
+            return None
+        key = partition_key(value)
+        found = p.partitions.get(key)
+        if found is None:
+            found = p.partitions[key] = self._open(p, value, event.time - 1)
+        return found
+
+    def _open(self, p: _Profile, value: Any, origin: int) -> _Partition:
+        classes = self.doc.classes
+        outer = None if p.root is not None else _Keyed([p.outer], classes, origin, self.tick,
+                                                        p.tags)
+        rerun = {}
+        for leaf in p.leaves:
+            if leaf.external and not leaf.taken:
+                assert isinstance(leaf.node, Remote)
+                evaluation = (ast.Evaluation.END_OF_INTERVAL if leaf.root_eoi
+                              else ast.Evaluation.CONTINUOUS)
+                profile = ast.Profile(leaf.external, rerun_target(leaf.node), None, evaluation)
+                rerun[leaf.index] = _Keyed([profile], classes, origin, self.tick)
+        return _Partition(value, outer, rerun)
+
+    def _take_over(self, p: _Profile, bound: int) -> None:
+        """The taken-over occurrences reported up to ``bound``, to their partitions."""
+        for leaf in p.leaves:
+            readings = self._readings.get(leaf.index)
+            if not readings:
+                continue
+            due: dict[Hashable, list[Reading]] = {}
+            later = []
+            for key, reading in readings:
+                if max(_time(emit) for emit, _ in reading.occurrences) <= bound:
+                    due.setdefault(key, []).append(reading)
+                else:
+                    later.append((key, reading))
+            self._readings[leaf.index] = later
+            for key, batch in due.items():
+                partition = p.partitions.get(key)
+                if partition is not None:  # else a partition the trace never opened here
+                    self._pending(p, partition, leaf, [
+                        Notification(p.profile.name, partition.value, occ, emit)  # type: ignore[arg-type]
+                        for emit, occ in taken(batch)])
+
+    def _pending(self, p: _Profile, partition: _Partition, leaf: Leaf,
+                 notes: list[Notification]) -> None:
+        """A composite leaf's occurrences, for the outer engine (or the answer, at the root)."""
+        position = p.externals.get(leaf.external, 0)
+        pending = partition.pending
+        pending.extend((n.emitted, position, len(pending), (leaf.external, n.occ)) for n in notes)
+
+    def _settle(self, p: _Profile, partition: _Partition, bound: int,
+                final: bool) -> list[Notification]:
+        """Run the partition's engines to ``bound``: the re-runs' composites feed the outer
+        leaves, whose reports are the profile's. The outer engine is given its input in report
+        order, leaves left to right at equal keys."""
+        for index, engine in partition.rerun.items():
+            notes = engine.close(bound) if final else engine.advance(bound)
+            self._pending(p, partition, self.leaves[index], notes)
+        pending = sorted(partition.pending, key=lambda item: item[:3])
+        partition.pending = []
+        name, value = p.profile.name, partition.value
+        outer = partition.outer
+        if outer is None:
+            return [Notification(name, value, item[3][1], item[0]) for item in pending
+                    if isinstance(item[3], tuple)]
+        out: list[Notification] = []
+        for emit, _, _, given in pending:
+            if isinstance(given, Event):
+                out.extend(outer.push(given))
+            else:
+                out.extend(outer.feed(name, given[0], emit, given[1]))
+        out.extend(outer.close(bound) if final else outer.advance(bound))
+        return [Notification(name, value, n.occ, n.emitted) for n in out]
+
+
+__all__ = ["Leaf", "Runner", "trace_key"]
