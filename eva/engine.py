@@ -25,7 +25,7 @@ from eva import ast
 from eva import semantics as sem
 from eva.classes import ClassIndex, label, next_tick
 from eva.compiler import ProfileSpec, compile_profile, external_id
-from eva.events import DeadLetter, Event, brief_repr, field_path
+from eva.events import PRIMITIVE, DeadLetter, Event, brief_repr, field_path
 from eva.retention import longest, retention
 from eva.semantics import Key, Notification, Occ, partition_key
 from eva.state import Budget
@@ -120,6 +120,9 @@ class Fed:
     leaf: Hashable
     occ: Occ
     partition: Any
+    at: Key | None = None
+    """Its step key when the operand reported it at a tick or a clock step of its instant
+    (phase > 0); None: a step of phase 0, in arrival order with the instant's events."""
 
 
 class _Partition:
@@ -181,6 +184,9 @@ class Engine:
         self._clocked = False  # any profile with negation, end-of-interval or time classes
         self._time_classes: dict[Hashable, tuple[ast.Every, int, list[_Profile]]] = {}
         self._buffer: list[tuple[int, int, Event | Fed]] = []
+        # The current instant's fed occurrences of a later phase (Fed.at), sorted by (step key,
+        # arrival) from last to first: stepped among the instant's ticks and clock steps.
+        self._staged: list[tuple[Key, int, Fed]] = []
         self._arrivals = 0
         # A declared source that has not reported yet holds the frontier back.
         self._source_max: dict[str, int] = {s: -(2**62) for s in self.config.sources}
@@ -256,7 +262,9 @@ class Engine:
 
     def _changed(self) -> None:
         self._dispatch.clear()
-        self._clocked = any(p.timed or p.tick_ids for p in self._profiles.values())
+        # (External operands too: a fed occurrence may be due after the instant's events.)
+        self._clocked = any(p.timed or p.tick_ids or p.spec.externals
+                            for p in self._profiles.values())
         # An id is remembered while a copy could still be admitted at its time (the allowed
         # lateness) or could pair with what its original left in state (retention).
         # (A new window applies from the next rotation.)
@@ -399,10 +407,20 @@ class Engine:
         # Instants up to the bound are complete: no source can still add to them.
         return self._run_until((t if len(source_max) == 1 else min(source_max.values())) - late - 1)
 
-    def feed(self, profile: str, leaf: str, occ: Occ, partition: Any = None) -> list[Notification]:
+    def feed(self, profile: str, leaf: str, occ: Occ, partition: Any = None,
+             emitted: Key | None = None) -> list[Notification]:
         """Deliver one occurrence of the external operand ``<leaf>`` of the profiles named
-        ``profile`` (in partition ``partition`` of a ``per`` profile) at ``occ.time``: a step
-        of that instant after the inputs already given for it, in time order with pushed events.
+        ``profile`` (in partition ``partition`` of a ``per`` profile), stepped where the
+        operand reported it — ``emitted``, its report key in this engine's key space (default
+        ``occ.time``, phase 0), as the reference's trace view places it:
+
+        * phase 0: a step of that instant after the inputs already given for it, in time
+          order with pushed events (its report key is the step's, numbered in arrival order);
+        * a later phase (reported at a tick, a passive event, an end-of-interval close): a step
+          at that key's place among the instant's ticks (by class position) and clock steps
+          (by key) — at a key equal to one of the engine's own steps, first if the operand
+          stands left of what makes that step in the profile (Def. 4.1: left side first).
+
         Feeds share one watermark (:data:`EXTERNAL_SOURCE`): one behind it, or at an instant
         already processed, is a ``late`` dead letter. A profile or leaf that is not registered,
         or a partition that does not fit the profile, is a ValueError (a caller's mistake)."""
@@ -418,7 +436,8 @@ class Engine:
                 raise ValueError(f"feed: profile {profile!r} is " + (
                     f"partitioned (per {p.profile.per}): name the partition" if partition is None
                     else f"not partitioned: got partition {brief_repr(partition)}"))
-        t = occ.time
+        t = occ.time if emitted is None else emitted[0]
+        at = emitted if emitted is not None and emitted[1] != PRIMITIVE else None
         wm = self._source_max.get(EXTERNAL_SOURCE)
         done = self._done_until
         if self._is_late(t, wm, done):
@@ -427,7 +446,7 @@ class Engine:
                                         f"watermark: {self._behind(t, wm, done)}"))
             return []
         seq = self._start(t, EXTERNAL_SOURCE, done)
-        return self._enqueue(t, seq, Fed(profile, external_id(leaf), occ, partition),
+        return self._enqueue(t, seq, Fed(profile, external_id(leaf), occ, partition, at),
                              EXTERNAL_SOURCE, wm)
 
     def _after_held(self, event: Event) -> list[Notification]:
@@ -604,16 +623,21 @@ class Engine:
         while self._buffer and self._buffer[0][0] == t:
             _, seq, item = heapq.heappop(self._buffer)
             self._input(item, (t, 0, seq))
+        staged = self._staged
+        if staged:
+            staged.sort(key=_staged_order, reverse=True)
         self._ticks(t)
-        while self._timers:
-            head = self._timers[0]
-            if not self._timer_valid(head):
-                heapq.heappop(self._timers)
+        while True:
+            due_key = self._due_at(t)
+            if staged and (due_key is None or self._fed_first(staged[-1], due_key,
+                                                             due_key[1])):
+                at, _, fed = staged.pop()
+                self._fed(fed, at)
                 continue
-            if head[0][0] != t:
+            if due_key is None:
                 break
             due = [heapq.heappop(self._timers)]
-            while self._timers and self._timers[0][0] == head[0]:
+            while self._timers and self._timers[0][0] == due_key:
                 due.append(heapq.heappop(self._timers))
             due = [d for d in due if self._timer_valid(d)]
             due.sort(key=lambda d: (d[1], self._partition_order(d)))
@@ -630,6 +654,42 @@ class Engine:
                     continue
                 self._emit(profile, partition, key, profile.spec.root.clock(partition.state, key))
                 self._schedule(profile, partition)
+
+    def _due_at(self, t: int) -> Key | None:
+        """The key of the next valid timer if it is due at ``t``."""
+        timers = self._timers
+        while timers and not self._timer_valid(timers[0]):
+            heapq.heappop(timers)
+        if timers and timers[0][0][0] == t:
+            return timers[0][0]
+        return None
+
+    def _fed_first(self, staged: tuple[Key, int, Fed], key: Key, other: Hashable) -> bool:
+        """Whether a staged fed occurrence comes before the engine's own step at ``key``
+        (``other``: what makes that step — a time class's name, or a clock step's phase)."""
+        at = staged[0]
+        return at < key or (at == key and self._leads(staged[2], other))
+
+    def _leads(self, fed: Fed, other: Hashable) -> bool:
+        """Whether the fed operand comes first at a key equal to the step of ``other`` (a time
+        class's name, or a clock step's phase): whether it stands before the end, in
+        pre-order, of every node making that step — the time class, a negation (which sees
+        its operand's elements at keys up to its own), the root (an end-of-interval close sees
+        the whole view). The trace view takes the left side first (Def. 4.1)."""
+        for p in self._profiles.values():
+            if p.profile.name != fed.profile:
+                continue
+            walk = ast.walk(p.profile.expr)
+            mine = len(walk)
+            theirs = len(walk)
+            for i, node in enumerate(walk):
+                if isinstance(node, ast.External) and external_id(node.name) == fed.leaf:
+                    mine = min(mine, i)
+                elif (isinstance(node, ast.Prim) and node.name == other) or (
+                        isinstance(node, ast.Negation) and other == sem.PASSIVE):
+                    theirs = min(theirs, i + len(ast.walk(node)))
+            return mine < theirs
+        return True
 
     def _partition_order(self, timer: tuple[Key, int, Hashable]) -> int:
         profile = self._profile_by_index(timer[1])
@@ -689,6 +749,13 @@ class Engine:
             self._primitive(item, key)
             return
         assert isinstance(item, Fed)
+        if item.at is not None:
+            self._staged.append((item.at, key[2], item))  # stepped at its key (_instant)
+            return
+        self._fed(item, key)
+
+    def _fed(self, item: Fed, key: Key) -> None:
+        """A fed occurrence, stepped at ``key`` in its profiles."""
         for p in [p for p in self._profiles.values() if p.profile.name == item.profile]:
             if p.start is None or key[0] <= p.start:
                 continue
@@ -762,9 +829,13 @@ class Engine:
             if subscribers and self._done_until is not None and next_tick(every, t - 1) == t:
                 fired.append((index, tick_id, subscribers))
         fired.sort(key=lambda f: (f[0], f[1]))
+        staged = self._staged
         for index, tick_id, subscribers in fired:
             name = tick_id[1]  # type: ignore[index]
             occ = sem.time_event(name, index, t, label(t))
+            while staged and self._fed_first(staged[-1], occ.key, name):
+                at, _, fed = staged.pop()
+                self._fed(fed, at)
             for p in sorted(subscribers, key=lambda p: p.index):
                 if p.start is None or t <= p.start:
                     continue
@@ -868,6 +939,10 @@ class Engine:
 
     def peak_stored(self) -> int:
         return sum(p.budget.peak for p in self._profiles.values())
+
+
+def _staged_order(staged: tuple[Key, int, Fed]) -> tuple[Key, int]:
+    return (staged[0], staged[1])
 
 
 def replay(doc: ast.Document, events: Iterable[Event], *, profiles: Iterable[str] | None = None,

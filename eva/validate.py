@@ -128,8 +128,19 @@ def _cycle(classes: dict[str, ast.ClassDef],
     return order, []
 
 
-def validate(doc: ast.Document) -> tuple[str, int, int] | None:
+Problem = tuple[str, int, int]
+"""(message, line, column)."""
+
+
+def validate(doc: ast.Document) -> Problem | None:
     """The first problem as (message, line, column), or None."""
+    classes = doc.class_map()
+    deps: dict[str, list[str]] = {}
+    return (_unique_names(doc) or _class_problems(doc, classes, deps)
+            or _cycle_and_size(doc, classes, deps) or _profile_problems(doc, classes))
+
+
+def _unique_names(doc: ast.Document) -> Problem | None:
     seen: dict[str, tuple[int, int]] = {}
     items: list[ast.ClassDef | ast.Profile] = [*doc.classes, *doc.profiles]
     for item in items:
@@ -138,8 +149,12 @@ def validate(doc: ast.Document) -> tuple[str, int, int] | None:
             return (f"found {item.name!r} defined twice (first at line {line}:{col}), "
                     "expected a unique name", item.line, item.column)
         seen[item.name] = (item.line, item.column)
-    classes = doc.class_map()
-    deps: dict[str, list[str]] = {}
+    return None
+
+
+def _class_problems(doc: ast.Document, classes: dict[str, ast.ClassDef],
+                    deps: dict[str, list[str]]) -> Problem | None:
+    """Each class on its own: anchors, limits, the classes it refers to (into ``deps``)."""
     for cls in doc.classes:
         if isinstance(cls.body, ast.Every):
             problem = anchor_problem(cls.body.anchor)
@@ -164,6 +179,12 @@ def validate(doc: ast.Document) -> tuple[str, int, int] | None:
                         "class: a time class is an event, it cannot be combined logically",
                         cls.line, cls.column)
         deps[cls.name] = list(dict.fromkeys(names))
+    return None
+
+
+def _cycle_and_size(doc: ast.Document, classes: dict[str, ast.ClassDef],
+                    deps: dict[str, list[str]]) -> Problem | None:
+    """No class refers to itself; each stays within the limits with its references written out."""
     order, cycle = _cycle(classes, deps)
     if cycle:
         first = min(cycle[:-1], key=[c.name for c in doc.classes].index)
@@ -178,6 +199,10 @@ def validate(doc: ast.Document) -> tuple[str, int, int] | None:
         problem = _limits(cls.name, *inlined[cls.name])
         if problem:
             return (problem, cls.line, cls.column)
+    return None
+
+
+def _profile_problems(doc: ast.Document, classes: dict[str, ast.ClassDef]) -> Problem | None:
     for profile in doc.profiles:
         nodes = ast.walk(profile.expr)
         depth, operators = ast.depth(profile.expr), sum(1 for n in nodes if ast.children(n))

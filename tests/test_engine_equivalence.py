@@ -187,3 +187,89 @@ def test_feeding_behind_the_watermark_is_a_late_dead_letter() -> None:
         engine.feed("Q", "y", sem.Occ(20, (20, 0, 3), "y", ("y",)))
     with pytest.raises(ValueError, match="no profile 'R'"):
         engine.feed("R", "x", sem.Occ(20, (20, 0, 3), "y", ("y",)))
+
+
+@st.composite
+def reported_at(draw: st.DrawFn, trace: list[Event]) -> list[tuple[sem.Key, sem.Occ]]:
+    """A stream of the ``x`` events of ``trace`` reported at any phase of their instant: as
+    events (their key), at a tick (a time class's position), at a passive event (free, or
+    anchored at an earlier event) or at an end-of-interval close — in report order."""
+    stream = []
+    for i, e in enumerate(trace):
+        if e.type != "x":
+            continue
+        earlier = [(d.time, 0, d.seq) for d in trace[:i] if d.time < e.time]
+        emit = draw(st.sampled_from([
+            (e.time, 0, e.seq), (e.time, 1, draw(st.integers(0, 5))), (e.time, 2, ()),
+            *([(e.time, 2, draw(st.sampled_from(earlier)))] if earlier else []),
+            (e.time, sem.CLOSE, 0)]))
+        stream.append((emit, sem.Occ(e.time, emit, ("svc", e.id), (e.id,))))
+    return sorted(stream, key=lambda s: s[0])
+
+
+@settings(max_examples=300, deadline=None)
+@given(expr=expressions(2, names=["A", "B", "T", "X"]), data=st.data(),
+       trace=traces(types="abx"), evaluation=st.sampled_from(list(ast.Evaluation)))
+def test_occurrences_fed_at_a_tick_or_clock_step_take_their_place_in_the_instant(
+        expr: ast.Expr, data: st.DataObject, trace: list[Event],
+        evaluation: ast.Evaluation) -> None:
+    """``Engine.feed(..., emitted)`` with a report key of a later phase steps the occurrence
+    among the instant's ticks, passive events and end-of-interval closes, where the reference's
+    trace view puts it (left side first at equal keys)."""
+    base = parse(CLASSES + "profile P = A\n")
+    profile = ast.Profile("P", _externalise(expr), None, evaluation)
+    assume(ast.External("x") in ast.walk(profile.expr) and trace)
+    doc = ast.Document(base.classes, (profile,))
+    stream = data.draw(reported_at(trace))
+    expected = evaluate_profile(profile, doc, [e for e in trace if e.type != "x"],
+                                start=trace[0].time - 1, end=trace[-1].time, tick=1,
+                                externals={"x": stream})
+    expected.sort(key=lambda n: n.emitted)
+    engine = Engine(EngineConfig(tick=1))
+    engine.add_document(doc)
+    got = []
+    fed = {occ.ident: (emit, occ) for emit, occ in stream}
+    for e in trace:  # fed in arrival order: an x event's arrival number is its seq
+        if e.type == "x":
+            emit, occ = fed[("svc", e.id)]
+            got.extend(engine.feed("P", "x", occ, emitted=emit))
+        else:
+            got.extend(engine.push(e))
+    got.extend(engine.close())
+    assert signature(got) == signature(expected), (expr_text(profile.expr), stream)
+
+
+SAME_INSTANT = [
+    # (outer expression, evaluation, <x>'s report key at 12: T's tick is (12, 1, 4)) — each
+    # ordered otherwise when fed at phase 0, before the instant's tick and clock steps.
+    ("(first_dup(T) | first_dup(<x>))_unique_pairs", ast.Evaluation.CONTINUOUS, (12, 1, 0)),
+    ("(first_dup(T) | first_dup(<x>))_unique_pairs", ast.Evaluation.CONTINUOUS, (12, 1, 4)),
+    ("(last_dup(T) | last_dup(<x>))_all_pairs", ast.Evaluation.END_OF_INTERVAL, (12, 1, 4)),
+    ("((last_dup(T), last_dup(<x>))_1us)_unique_pairs", ast.Evaluation.END_OF_INTERVAL,
+     (12, 1, 4)),
+    ("((last_dup(<x>), last_dup(T))_1us)_unique_pairs", ast.Evaluation.CONTINUOUS, (12, 2, ())),
+    ("((last_dup(<x>), last_dup(T))_1us)_unique_pairs", ast.Evaluation.END_OF_INTERVAL,
+     (12, sem.CLOSE, 0)),
+]
+
+
+@pytest.mark.parametrize(("text", "evaluation", "emit"), SAME_INSTANT)
+def test_a_feed_at_a_tick_or_clock_step_key_is_ordered_with_the_instants_own_steps(
+        text: str, evaluation: ast.Evaluation, emit: sem.Key) -> None:
+    base = parse(CLASSES + "profile P = A\n")
+    expr = parse(CLASSES + 'class X = type == "x"\nprofile P = ' + text.replace("<x>", "X")
+                 + "\n").profiles[0].expr
+    profile = ast.Profile("P", _externalise(expr), None, evaluation)
+    doc = ast.Document(base.classes, (profile,))
+    occ = sem.Occ(12, emit, ("svc", "x"), ("x",))
+    trace = [Event("c1", "s", "c", 11, 0)]
+    expected = signature(evaluate_profile(profile, doc, trace, start=10, end=13, tick=1,
+                                          externals={"x": [(emit, occ)]}))
+    got = {}
+    for at in (emit, None):
+        engine = Engine(EngineConfig(tick=1))
+        engine.add_document(doc, start=10)
+        got[at] = signature(engine.push(trace[0]) + engine.feed("P", "x", occ, emitted=at)
+                            + engine.close(13))
+    assert got[emit] == expected
+    assert got[None] != expected  # what stepping it at phase 0 gave

@@ -26,7 +26,12 @@ event of any of the profile's classes with that value, whether or not a service 
 visible — so every partition gets engines of its own, started just before that event (its
 clock, ticks and negations begin there, as the reference admits them). The engines number their
 own inputs; reports are mapped back to the trace's keys, so the runner's answer is the
-reference's to the key (:func:`transforms.evaluate.evaluate_plans` is the test oracle).
+reference's to the key (:func:`transforms.evaluate.evaluate_plans` is the test oracle). A fed
+composite is stepped at its report key's place within its instant (``Engine.feed``'s
+``emitted``). A round settles only the partitions given input since the last one and those
+whose engines have work due (a heap of wake-up instants); still, each partition holds engines of
+its own — one engine holding every partition (a partition opened at a key) is the next step for
+10⁴ keys.
 
 The API is the engine's, per event: ``push`` (an admitted event, in time order), ``notify``
 (a service's notification for a leaf), ``advance`` (the services have reported every instant up
@@ -142,19 +147,50 @@ class _Keyed:
         self.engine.add_document(ast.Document(classes, tuple(profiles)))
         self.engine.begin(origin)
         self.keys: list[Key] = []
+        self.local: dict[Key, Key] = {}  # a trace key given → its key here (for fed keys)
         self.tags = tags or {}
 
     def push(self, event: Event) -> list[Notification]:
-        self.keys.append(event.key)
+        self._given(event.key)
         return self._mapped(self.engine.push(event))
+
+    def _given(self, key: Key) -> Key:
+        """Number an input given at ``key``: its key here."""
+        local = (key[0], PRIMITIVE, len(self.keys))
+        self.keys.append(key)
+        self.local[key] = local
+        return local
 
     def feed(self, profile: str, leaf: str, emit: Key, occ: Occ) -> list[Notification]:
         # Inside the engine the occurrence is keyed as its step, like the engine's own events
-        # (an anchored absence's key names its anchor's); reports map back to ``emit``.
-        local = Occ(occ.time, (occ.time, PRIMITIVE, len(self.keys)), occ.ident, occ.events,
-                    occ.anchor)
-        self.keys.append(emit)
-        return self._mapped(self.engine.feed(profile, leaf, local))
+        # (an anchored absence's key names its anchor's); reports map back to ``emit``. One
+        # reported at a tick or clock step is stepped at that key's place (Engine.feed).
+        if emit[1] == PRIMITIVE:
+            at = self._given(emit)
+            return self._fed(profile, leaf, occ, at, None)
+        self.keys.append(emit)  # its number is unused, unless as a stand-in anchor (_here)
+        at = self._here(emit)
+        return self._fed(profile, leaf, occ, at, at)
+
+    def _fed(self, profile: str, leaf: str, occ: Occ, at: Key,
+             emitted: Key | None) -> list[Notification]:
+        local = Occ(occ.time, at, occ.ident, occ.events, occ.anchor)
+        return self._mapped(self.engine.feed(profile, leaf, local, emitted=emitted))
+
+    def _here(self, key: Key) -> Key:
+        """A report key of a later phase in this engine's numbering: a passive event's anchor
+        numbered as given here, or — an anchor this engine was never given — as the stand-in
+        the feed's own (unused) number maps back to."""
+        time, phase, tiebreak = key
+        if phase != PASSIVE or not (isinstance(tiebreak, tuple) and tiebreak):
+            return key
+        if tiebreak[1] != PRIMITIVE:
+            return (time, phase, self._here(tiebreak))
+        found = self.local.get(tiebreak)
+        if found is None:
+            self.keys[-1] = tiebreak
+            found = (tiebreak[0], PRIMITIVE, len(self.keys) - 1)
+        return (time, phase, found)
 
     def advance(self, time: int) -> list[Notification]:
         return self._mapped(self.engine.advance(time))
@@ -179,8 +215,10 @@ class _Partition:
     remotes, all started just before the event that opened it."""
 
     value: Any
+    order: tuple[int, int]  # (its profile's position, its own in order of creation)
     outer: _Keyed | None  # None: the root is a composite remote, reported as it comes
     rerun: dict[int, _Keyed]  # leaf index → the engine re-running its expression
+    due: int | None = None  # the earliest instant its engines have work at (None: none)
     pending: list[tuple[Key, int, int, Event | tuple[str, Occ]]] = field(default_factory=list)
     """The outer engine's input this round: (report key, position of the leaf in the outer
     expression, arrival, an event or (external operand, occurrence))."""
@@ -189,8 +227,9 @@ class _Partition:
 class _Profile:
     """A planned profile: its outer expression, leaves and partitions."""
 
-    def __init__(self, plan: Plan, leaves: list[Leaf], outer: ast.Expr,
+    def __init__(self, index: int, plan: Plan, leaves: list[Leaf], outer: ast.Expr,
                  matchers: dict[str, Matcher], own_feed: bool, tags: dict[str, str]) -> None:
+        self.index = index  # its position in the document's plans
         self.profile = plan.profile
         self.tags = tags  # the outer expression's node texts that differ from the profile's
         self.leaves = leaves
@@ -232,7 +271,9 @@ class Runner:
             c.name: compile_predicate(c.body, classes) for c in doc.classes
             if not isinstance(c.body, ast.Every)}
         self.leaves: list[Leaf] = []
-        self.profiles = [self._profile(p, own_feed) for p in plans]
+        self.profiles: list[_Profile] = []
+        for p in plans:
+            self.profiles.append(self._profile(p, own_feed))
         self._of: dict[int, _Profile] = {leaf.index: p for p in self.profiles for leaf in p.leaves}
         self._held: list[tuple[Key, Event]] = []
         self._visible: dict[int, set[tuple[str, str]]] = {
@@ -245,6 +286,11 @@ class Runner:
         taken_reach = [reach(leaf.expr) for leaf in self.leaves if leaf.taken]
         self._keep_known: int | None = longest(taken_reach) if taken_reach else -1
         self._done: int | None = None  # every instant ≤ this is decided
+        # What a round settles: the partitions given input since the last (by their order),
+        # and those whose engines have work due (a heap of (instant, order, entry number)).
+        self._touched: dict[tuple[int, int], tuple[_Profile, _Partition]] = {}
+        self._wake: list[tuple[int, tuple[int, int], int, _Profile, _Partition]] = []
+        self._entries = 0
         self._newest: int | None = None
 
     # ---------------------------------------------------------------- the plan, compiled
@@ -300,7 +346,7 @@ class Runner:
 
         tags: dict[str, str] = {}
         expr = outer(p.root, True)
-        return _Profile(p, leaves, expr, self.matchers, own, tags)
+        return _Profile(len(self.profiles), p, leaves, expr, self.matchers, own, tags)
 
     # ---------------------------------------------------------------- input
 
@@ -381,15 +427,43 @@ class Runner:
         held = self._held
         while held and held[0][0][0] <= bound:
             self._release(heapq.heappop(held)[1])
-        out: list[Notification] = []
         for p in self.profiles:
             self._take_over(p, bound)
-            for partition in p.partitions.values():
-                out.extend(self._settle(p, partition, bound, final))
+        out: list[Notification] = []
+        for p, partition in self._due(bound):
+            out.extend(self._settle(p, partition, bound, final))
+            self._sleep(p, partition)
         self._done = bound
         self._forget(bound)
         out.sort(key=lambda n: n.emitted)  # stable: profiles, partitions, reports in order
         return out
+
+    def _due(self, bound: int) -> list[tuple[_Profile, _Partition]]:
+        """The partitions to settle up to ``bound``, profiles in order, partitions in order
+        of creation (the order of the answer at equal report keys): the others' engines would
+        do nothing — a round costs the partitions it touches, not all of them."""
+        due = self._touched
+        self._touched = {}
+        wake = self._wake
+        while wake and wake[0][0] <= bound:
+            time, order, _, p, partition = heapq.heappop(wake)
+            if partition.due == time:  # else a stale entry: it was settled since
+                due[order] = (p, partition)
+        return [due[order] for order in sorted(due)]
+
+    def _touch(self, p: _Profile, partition: _Partition) -> None:
+        self._touched[partition.order] = (p, partition)
+
+    def _sleep(self, p: _Profile, partition: _Partition) -> None:
+        """Note when a settled partition's engines next have work of their own (a timer, a
+        tick that changes something)."""
+        engines = [*partition.rerun.values(), *([partition.outer] if partition.outer else [])]
+        times = [t for e in engines if (t := e.engine.next_instant()) is not None]
+        partition.due = min(times) if times else None
+        if partition.due is not None:
+            self._entries += 1
+            heapq.heappush(self._wake, (partition.due, partition.order, self._entries, p,
+                                        partition))
 
     def _release(self, event: Event) -> None:
         """An event whose visibility is final, to the partitions of the profiles it is of."""
@@ -403,9 +477,11 @@ class Runner:
             if partition.outer is not None and (p.own_feed or ident in p.visible):
                 partition.pending.append((event.key, p.position(event), len(partition.pending),
                                           event))
+                self._touch(p, partition)
             for index, engine in partition.rerun.items():
                 if ident in self._visible[index]:
                     self._pending(p, partition, self.leaves[index], engine.push(event))
+                    self._touch(p, partition)
             p.visible.discard(ident)
         for visible in self._visible.values():
             visible.discard(ident)  # nothing can name it any more
@@ -446,7 +522,9 @@ class Runner:
                               else ast.Evaluation.CONTINUOUS)
                 profile = ast.Profile(leaf.external, rerun_target(leaf.node), None, evaluation)
                 rerun[leaf.index] = _Keyed([profile], classes, origin, self.tick)
-        return _Partition(value, outer, rerun)
+        made = _Partition(value, (p.index, len(p.partitions)), outer, rerun)
+        self._touch(p, made)  # its clock starts: its ticks may be due
+        return made
 
     def _take_over(self, p: _Profile, bound: int) -> None:
         """The taken-over occurrences reported up to ``bound``, to their partitions."""
@@ -465,6 +543,7 @@ class Runner:
             for key, batch in due.items():
                 partition = p.partitions.get(key)
                 if partition is not None:  # else a partition the trace never opened here
+                    self._touch(p, partition)
                     self._pending(p, partition, leaf, [
                         Notification(p.profile.name, partition.value, occ, emit)  # type: ignore[arg-type]
                         for emit, occ in taken(batch)])
