@@ -25,7 +25,6 @@ from eva.engine import EngineConfig
 from eva.parser import parse
 from spark_jobs.job import StreamJob, start
 from spark_jobs.profiles import Registration, write_table
-from spark_jobs.routing import config_tuple
 from spark_jobs.session import build_session
 from spark_jobs.spool import spool_file
 
@@ -74,7 +73,7 @@ def run(spark: Any, label: str, buckets: int, keys: int, batch: int, batches: in
     table = os.path.join(root, "profiles.json")
     origin = 1_772_000_000_000_000
     write_table(table, [Registration(PROFILES, origin)])
-    job = StreamJob(table, config_tuple(config(per_source)), buckets)
+    job = StreamJob(table, config(per_source).to_json(), buckets)
     produced = 0
 
     def sink(batch_id: int, rows: list[Any]) -> None:

@@ -32,7 +32,7 @@ from eva.engine import Engine, EngineConfig
 from eva.events import PRIMITIVE, Event, from_json_line, to_cloudevent
 from eva.notify import composite_line, tuples_from_json, tuples_to_json
 from eva.semantics import partition_key
-from spark_jobs.routing import config_tuple, document, event_matchers, memberships
+from spark_jobs.routing import document, event_matchers, memberships
 from transforms.runner import trace_key
 
 GROUPS_SCHEMA = "profile INT, grp INT, seq LONG, line STRING"
@@ -47,7 +47,7 @@ class Job:
     profiles_text: str
     profile_indices: tuple[int, ...]
     buckets: int
-    config: tuple[Any, ...]  # EngineConfig as a tuple
+    config: dict[str, Any]  # EngineConfig.to_json(): plain data, shipped with every task
     origin: int
     end: int
 
@@ -64,7 +64,7 @@ def run_group(job: Job, profile_index: int, rows: list[tuple[int, str]]) -> list
     report key as JSON, order within the group, composite CloudEvent JSON)."""
     doc = document(job.profiles_text)
     per = doc.profiles[profile_index].per
-    engine = Engine(EngineConfig(*job.config))
+    engine = Engine(EngineConfig.from_json(job.config))
     engine.add_document(doc, [doc.profiles[profile_index].name])
     engine.begin(job.origin)
     events = sorted((seq, line) for seq, line in rows if seq != NO_EVENT)
@@ -121,7 +121,7 @@ def replay(spark: Any, profiles_text: str, events: Spooled | Iterable[Event], *,
     last = end if end is not None else events.newest if events.newest is not None else origin
     doc = document(profiles_text)
     indices = tuple(i for i, p in enumerate(doc.profiles) if profiles is None or p.name in profiles)
-    job = Job(profiles_text, indices, buckets, config_tuple(config), origin, last)
+    job = Job(profiles_text, indices, buckets, config.to_json(), origin, last)
 
     def fan_out(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         routes = _routes(job.profiles_text, job.profile_indices)

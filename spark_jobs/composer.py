@@ -18,7 +18,6 @@ from eva.events import Event, to_cloudevent
 from eva.parser import parse
 from spark_jobs.job import StreamJob, start
 from spark_jobs.profiles import Registration, profiles, write_table
-from spark_jobs.routing import config_tuple
 from spark_jobs.spool import spool_file
 
 # mediator.composer.Output, spelled out: spark_jobs does not import the mediator above it.
@@ -38,7 +37,7 @@ class SparkComposer:
         os.makedirs(self.spool, exist_ok=True)
         self._registrations: list[Registration] = []
         write_table(self.table, [])
-        self.job = StreamJob(self.table, config_tuple(config or EngineConfig()), buckets)
+        self.job = StreamJob(self.table, (config or EngineConfig()).to_json(), buckets)
         self.lateness = lateness
         self._rows: list[Output] = []
         self._lock = threading.Lock()

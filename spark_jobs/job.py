@@ -42,7 +42,7 @@ OUT = "kind STRING, profile STRING, ident STRING, payload STRING"
 @dataclass(frozen=True)
 class StreamJob:
     table: str  # path of the profile table (profiles.write_table); read again whenever it changes
-    config: tuple[Any, ...]  # EngineConfig as a tuple
+    config: dict[str, Any]  # EngineConfig.to_json(): plain data, shipped with every task
     buckets: int = 16
     # A key's engine is written whole again once its log holds this many rows (a call with
     # more rows writes it at once; calls with few rows, and timer calls, only log).
@@ -65,7 +65,7 @@ def check_layout(checkpoint: str, job: StreamJob) -> None:
     engine keeps the configuration it was created with, so resuming with other buckets would
     evaluate a partition in two engines (or in none of its old state), and another
     configuration would mix two in one job."""
-    config = EngineConfig(*job.config).to_json()
+    config = EngineConfig.from_json(job.config).to_json()  # checked, in its canonical form
     layout = {"buckets": job.buckets, "config": config, "state": SNAPSHOT_FORMAT}
     path = os.path.join(checkpoint, LAYOUT)
     if not os.path.exists(path):
@@ -173,7 +173,7 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str, sink: Sink, *
     def routed(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         return (fan_out(job, frame) for frame in frames)
 
-    parts = _by_source(spark, lines, EngineConfig(*job.config).sources)
+    parts = _by_source(spark, lines, EngineConfig.from_json(job.config).sources)
     watermarked = reduce(lambda a, b: a.union(b), [
         part.mapInPandas(routed, ROUTED).withWatermark("ts", lateness) for part in parts])
     composed = (watermarked

@@ -266,7 +266,7 @@ class KeyProcessor:
             if token == entry.token:
                 cached = _cached(key, stamp)
                 return (cached if cached is not None else self._restore(key, entry)), int(logged)
-        engine = Engine(EngineConfig(*self.job.config))
+        engine = Engine(EngineConfig.from_json(self.job.config))
         engine.add_document(document(entry.text), [key[0]])
         if entry.registered is not None:
             engine.begin(entry.registered)  # else at its first event (_begin_at_first)

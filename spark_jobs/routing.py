@@ -6,13 +6,11 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Hashable, Iterable
-from dataclasses import astuple
 from functools import lru_cache
 from typing import Any, TypeVar
 
 from eva import ast
 from eva.classes import Matcher, compile_predicate
-from eva.engine import EngineConfig
 from eva.events import Event
 from eva.parser import parse
 from eva.semantics import partition_key
@@ -64,8 +62,3 @@ def memberships(routes: Iterable[tuple[K, str | None, list[Matcher]]], event: Ev
             if group is not None:
                 out.append((key, group))
     return out
-
-
-def config_tuple(config: EngineConfig) -> tuple[Any, ...]:
-    """An engine configuration small and plain enough to ship with every task."""
-    return astuple(config)

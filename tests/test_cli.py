@@ -375,7 +375,7 @@ def test_compose_passes_sources_and_lateness_to_the_job(tmp_path: Path,
 
     def fake_start(spark: object, job: spark_jobs.job.StreamJob, spool: str,
                    checkpoint: str, sink: object, **options: object) -> Query:
-        seen.update(config=EngineConfig(*job.config), buckets=job.buckets, **options)
+        seen.update(config=EngineConfig.from_json(job.config), buckets=job.buckets, **options)
         return Query()
 
     monkeypatch.setattr(spark_jobs.session, "build_session", lambda *a, **k: object())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,6 @@ from mediator.cli import app
 from spark_jobs.batch import replay
 from spark_jobs.job import StreamJob, start
 from spark_jobs.profiles import Registration, write_table
-from spark_jobs.routing import config_tuple
 from spark_jobs.sinks import directory_sink
 from spark_jobs.spool import spool_file
 from tests.helpers import SENTINEL, logistics_day
@@ -156,7 +156,7 @@ def test_compose_refuses_a_checkpoint_of_pickled_state_before_spark_starts(
     profiles = tmp_path / "p.eva"
     profiles.write_text('class A = type == "a"\nprofile S = A\n')
     (tmp_path / "ck" / "spark").mkdir(parents=True)
-    config = list(config_tuple(EngineConfig()))
+    config = list(astuple(EngineConfig()))  # the positional form layouts once held
     (tmp_path / "ck" / "spark" / "evamed-layout.json").write_text(
         json.dumps({"buckets": 16, "config": config}))
     result = CliRunner().invoke(app, [
@@ -243,7 +243,7 @@ def test_streaming_job_equals_the_engine_and_resumes_from_its_checkpoint(
 
     table = str(tmp_path / "profiles.json")
     write_table(table, [Registration(text, trace[0].time - 1)])
-    job = StreamJob(table, config_tuple(config))
+    job = StreamJob(table, config.to_json())
     for k in range(2):
         drop(k)
     query = start(spark, job, str(spool), checkpoint, directory_sink(str(out)), max_files=1)
@@ -359,7 +359,7 @@ def test_deployed_mode_reads_the_redis_log_and_writes_composites_back(
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     table = str(tmp_path / "profiles.json")
     write_table(table, [Registration(text, trace[0].time - 1)])
-    job = StreamJob(table, config_tuple(EngineConfig()))
+    job = StreamJob(table, EngineConfig().to_json())
     checkpoint = str(tmp_path / "ckpt")
     half = len(events) // 2
     for batch in (events[:half], [*events[half:], SENTINEL]):
@@ -391,7 +391,7 @@ def test_late_and_malformed_rows_reach_the_dead_letter_sink(spark: Any, tmp_path
         spool_file(str(spool), f"part-{k:04d}.jsonl", chunk, time.time() - 100 + k)
     table = str(tmp_path / "profiles.json")
     write_table(table, [Registration(text, from_cloudevent(events[0]).time - 1)])
-    query = start(spark, StreamJob(table, config_tuple(EngineConfig())), str(spool),
+    query = start(spark, StreamJob(table, EngineConfig().to_json()), str(spool),
                   str(tmp_path / "ckpt"), directory_sink(str(out)), max_files=1)
     query.processAllAvailable()
     query.stop()
@@ -480,7 +480,7 @@ def test_declared_sources_each_have_a_watermark(spark: Any, tmp_path: Path) -> N
     spool.mkdir()
     table = str(tmp_path / "profiles.json")
     write_table(table, [Registration(text, trace[0].time - 1)])
-    query = start(spark, StreamJob(table, config_tuple(config)), str(spool),
+    query = start(spark, StreamJob(table, config.to_json()), str(spool),
                   str(tmp_path / "ckpt"), directory_sink(str(out)), max_files=1)
     for k, chunk in enumerate(files):
         spool_file(str(spool), f"part-{k:04d}.jsonl", [json.dumps(e) for e in chunk],

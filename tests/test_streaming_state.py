@@ -21,7 +21,6 @@ from spark_jobs import processor as processing
 from spark_jobs.job import StreamJob
 from spark_jobs.processor import ANCHOR, CheckpointError, anchor_line, composer_processor
 from spark_jobs.profiles import Registration, profiles, route, write_table
-from spark_jobs.routing import config_tuple
 from tests.helpers import SENTINEL, logistics_day
 
 
@@ -146,7 +145,7 @@ def test_cached_or_rebuilt_the_engine_answers_the_same(tmp_path: Path, log_rows:
     trace = [from_cloudevent(e, i) for i, e in enumerate(events)]
     table = str(tmp_path / "profiles.json")
     write_table(table, [Registration(text, trace[0].time - 1)])
-    job = StreamJob(table, config_tuple(EngineConfig()), 4, log_rows)
+    job = StreamJob(table, EngineConfig().to_json(), 4, log_rows)
     lines = [json.dumps(e) for e in events]
     files = [lines[i:i + 60] for i in range(0, len(lines), 60)] + [[json.dumps(SENTINEL)]]
     got = _run(job, files, forget)
@@ -176,7 +175,7 @@ def test_registered_at_the_first_event_the_job_answers_as_replay(
     want += [composite_line(n)[1] for n in engine.close(parse_time(SENTINEL["time"]))]
     table = str(tmp_path / "profiles.json")
     write_table(table, [Registration(text, None)])
-    job = StreamJob(table, config_tuple(config), 4, log_rows)
+    job = StreamJob(table, config.to_json(), 4, log_rows)
     lines = [json.dumps(e) for e in events]
     files = [lines[i:i + 60] for i in range(0, len(lines), 60)] + [[json.dumps(SENTINEL)]]
     got = _run(job, files, forget, lateness // 1000)
@@ -201,7 +200,7 @@ def _key_with_a_log(tmp_path: Path) -> tuple[_Handle, Any]:
     text = 'class A = type == "a"\nprofile S = A\n'
     table = str(tmp_path / "profiles.json")
     write_table(table, [Registration(text, None)])
-    job = StreamJob(table, config_tuple(EngineConfig()), 1, 10**9)
+    job = StreamJob(table, EngineConfig().to_json(), 1, 10**9)
     rows = [(i, json.dumps({"specversion": "1.0", "id": f"e{i}", "source": "s", "type": "a",
                             "time": f"2026-03-02T10:00:0{i}Z"})) for i in range(3)]
     handle = _Handle()
@@ -296,12 +295,12 @@ def test_the_layout_records_the_configuration_by_name(tmp_path: Path) -> None:
     from eva.snapshot import FORMAT
     from spark_jobs.job import LAYOUT, LayoutError, check_layout
 
-    job = StreamJob("unused", config_tuple(EngineConfig()), 16)
+    job = StreamJob("unused", EngineConfig().to_json(), 16)
     check_layout(str(tmp_path / "new"), job)
     recorded = json.loads((tmp_path / "new" / LAYOUT).read_text())
     assert recorded == {"buckets": 16, "config": EngineConfig().to_json(), "state": FORMAT}
     check_layout(str(tmp_path / "new"), job)  # the same layout resumes
-    other = StreamJob("unused", config_tuple(EngineConfig(tick=2_000_000)), 16)
+    other = StreamJob("unused", EngineConfig(tick=2_000_000).to_json(), 16)
     with pytest.raises(LayoutError, match=r"other settings \(config.tick 1000000 → 2000000\)"):
         check_layout(str(tmp_path / "new"), other)
     (tmp_path / "old").mkdir()
@@ -320,4 +319,4 @@ def test_an_unreadable_layout_is_refused_clearly(tmp_path: Path, text: str,
 
     (tmp_path / LAYOUT).write_text(text)
     with pytest.raises(LayoutError, match=message):
-        check_layout(str(tmp_path), StreamJob("unused", config_tuple(EngineConfig()), 16))
+        check_layout(str(tmp_path), StreamJob("unused", EngineConfig().to_json(), 16))

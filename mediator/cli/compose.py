@@ -98,7 +98,6 @@ def _job(checkpoint: Path, profiles: Path | None, table: Path | None, since: str
     from eva.engine import EngineConfig
     from spark_jobs.job import LayoutError, StreamJob, check_layout
     from spark_jobs.profiles import Registration, write_table
-    from spark_jobs.routing import config_tuple
 
     if profiles is not None:
         load(profiles)  # exit 2 with the parser's message
@@ -109,7 +108,7 @@ def _job(checkpoint: Path, profiles: Path | None, table: Path | None, since: str
         fail(f"no profile table at {table}")
     assert table is not None
     config = EngineConfig(tick=tick, allowed_lateness=lateness, sources=sources)
-    job = StreamJob(str(table), config_tuple(config), buckets)
+    job = StreamJob(str(table), config.to_json(), buckets)
     try:  # before Spark starts (start checks again, for its other callers)
         check_layout(str(checkpoint / "spark"), job)
     except LayoutError as exc:
