@@ -25,15 +25,14 @@ from adapters.backends.native import Language, NativeQueryError
 from adapters.client import Connect, Subscription, in_process
 from eva import ast
 from eva.classes import label, next_tick
-from eva.events import Event
+from eva.events import Event, tick_event
 from eva.semantics import Notification
 from transforms.dialects import dialect
-from transforms.dialects.base import TICK_TYPE, Detection
+from transforms.dialects.base import Detection
 from transforms.planner import plan
 from transforms.plans import Plan
 from transforms.runner import Leaf, Runner
 
-TICK_SOURCE = "urn:evamed:clock"
 TICK_SEQ = 2**40
 """Ticks published to a service are numbered after any event of the trace."""
 
@@ -164,8 +163,7 @@ class Federation:
                     break
                 for i, (name, every) in enumerate(query.clocks):
                     if query.next[i] == due:
-                        tick = Event(f"tick:{name}@{label(due)}", TICK_SOURCE, TICK_TYPE + name,
-                                     due, TICK_SEQ + self._ticks)
+                        tick = tick_event(name, due, label(due), TICK_SEQ + self._ticks)
                         self._ticks += 1
                         self._notify(query, query.subscription.push(tick))
                         query.next[i] = next_tick(every, due)
@@ -176,13 +174,23 @@ def via(language: Language, doc: ast.Document, events: Iterable[Event], *,
         tick: int = 1_000_000, transport: Connect | None = None
         ) -> tuple[list[Notification], list[Plan], list[str]]:
     """Every profile through the whole transformation path to ``language``'s service: the
-    notifications (equal to plain replay), the plans, and the native queries subscribed."""
+    notifications (equal to plain replay), the plans, and the native queries subscribed.
+    ``events`` stream through in key order (time, then arrival), as the runner takes them;
+    an event out of that order is refused (:class:`ValueError`) rather than collected and
+    sorted."""
     plans = [plan(p, doc, language.capability) for p in doc.profiles
              if profiles is None or p.name in profiles]
     federation = Federation(language, doc, plans, transport or in_process(language), tick=tick,
                             start=start, end=end)
     out: list[Notification] = []
-    for event in sorted(events, key=lambda e: e.key):
+    previous: Event | None = None
+    for event in events:
+        if previous is not None and event.key < previous.key:
+            raise ValueError(
+                f"event {event.id!r} (time {label(event.time)}, arrival {event.seq}) comes after "
+                f"{previous.id!r} (time {label(previous.time)}, arrival {previous.seq}); "
+                "expected the events in time order, then arrival order")
+        previous = event
         out.extend(federation.push(event))
     out.extend(federation.close(end))
     return out, plans, federation.rendered

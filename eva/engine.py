@@ -28,12 +28,15 @@ from eva.compiler import ProfileSpec, compile_profile, external_id
 from eva.events import PRIMITIVE, DeadLetter, Event, brief_repr, field_path
 from eva.retention import longest, retention
 from eva.semantics import Key, Notification, Occ, partition_key
-from eva.state import Budget
+from eva.state import Budget, SnapshotError
 from eva.units import format_span
 
 NEVER = 2**62
 _CANONICAL = frozenset((str, int, bool))
 """Types of ``per`` values equal to every other value of their partition key."""
+COMPACT_OPENED = 4096
+"""Entries of a profile's list of partitions not kept (``_Profile.opened``) at which it is
+first compacted."""
 REMEMBERED = 100_000
 """Ids per generation of the duplicate memory (two generations): what bounds it when its time
 window holds more events, or is unbounded."""
@@ -136,12 +139,15 @@ class _Partition:
         self.key = key  # partition_key(value); None without ``per``
         self.state = state  # the root's state record (eva.state)
         self.created = created
-        self.order = order  # creation order within its profile: same-key clock steps run in it
+        # Its number in order of creation within its profile (_Profile.next_order): same-key
+        # clock steps run in it, and state cap overflows evict in it.
+        self.order = order
 
 
 class _Profile:
-    __slots__ = ("budget", "doc_id", "droppable", "evicted", "index", "partitions", "path",
-                 "preds", "profile", "single", "spec", "start", "tick_ids", "timed")
+    __slots__ = ("budget", "compact_at", "doc_id", "droppable", "evicted", "index",
+                 "next_order", "opened", "partitions", "path", "preds", "profile", "single",
+                 "spec", "start", "tick_ids", "timed")
 
     def __init__(self, index: int, profile: ast.Profile, doc_id: int, start: int | None,
                  spec: ProfileSpec, tick_ids: frozenset[Hashable], budget: Budget,
@@ -156,6 +162,15 @@ class _Profile:
         self.timed = spec.timed
         self.budget = budget
         self.partitions: dict[Hashable, _Partition] = {}
+        # Partitions are numbered in order of creation (_Partition.order), kept or not: a new
+        # partition left at rest is not kept (_step_value), but until the next sweep it holds
+        # the place it would have had in ``partitions`` had it been kept, since ``_check_cap``
+        # evicts in that order. ``opened``: (key, number) of each one since the last sweep
+        # (an append, no look-up: the first of a key counts), compacted to the first of each
+        # key when it reaches ``compact_at`` entries (sweeps may be rare, or off).
+        self.next_order = 0
+        self.opened: list[tuple[Hashable, int]] = []
+        self.compact_at = COMPACT_OPENED
         self.single: _Partition | None = None  # the partition of a profile without ``per``
         self.evicted = 0
         # The ``per`` path, split once (events.field_path); None without ``per``.
@@ -771,9 +786,11 @@ class Engine:
         new partition the step leaves at rest, having reported nothing, is not kept: the sweep
         would drop it (``_sweep``), and the next input of its key makes the same one again —
         for a value its key gives back (a float's key is -0.0's too, a JSON object's is that
-        of its keys in any order: kept, the partition reports its first value, as the
-        reference does). Half the partitions of a sequence are opened by a posterior event
-        that finds nothing."""
+        of its keys in any order: kept until a sweep finds it at rest, it reports the value
+        that opened it, as a partition kept from the start would). Half the partitions of a
+        sequence are opened by a posterior event that finds nothing. Until the next sweep, a
+        partition not kept is listed with its creation number (``_Profile.opened``: an append,
+        no look-up): kept later, it takes the first such place in the eviction order."""
         part_key = partition_key(value)
         partition = p.partitions.get(part_key)
         if partition is not None:
@@ -786,6 +803,11 @@ class Engine:
                 partition.state):
             p.partitions[part_key] = partition
             self._stepped(p, partition, key, occs)
+        else:
+            opened = p.opened
+            opened.append((part_key, partition.order))
+            if len(opened) >= p.compact_at:
+                _compact_opened(p)
 
     def _step(self, p: _Profile, partition: _Partition, key: Key, occ: Occ, hits: Any,
               tick: Hashable) -> None:
@@ -818,6 +840,7 @@ class Engine:
                         resting.append(part_key)
                 for part_key in resting:
                     del p.partitions[part_key]
+                p.opened.clear()  # at rest too: a partition kept from the start would go now
             partitions += len(p.partitions)
         self._next_sweep = self._arrivals + max(self.config.sweep, partitions)
 
@@ -851,12 +874,14 @@ class Engine:
 
     def _new_partition(self, p: _Profile, value: Any, part_key: Hashable,
                        created: Key | None) -> _Partition:
-        """A partition of ``value`` (key ``part_key``), created at ``created``; the caller
-        keeps it."""
+        """A partition of ``value`` (key ``part_key``), created at ``created``, numbered next
+        in its profile; the caller keeps it."""
         assert p.start is not None
         first = created[0] if created is not None else p.start + 1
+        order = p.next_order
+        p.next_order = order + 1
         partition = _Partition(value, part_key, p.spec.new_state(p.budget, first), created,
-                               len(p.partitions))
+                               order)
         if p.timed:
             self._schedule(p, partition)
         return partition
@@ -874,7 +899,7 @@ class Engine:
         budget = p.budget
         excess = budget.stored - budget.cap * 9 // 10
         evicted = 0
-        for partition in p.partitions.values():
+        for partition in _oldest_first(p):
             if evicted >= excess:
                 break
             evicted += p.spec.root.evict(partition.state, excess - evicted)
@@ -894,7 +919,8 @@ class Engine:
         nothing compiled (the specs are compiled again from the documents)."""
         ordered = sorted(self.index.predicates().items(), key=lambda kv: kv[1])
         profiles = [[p.index, p.doc_id, p.profile, p.start, p.evicted, p.budget,
-                     [[q.value, q.state, q.created, q.order] for q in p.partitions.values()]]
+                     [[q.value, q.state, q.created, q.order] for q in p.partitions.values()],
+                     p.next_order, p.opened]
                     for p in self._profiles.values()]
         return {"config": self.config.to_json(), "docs": self._docs,
                 "predicates": [pred for pred, _ in ordered], "tests": self.index.tests,
@@ -907,22 +933,16 @@ class Engine:
     @classmethod
     def import_state(cls, state: dict[str, Any],
                      dead_letter: Callable[[DeadLetter], None] | None = None) -> Engine:
-        """The engine ``export_state`` described (its profiles compiled again)."""
+        """The engine ``export_state`` described (its profiles compiled again); SnapshotError
+        when a profile's records do not fit the profile compiled again (``Node.check``)."""
         engine = cls(EngineConfig.from_json(state["config"]), dead_letter)
         for pred in state["predicates"]:
             engine.index.add(pred, {})  # the same ids, in the same order
         engine.index.tests = state["tests"]
         for doc in state["docs"]:
             engine._add_doc(doc)
-        for index, doc_id, profile, start, evicted, budget, partitions in state["profiles"]:
-            if profile not in engine._docs[doc_id].profiles:
-                raise ValueError(f"profile {profile.name!r} is not one of document {doc_id}'s")
-            p = engine._register(doc_id, profile, index, start)
-            p.evicted, p.budget = evicted, budget
-            for value, root, created, order in partitions:
-                key = partition_key(value) if profile.per is not None else None
-                p.partitions[key] = _Partition(value, key, root, created, order)
-            p.single = p.partitions.get(None) if profile.per is None else None
+        for record in state["profiles"]:
+            engine._import_profile(record)
         engine._next_index = state["next_index"]
         (engine._buffer, engine._arrivals, engine._source_max, engine._done_until,
          engine._progress, engine._max_time, engine._timers, engine._next_sweep, engine._ids,
@@ -931,7 +951,55 @@ class Engine:
         engine._changed()
         return engine
 
+    def _import_profile(self, record: list[Any]) -> None:
+        """Register a profile ``export_state`` described, with its partitions, once every
+        record is checked against the profile compiled again: one that does not fit (another
+        profile's state, a crafted snapshot) is refused here, not at its next input."""
+        index, doc_id, profile, start, evicted, budget, partitions, next_order, opened = record
+        if profile not in self._docs[doc_id].profiles:
+            raise SnapshotError(f"profile {profile.name!r} is not one of document {doc_id}'s")
+        p = self._register(doc_id, profile, index, start)
+        where = f"snapshot of profile {profile.name!r}"
+        if type(budget) is not Budget:
+            raise SnapshotError(f"{where}: its budget is {brief_repr(budget)}, expected a Budget")
+        if type(next_order) is not int or not _numbered_keys(opened):
+            raise SnapshotError(f"{where}: partition numbers {brief_repr(next_order)} and "
+                                f"{brief_repr(opened)}, expected an integer and a list of "
+                                "(partition key, integer) pairs")
+        p.evicted, p.budget, p.next_order, p.opened = evicted, budget, next_order, opened
+        p.compact_at = max(COMPACT_OPENED, 2 * len(opened))
+        for value, root, created, order in partitions:
+            problem = p.spec.root.check(root, budget) or (
+                "" if type(order) is int else f"its number is {brief_repr(order)}, expected "
+                "an integer")
+            if problem:
+                raise SnapshotError(f"{where}, partition {brief_repr(value)}: {problem} (the "
+                                    "state does not fit the profile compiled from its document)")
+            key = partition_key(value) if profile.per is not None else None
+            p.partitions[key] = _Partition(value, key, root, created, order)
+        p.single = p.partitions.get(None) if profile.per is None else None
+
     # ---------------------------------------------------------------- introspection
+
+    def at_rest(self) -> bool:
+        """Whether the engine answers every future input as a freshly started one would, as
+        ``_sweep`` decides it for a ``per`` partition: nothing buffered, staged or held, no
+        clock-driven profile, and every partition at rest once collected up to the instants
+        processed (collecting changes no answer). An engine over one partition of a trace
+        (the plan runner's) can then be dropped."""
+        if self._buffer or self._staged or self._held is not None:
+            return False
+        now = self._done_until
+        for p in self._profiles.values():
+            if p.timed or p.tick_ids:
+                return False
+            root = p.spec.root
+            for partition in p.partitions.values():
+                if now is not None and self.config.gc:
+                    root.sweep(partition.state, now)
+                if not root.at_rest(partition.state):
+                    return False
+        return True
 
     def stored(self) -> int:
         """Occurrences held in operator state, over all profiles and partitions."""
@@ -943,6 +1011,48 @@ class Engine:
 
 def _staged_order(staged: tuple[Key, int, Fed]) -> tuple[Key, int]:
     return (staged[0], staged[1])
+
+
+def _numbered_keys(value: Any) -> bool:
+    """Whether ``value`` is a list of (hashable key, integer) pairs, as ``_Profile.opened``."""
+    if type(value) is not list:
+        return False
+    for item in value:
+        if type(item) is not tuple or len(item) != 2 or type(item[1]) is not int:
+            return False
+        try:
+            hash(item[0])
+        except TypeError:
+            return False
+    return True
+
+
+def _first_opened(p: _Profile) -> dict[Hashable, int]:
+    """Each key of ``_Profile.opened`` with the number it was first listed with."""
+    first: dict[Hashable, int] = {}
+    for part_key, order in p.opened:
+        if part_key not in first:
+            first[part_key] = order
+    return first
+
+
+def _compact_opened(p: _Profile) -> None:
+    p.opened = list(_first_opened(p).items())
+    p.compact_at = max(COMPACT_OPENED, 2 * len(p.opened))
+
+
+def _oldest_first(p: _Profile) -> list[_Partition]:
+    """A profile's partitions in order of creation, kept or not: a partition kept only at a
+    later input than the one that created it (``_Profile.opened``) sits after partitions
+    created in between in ``partitions``, and takes the first place it had since the sweep."""
+    first = _first_opened(p)
+    ranked = [(first.get(q.key, q.order), q) for q in p.partitions.values()]
+    ranked.sort(key=_rank)  # numbers are unique: no two partitions tie
+    return [q for _, q in ranked]
+
+
+def _rank(item: tuple[int, _Partition]) -> int:
+    return item[0]
 
 
 def replay(doc: ast.Document, events: Iterable[Event], *, profiles: Iterable[str] | None = None,

@@ -44,6 +44,13 @@ class Node:
         included); ``budget`` counts the profile's stored occurrences."""
         return None
 
+    def check(self, st: Any, budget: Budget) -> str:
+        """'' when ``st`` fits this node — of the record class ``new_state`` makes, its
+        children's records fitting theirs, sharing the profile's ``budget`` — else what does
+        not fit. A restored snapshot's records are handed to specs compiled again from the
+        documents: one that does not fit would fail at the partition's next input."""
+        return _fits(self, st, None)
+
     def step(self, st: Any, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
         raise NotImplementedError
 
@@ -82,6 +89,24 @@ class Node:
         measures horizons from it, not from ``now``: a repeated_pairs node can report a
         composite of stored, older occurrences."""
         return now
+
+
+def _fits(node: Node, st: Any, record: type | None) -> str:
+    """'' when ``st`` is of class ``record`` (None: no record, a leaf's), else what was found."""
+    if (st is None) if record is None else type(st) is record:
+        return ""
+    found = "none" if st is None else f"a {type(st).__name__}"
+    expected = "none" if record is None else f"a {record.__name__}"
+    return f"the state of a {type(node).__name__} is {found}, expected {expected}"
+
+
+def _shares(node: Node, held: Any, budget: Budget) -> str:
+    """'' when a node's record counts against its profile's budget, else what it holds."""
+    if held is budget:
+        return ""
+    found = "another budget" if type(held) is Budget else f"a {type(held).__name__}"
+    return (f"the state of a {type(node).__name__} holds {found} where its profile's budget "
+            "was expected")
 
 
 class AttributeLeaf(Node):
@@ -128,6 +153,9 @@ class SelectionNode(Node):
 
     def new_state(self, budget: Budget, first: int) -> SelectionState:
         return SelectionState(self.child.new_state(budget, first))
+
+    def check(self, st: Any, budget: Budget) -> str:
+        return _fits(self, st, SelectionState) or self.child.check(st.child, budget)
 
     def _pick(self, st: SelectionState, occs: list[Occ]) -> list[Occ]:
         out = []
@@ -182,6 +210,9 @@ class NegationNode(Node):
         # Its ticks start at the default clock's first tick at or after the partition's start.
         g = self.tick
         return NegationState(self.child.new_state(budget, first), (first + g - 1) // g * g)
+
+    def check(self, st: Any, budget: Budget) -> str:
+        return _fits(self, st, NegationState) or self.child.check(st.child, budget)
 
     def _see(self, st: NegationState, occs: list[Occ]) -> None:
         for occ in occs:
@@ -242,6 +273,9 @@ class AnchoredNegationNode(Node):
 
     def new_state(self, budget: Budget, first: int) -> AnchoredState:
         return AnchoredState(self.child.new_state(budget, first))
+
+    def check(self, st: Any, budget: Budget) -> str:
+        return _fits(self, st, AnchoredState) or self.child.check(st.child, budget)
 
     def anchor(self, st: AnchoredState, emitted: Key, occs: list[Occ]) -> None:
         for a in occs:
@@ -343,6 +377,11 @@ class BinaryNode(Node):
         if self.leafy:
             return BinaryState(None, None, budget)
         return BinaryState(self.left.new_state(budget, first), self.right.new_state(budget, first), budget)
+
+    def check(self, st: Any, budget: Budget) -> str:
+        # A fused node's operands are leaves: they expect no record (new_state makes none).
+        return (_fits(self, st, BinaryState) or _shares(self, st.budget, budget)
+                or self.left.check(st.left, budget) or self.right.check(st.right, budget))
 
     # ---- feeding
 
@@ -797,6 +836,10 @@ class RepeatedNode(Node):
 
     def new_state(self, budget: Budget, first: int) -> RepeatedState:
         return RepeatedState(self.left.new_state(budget, first), self.right.new_state(budget, first), budget)
+
+    def check(self, st: Any, budget: Budget) -> str:
+        return (_fits(self, st, RepeatedState) or _shares(self, st.budget, budget)
+                or self.left.check(st.left, budget) or self.right.check(st.right, budget))
 
     def step(self, st: RepeatedState, key: Key, current: Occ, hits: Any, tick: Hashable) -> list[Occ]:
         lo = self.left.step(st.left, key, current, hits, tick)

@@ -13,21 +13,15 @@ a consumption, a pair of parentheses.
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import functools
-import hashlib
 import math
-import os
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
-import lark
 from lark import Lark, Token, Transformer_NonRecursive, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
 from lark.lexer import TerminalDef
@@ -74,51 +68,14 @@ _OPTIONS: dict[str, object] = {"parser": "lalr", "propagate_positions": True,
                                "maybe_placeholders": False}
 
 
-def _cache_file(grammar: str) -> Path | None:
-    """Where the built parser is kept between runs: the user's cache directory, under a name
-    made from what it was built from (grammar, options, lark, Python), so that a changed
-    grammar or another lark never loads a stale table. None when there is no home directory."""
-    try:
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    except RuntimeError:  # no home directory to expand
-        return None
-    made_from = f"{grammar}\0{_OPTIONS}\0{lark.__version__}\0{sys.version_info[:2]}"
-    return base / "evamed" / f"grammar-{hashlib.sha256(made_from.encode()).hexdigest()[:16]}.lark"
-
-
 @functools.cache
 def _parser() -> Lark:
     """The profile parser, made on first use, not at import: building the LALR tables takes
-    ~90 ms, most of a command's start-up; loading them from the cache file ~3 ms
-    (docs/performance.md, Start-up). The file is lark's own serialisation (``Lark.save``, a
-    pickle, as ``Lark(cache=True)`` writes), in the user's own directory."""
-    grammar = resources.files("eva").joinpath("grammar.lark").read_text()
-    path = _cache_file(grammar)
-    if path is not None and path.is_file():
-        try:
-            with path.open("rb") as file:
-                return Lark.load(file)
-        except Exception:  # any: a file that does not load is rebuilt, as lark's cache does
-            pass
-    parser = Lark(grammar, **_OPTIONS)
-    if path is not None:
-        _save(parser, path)
-    return parser
-
-
-def _save(parser: Lark, path: Path) -> None:
-    """Write the cache file under a name of this process's, then rename it: a concurrent
-    reader sees the whole file or none. One that cannot be written costs the next run a
-    build, nothing else."""
-    fresh = path.with_name(f"{path.name}.{os.getpid()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with fresh.open("wb") as file:
-            parser.save(file)
-        fresh.replace(path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            fresh.unlink(missing_ok=True)
+    25–90 ms, which a command that parses nothing (``--help``) should not pay. It is not kept
+    on disk between runs: lark's serialisation is a pickle, and loading one from a directory
+    another process can write would run its code — for a saving of ~25 ms per run
+    (docs/performance.md, Start-up)."""
+    return Lark(resources.files("eva").joinpath("grammar.lark").read_text(), **_OPTIONS)
 
 
 # What each terminal means to a user, for "expected ..." messages.

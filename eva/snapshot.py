@@ -49,6 +49,7 @@ from eva import semantics as sem
 from eva import state as records
 from eva.engine import Engine, Fed
 from eva.events import DeadLetter, Event
+from eva.state import SnapshotError as SnapshotError  # raised by Engine.import_state too
 
 FORMAT = 3
 """Version of the snapshot format: 1 was a pickle, 2 the engine's objects with their compiled
@@ -64,11 +65,6 @@ buffered in one bucket (benchmarks/spark.py with --buckets 1), is 12 MB of JSON,
 bucket at the default 16 buckets — while a 200 KB zlib bomb inflates to 200 MB. Reading stops
 one byte past the bound, and :func:`snapshot` refuses to write a state over it (a snapshot that
 could not be read back would lose the state at the next restart)."""
-
-
-class SnapshotError(ValueError):
-    """Bytes that are not an engine snapshot this version can read (or, from :func:`snapshot`,
-    an engine state too large to be read back)."""
 
 
 def inflate(body: bytes) -> bytes:

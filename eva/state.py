@@ -18,6 +18,13 @@ from typing import Any
 from eva.semantics import Element, Key, Occ
 
 
+class SnapshotError(ValueError):
+    """Bytes that are not an engine snapshot this version can read, or records that do not fit
+    the profiles compiled again from its documents (or, from ``eva.snapshot.snapshot``, an
+    engine state too large to be read back). Defined here, below the engine, because
+    ``Engine.import_state`` checks the records it is given."""
+
+
 class Budget:
     """Counts stored occurrences of one profile against its cap (DESIGN §3: bounded state);
     shared by all partitions of the profile."""

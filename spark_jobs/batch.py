@@ -107,15 +107,33 @@ def spooled(events: Iterable[Event]) -> Iterator[Spooled]:
         yield Spooled(path, count, newest)
 
 
+SPOOL_SCHEMA = "seq LONG, line STRING"
+
+
+def source(spark: Any, spool: Spooled, *, shared: bool | None = None) -> Any:
+    """The spooled events as a DataFrame. In local mode (``shared``: the tasks see the driver's
+    files) Spark reads the file itself; with a cluster's executors, which cannot open the
+    driver's temporary file, the rows go with the plan, as they did before the spool."""
+    if shared is None:
+        shared = str(spark.sparkContext.master).startswith("local")
+    if shared:
+        return spark.read.schema(SPOOL_SCHEMA).json(spool.path)
+    with open(spool.path, encoding="utf-8") as lines:
+        rows = [(record["seq"], record["line"]) for record in map(json.loads, lines)]
+    return spark.createDataFrame(rows, SPOOL_SCHEMA)
+
+
 def replay(spark: Any, profiles_text: str, events: Spooled | Iterable[Event], *,
            config: EngineConfig, origin: int, end: int | None = None,
-           profiles: list[str] | None = None, buckets: int = 16) -> list[str]:
+           profiles: list[str] | None = None, buckets: int = 16,
+           shared: bool | None = None) -> list[str]:
     """The composites (CloudEvents JSON, in report order) of admitted ``events`` on Spark;
-    the trace ends at ``end`` (default: the newest event's time)."""
+    the trace ends at ``end`` (default: the newest event's time). ``shared``: see
+    :func:`source`."""
     if not isinstance(events, Spooled):
         with spooled(events) as spool:
             return replay(spark, profiles_text, spool, config=config, origin=origin, end=end,
-                          profiles=profiles, buckets=buckets)
+                          profiles=profiles, buckets=buckets, shared=shared)
     import pandas as pd
 
     last = end if end is not None else events.newest if events.newest is not None else origin
@@ -138,8 +156,7 @@ def replay(spark: Any, profiles_text: str, events: Spooled | Iterable[Event], *,
         result = run_group(job, int(frame["profile"].iloc[0]), rows)
         return pd.DataFrame(result, columns=["profile", "created", "rkey", "ord", "event"])
 
-    source = spark.read.schema("seq LONG, line STRING").json(events.path)
-    grouped = source.mapInPandas(fan_out, GROUPS_SCHEMA)
+    grouped = source(spark, events, shared=shared).mapInPandas(fan_out, GROUPS_SCHEMA)
     # Every profile without `per` runs even if no event reaches it (its clock may report).
     anchors = [(i, 0, NO_EVENT, "") for i in indices if doc.profiles[i].per is None]
     if anchors:

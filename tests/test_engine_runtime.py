@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from eva import ast
+from eva import engine as engine_module
 from eva.engine import DeadLetter, Engine, EngineConfig, replay
 from eva.events import Event
 from eva.parser import parse
 from eva.printer import expr_text
 from eva.reference import evaluate
+from eva.semantics import Notification
 from tests.helpers import events_of, profile_doc, run, signature
-from tests.strategies import CLASSES, expressions, trace_of, traces
+from tests.strategies import CLASSES, expressions, pairs, spans, trace_of, traces
 
 SEQ = " = ((all_dup(A); all_dup(B))_5us)_all_pairs"
 
@@ -167,6 +171,90 @@ def test_unbounded_profile_is_held_under_its_state_cap_and_every_overflow_is_rep
     assert "evicted the 6 oldest" in letters[0].detail
     # The oldest anterior events were evicted: b1 pairs only with what is still held.
     assert 40 <= len(out) <= 50 and out[-1] == ("a99", "b1")
+
+
+def _capped(doc: ast.Document, trace: list[Event], config: EngineConfig,
+            keep_all: bool = False) -> tuple[list[tuple[object, ...]], list[tuple[str, str]]]:
+    """Notifications and dead letters of a replay; ``keep_all``: under the rule before issue 12
+    (every new partition kept, a partition at rest dropped only by a sweep), by disabling the
+    engine's "a new partition at rest is not kept" for every value (``_CANONICAL`` names the
+    value types it applies to; a module global, so compiled code reads it too)."""
+    letters: list[DeadLetter] = []
+    with pytest.MonkeyPatch.context() as patch:
+        if keep_all:
+            patch.setattr(engine_module, "_CANONICAL", frozenset())
+        notes = replay(doc, trace, config=config, dead_letter=letters.append)
+    return signature(notes), [(d.reason, d.detail) for d in letters]
+
+
+def _all_dup_binaries() -> st.SearchStrategy[ast.Expr]:
+    """Nested binary operators with all_dup operands: what leaves a partition at rest (and so
+    not kept) after an event that finds nothing, while other partitions store."""
+    def binary(children: st.SearchStrategy[ast.Expr]) -> st.SearchStrategy[ast.Expr]:
+        operand = st.builds(ast.Operand, st.just(ast.ALL), children)
+        return st.one_of(st.builds(ast.Sequence, operand, operand, spans, pairs),
+                         st.builds(ast.Conjunction, operand, operand, spans, pairs),
+                         st.builds(ast.Disjunction, operand, operand, pairs))
+
+    leaf = st.sampled_from(["A", "B", "C", "AB"]).map(ast.Prim)
+    return binary(st.one_of(leaf, binary(leaf)))
+
+
+def test_state_cap_evicts_partitions_in_order_of_creation_kept_or_not() -> None:
+    """k1's first event (a B) leaves its partition at rest, so it is kept only at its A — after
+    k2's. Eviction still takes k1 first, the oldest partition, as before issue 12 (the rule
+    of evicting in order of ``partitions`` took k2's A and lost (e3, e5) instead)."""
+    doc = parse('class A = type == "a"\nclass B = type == "b"\n'
+                "profile P per data.k = ((all_dup(A); all_dup(B))_inf)_all_pairs\n")
+    trace = [Event(f"e{i}", "s", kind, (i + 1) * 1_000_000, i, {"k": key})
+             for i, (kind, key) in enumerate([("b", "k1"), ("a", "k2"), ("a", "k1"),
+                                              ("a", "k2"), ("b", "k1"), ("b", "k2")])]
+    notes, letters = _capped(doc, trace, EngineConfig(state_cap=2))
+    assert notes == [("P", "k2", ("e3", "e5"), 6_000_000, (6_000_000, 0, 5))]
+    assert letters == [("state_cap", "profile 'P' exceeded its cap of 2 stored occurrences "
+                        "(overflow 1); evicted the 2 oldest, 2 in all — answers that needed "
+                        "them are lost; bound the profile's span (see evamed check) or raise "
+                        "the cap")]
+    assert (notes, letters) == _capped(doc, trace, EngineConfig(state_cap=2), keep_all=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(expr=st.one_of(_all_dup_binaries(), expressions(2, negation=False)), trace=traces(),
+       keys=st.lists(st.sampled_from(["k1", "k2", "k3", 4]), min_size=24, max_size=24),
+       cap=st.integers(1, 4), sweep=st.sampled_from([0, 1, 3]))
+def test_under_a_small_state_cap_partitions_not_kept_change_nothing(
+        expr: ast.Expr, trace: list[Event], keys: list[object], cap: int, sweep: int) -> None:
+    """Not keeping a new partition at rest changes no notification and no dead letter, even
+    when the state cap evicts (which partitions it evicts from depends on their order)."""
+    doc = parse(CLASSES + f"profile P per data.k = {expr_text(expr)}\n")
+    trace = [Event(e.id, e.source, e.type, e.time, e.seq, {"k": key})
+             for e, key in zip(trace, keys, strict=False)]
+    config = EngineConfig(tick=1, state_cap=cap, sweep=sweep)
+    assert _capped(doc, trace, config) == _capped(doc, trace, config, keep_all=True)
+
+
+def test_a_swept_partition_reports_the_spelling_of_the_value_that_reopens_it() -> None:
+    """0.0 and -0.0, or an object's keys in two orders, are one partition key. A sweep drops the
+    partition at rest after (a1, b1); the key's next event reopens it with its own spelling,
+    where the reference (and an engine that does not sweep) keeps the first — chosen so that
+    partitions of such values are still collected (docs/semantics.md §10)."""
+    doc = parse('class A = type == "a"\nclass B = type == "b"\n'
+                "profile P per data.k = ((all_dup(A); all_dup(B))_2us)_all_pairs\n")
+    for first, again in [({"a": 1, "b": 2}, {"b": 2, "a": 1}), (0.0, -0.0)]:
+        trace = [Event("a1", "s", "a", 10, 0, {"k": first}),
+                 Event("b1", "s", "b", 11, 1, {"k": first}),
+                 Event("x", "s", "b", 100, 2, {"k": "other"}),
+                 Event("a2", "s", "a", 200, 3, {"k": again}),
+                 Event("b2", "s", "b", 201, 4, {"k": again})]
+
+        def spelled(notes: list[Notification]) -> list[tuple[str, str]]:
+            return [(repr(n.partition), n.occ.events[0]) for n in notes]
+
+        reference = spelled(evaluate(doc, trace, tick=1))
+        assert reference == [(repr(first), "a1"), (repr(first), "a2")]
+        assert spelled(replay(doc, trace, config=EngineConfig(tick=1, sweep=0))) == reference
+        assert spelled(replay(doc, trace, config=EngineConfig(tick=1, sweep=1))) == [
+            (repr(first), "a1"), (repr(again), "a2")]
 
 
 def test_declared_sources_hold_the_clock_until_each_has_reported() -> None:

@@ -255,3 +255,51 @@ def test_a_state_too_large_to_read_back_is_not_written(monkeypatch: pytest.Monke
     with pytest.raises(SnapshotError, match=f"the engine state is {size:,} bytes of JSON, over "
                        f"the {size - 1:,} a snapshot may hold"):
         snapshot(engine)
+
+
+def test_state_that_does_not_fit_the_recompiled_profile_is_refused() -> None:
+    """Two profiles' state records swapped (a crafted or mixed-up checkpoint) are refused when
+    restored, with the profile, partition and records named — not a TypeError at the next
+    event (the Spark processor handles SnapshotError only)."""
+    from eva.parser import parse
+
+    engine = Engine(EngineConfig())
+    engine.add_document(parse(
+        'class A = type == "a"\nclass B = type == "b"\n'
+        "profile N per data.k = ((not A)_2s)_all_pairs\n"
+        "profile Q per data.k = ((all_dup(A); all_dup(B))_5s)_all_pairs\n"))
+    engine.push(Event("a1", "s", "a", 1_000_000, 0, {"k": 1}))
+    engine.push(Event("a2", "s", "a", 3_000_000, 1, {"k": 2}))
+    negation, binary = (next(iter(p.partitions.values())) for p in engine._profiles.values())
+    negation.state, binary.state = binary.state, negation.state
+    with pytest.raises(SnapshotError, match=r"snapshot of profile 'N', partition 1: the state "
+                       r"of a NegationNode is a BinaryState, expected a NegationState \(the "
+                       "state does not fit the profile compiled from its document\\)"):
+        restore(snapshot(engine))
+    negation.state, binary.state = binary.state, negation.state
+    budget = binary.state.budget
+    binary.state.budget = type(budget)(budget.cap)  # counted against no profile's budget
+    with pytest.raises(SnapshotError, match="partition 1: the state of a BinaryNode holds "
+                       "another budget where its profile's budget was expected"):
+        restore(snapshot(engine))
+
+
+def test_a_restored_engine_evicts_in_the_same_order_as_the_original() -> None:
+    """Partitions not kept keep their place in the eviction order across a snapshot: k1's
+    partition, opened (not kept) before the snapshot, is still the oldest after it."""
+    from eva.parser import parse
+
+    doc = parse('class A = type == "a"\nclass B = type == "b"\n'
+                "profile P per data.k = ((all_dup(A); all_dup(B))_inf)_all_pairs\n")
+    trace = [Event(f"e{i}", "s", kind, (i + 1) * 1_000_000, i, {"k": key})
+             for i, (kind, key) in enumerate([("b", "k1"), ("a", "k2"), ("a", "k1"),
+                                              ("a", "k2"), ("b", "k1"), ("b", "k2")])]
+    for cut in range(len(trace) + 1):
+        letters: list[object] = []
+        first = Engine(EngineConfig(state_cap=2), letters.append)
+        first.add_document(doc)
+        got = [n for e in trace[:cut] for n in first.push(e)]
+        second = restore(snapshot(first), letters.append)
+        got += [n for e in trace[cut:] for n in second.push(e)] + second.close()
+        assert [(n.partition, n.occ.events) for n in got] == [("k2", ("e3", "e5"))], cut
+        assert len(letters) == 1

@@ -18,6 +18,7 @@ from eva import ast
 from eva.engine import Engine, EngineConfig
 from eva.events import Event
 from eva.notify import to_cloudevent
+from eva.parser import parse
 from eva.printer import to_text
 from mediator.cli import app
 from spark_jobs.batch import replay
@@ -71,6 +72,18 @@ def test_random_profiles_and_traces_equal_the_in_process_engine(spark: Any) -> N
         assert got == want
 
     prop()
+
+
+def test_a_cluster_gets_the_spooled_rows_with_the_plan(spark: Any) -> None:
+    """Executors on other machines cannot open the driver's spool file: with ``shared=False``
+    the rows travel with the plan, and the answer is the same."""
+    doc = parse('class A = type == "a"\nclass B = type == "b"\n'
+                "profile P per data.k = ((all_dup(A); all_dup(B))_5s)_all_pairs\n")
+    trace = [Event(f"e{i}", "s", "ab"[i % 2], 10 + i, i, {"k": i % 3}) for i in range(40)]
+    config = EngineConfig()
+    got = {shared: replay(spark, to_text(doc), trace, config=config, origin=9, end=60,
+                          shared=shared) for shared in (True, False)}
+    assert got[True] == got[False] == in_process(doc, trace, config) != []
 
 
 def test_replay_engine_spark_prints_what_inprocess_prints(spark: Any, tmp_path: Path) -> None:

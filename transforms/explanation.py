@@ -14,10 +14,12 @@ from rich.tree import Tree
 
 from eva import ast
 from eva.printer import expr_text
+from transforms.dialects import dialect
+from transforms.dialects.base import Unsupported
 from transforms.plans import Kind, Local, Plan, PlanNode, Remote, Subscribe
 
 Render = Callable[[Remote], str]
-"""A remote's target in the service's own language (the CLI passes the group's dialect)."""
+"""A remote's target in the service's own language (:func:`renderer`: the group's dialect)."""
 
 
 def _label(node: PlanNode, render: Render | None = None) -> str:
@@ -95,3 +97,17 @@ def _node_json(node: PlanNode, render: Render | None = None) -> dict[str, Any]:
     return {"node": "mediator", "kind": str(Kind.DECOMPOSE), "rule": node.rule,
             "operator": _shape(node.node),
             "children": [_node_json(c, render) for c in node.children]}
+
+
+def renderer(group: str, doc: ast.Document) -> Render:
+    """A remote's target in the group's native language, as ``explain`` shows it (without the
+    profile's evaluation time: the query subscribed for an end-of-interval root may differ)."""
+    spoken = dialect(group)
+
+    def render(node: Remote) -> str:
+        rendered = spoken.generate(node.target, doc, level=Unsupported.IGNORE)
+        if rendered.unsupported:
+            return f"(the mediator's own feed: {'; '.join(rendered.unsupported)})"
+        return rendered.text
+
+    return render

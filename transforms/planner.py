@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from eva import ast
 from eva.classes import required_types, type_only
+from eva.events import TICK_TYPE
 from transforms.capability import SET_SEMANTICS, Capability, setting_of
 from transforms.plans import Kind, Local, Plan, PlanNode, Remote, Subscribe
 from transforms.rules import CATALOGUE, Rewrite, native_negation, native_operator
@@ -110,7 +111,7 @@ def _one_context(target: ast.Expr, operands: list[Remote],
         if not isinstance(side, ast.Prim):
             return False
         body = classes[side.name].body
-        exact = (frozenset([f"eva.tick.{side.name}"]) if isinstance(body, ast.Every)
+        exact = (frozenset([TICK_TYPE + side.name]) if isinstance(body, ast.Every)
                  else type_only(body, classes))
         if exact is None:
             return False

@@ -31,7 +31,9 @@ composite is stepped at its report key's place within its instant (``Engine.feed
 ``emitted``). A round settles only the partitions given input since the last one and those
 whose engines have work due (a heap of wake-up instants); still, each partition holds engines of
 its own — one engine holding every partition (a partition opened at a key) is the next step for
-10⁴ keys.
+10⁴ keys. State stays bounded for a long-running service: a partition at rest is dropped as the
+engine drops a ``per`` partition, and each engine's key table forgets the inputs no report can
+name any more (docs/transformations.md, "Bounded state").
 
 The API is the engine's, per event: ``push`` (an admitted event, in time order), ``notify``
 (a service's notification for a leaf), ``advance`` (the services have reported every instant up
@@ -41,6 +43,7 @@ group's base service.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -57,6 +60,11 @@ from transforms.dialects.base import Detection, Reading, Scope, rerun_target, ta
 from transforms.plans import Kind, Plan, PlanNode, Remote, Subscribe
 
 Matcher = Callable[[Event], bool]
+TRIM_AT = 32
+"""The fewest inputs a key table drops at once (the property tests set it to 1)."""
+_CANONICAL = (str, int, bool)
+"""Types of ``per`` values equal to every other value of their partition key (a partition
+reports the value it was opened with)."""
 
 
 class Dialect(Protocol):
@@ -104,16 +112,28 @@ def _time(key: Hashable) -> int:
     return key[0]
 
 
-def trace_key(key: Any, keys: Sequence[Any]) -> Any:
+def trace_key(key: Any, keys: Sequence[Any], first: int = 0) -> Any:
     """A report key of an engine that evaluated part of a trace, with its own arrival numbers
-    replaced by the keys of what it was given (``keys[n]``: the key of its n-th input) — in a
-    primitive step's key and in a passive event's anchor."""
+    replaced by the keys of what it was given (``keys[n - first]``: the key of its n-th input,
+    the ``first`` before it no longer kept) — in a primitive step's key and in a passive
+    event's anchor."""
     time, phase, tiebreak = key
     if phase == PRIMITIVE:
-        return keys[tiebreak]
+        return keys[tiebreak - first]
     if phase == PASSIVE and isinstance(tiebreak, tuple) and tiebreak:
-        return (time, phase, trace_key(tiebreak, keys))
+        return (time, phase, trace_key(tiebreak, keys, first))
     return key
+
+
+def lag(expr: ast.Expr, eoi: bool, tick: int) -> int | None:
+    """How long after the time of its earliest constituent an engine running ``expr`` may
+    report a composite (:func:`~eva.retention.reach`, plus the clock's granularity under a
+    negation); None when nothing bounds it (an end-of-interval result waits for the next
+    element of its list)."""
+    found = None if eoi else reach(expr)
+    if found is not None and any(isinstance(n, ast.Negation) for n in ast.walk(expr)):
+        found += tick
+    return found
 
 
 def retagged(ident: Hashable, tags: dict[str, str]) -> Hashable:
@@ -142,40 +162,71 @@ class _Keyed:
     own inputs, and each number is mapped back to the key of what was given."""
 
     def __init__(self, profiles: Iterable[ast.Profile], classes: tuple[ast.ClassDef, ...],
-                 origin: int, tick: int, tags: dict[str, str] | None = None) -> None:
+                 origin: int, tick: int, horizon: int | None,
+                 tags: dict[str, str] | None = None) -> None:
         self.engine = Engine(EngineConfig(tick=tick), _bug)
         self.engine.add_document(ast.Document(classes, tuple(profiles)))
         self.engine.begin(origin)
+        # Input n's trace key is keys[n - first], given at the step time given[n - first];
+        # the inputs before ``first`` can be named by no report any more (``trim``).
         self.keys: list[Key] = []
+        self.given: list[int] = []
+        self.first = 0
         self.local: dict[Key, Key] = {}  # a trace key given → its key here (for fed keys)
+        self.horizon = horizon
+        """How long before a report's time an input it names may have been given (None:
+        unbounded): a report names its constituents' steps and a passive event's anchor, all
+        within the engine's reach of the report, plus the lag of a fed occurrence's report
+        behind its own time."""
         self.tags = tags or {}
 
     def push(self, event: Event) -> list[Notification]:
         self._given(event.key)
         return self._mapped(self.engine.push(event))
 
+    def _number(self, key: Key, at: int) -> int:
+        """Number an input given at step time ``at``, named ``key`` in the trace."""
+        self.keys.append(key)
+        self.given.append(at)
+        return self.first + len(self.keys) - 1
+
     def _given(self, key: Key) -> Key:
         """Number an input given at ``key``: its key here."""
-        local = (key[0], PRIMITIVE, len(self.keys))
-        self.keys.append(key)
+        local = (key[0], PRIMITIVE, self._number(key, key[0]))
         self.local[key] = local
         return local
 
+    def trim(self, done: int) -> None:
+        """Forget the inputs no report can name any more, the engine having decided every
+        instant up to ``done``: a later report's time is after it, so it names only inputs
+        given within the horizon before. (Trimmed by halves: amortised constant per input.)"""
+        if self.horizon is None:
+            return
+        given = self.given  # in step order: nondecreasing
+        count = bisect.bisect_left(given, done - self.horizon)
+        if count < TRIM_AT or count * 2 < len(given):
+            return
+        local = self.local
+        for n, key in enumerate(self.keys[:count], start=self.first):
+            if local.get(key) == (key[0], PRIMITIVE, n):
+                del local[key]
+        del self.keys[:count]
+        del given[:count]
+        self.first += count
+
     def feed(self, profile: str, leaf: str, emit: Key, occ: Occ) -> list[Notification]:
         # Inside the engine the occurrence is keyed as its step, like the engine's own events
-        # (an anchored absence's key names its anchor's); reports map back to ``emit``. One
-        # reported at a tick or clock step is stepped at that key's place (Engine.feed).
+        # (an anchored absence's key names its anchor's); reports map back to ``emit``. It is
+        # stepped at that key's place (Engine.feed), never at its own time: a repeated_pairs
+        # remote reports an older composite again at a later step, where the instants up to
+        # that step's may already be processed (fed at its time, it was a ``late`` refusal).
         if emit[1] == PRIMITIVE:
             at = self._given(emit)
-            return self._fed(profile, leaf, occ, at, None)
-        self.keys.append(emit)  # its number is unused, unless as a stand-in anchor (_here)
-        at = self._here(emit)
-        return self._fed(profile, leaf, occ, at, at)
-
-    def _fed(self, profile: str, leaf: str, occ: Occ, at: Key,
-             emitted: Key | None) -> list[Notification]:
+        else:
+            self._number(emit, emit[0])  # its number is unused, unless as a stand-in anchor
+            at = self._here(emit)
         local = Occ(occ.time, at, occ.ident, occ.events, occ.anchor)
-        return self._mapped(self.engine.feed(profile, leaf, local, emitted=emitted))
+        return self._mapped(self.engine.feed(profile, leaf, local, emitted=at))
 
     def _here(self, key: Key) -> Key:
         """A report key of a later phase in this engine's numbering: a passive event's anchor
@@ -189,7 +240,7 @@ class _Keyed:
         found = self.local.get(tiebreak)
         if found is None:
             self.keys[-1] = tiebreak
-            found = (tiebreak[0], PRIMITIVE, len(self.keys) - 1)
+            found = (tiebreak[0], PRIMITIVE, self.first + len(self.keys) - 1)
         return (time, phase, found)
 
     def advance(self, time: int) -> list[Notification]:
@@ -199,7 +250,7 @@ class _Keyed:
         return self._mapped(self.engine.close(time))
 
     def _key(self, key: Any) -> Any:
-        return trace_key(key, self.keys)
+        return trace_key(key, self.keys, self.first)
 
     def _mapped(self, notes: list[Notification]) -> list[Notification]:
         tags = self.tags
@@ -215,9 +266,11 @@ class _Partition:
     remotes, all started just before the event that opened it."""
 
     value: Any
+    key: Hashable  # partition_key(value)
     order: tuple[int, int]  # (its profile's position, its own in order of creation)
     outer: _Keyed | None  # None: the root is a composite remote, reported as it comes
     rerun: dict[int, _Keyed]  # leaf index → the engine re-running its expression
+    last: int  # the time of its latest input
     due: int | None = None  # the earliest instant its engines have work at (None: none)
     pending: list[tuple[Key, int, int, Event | tuple[str, Occ]]] = field(default_factory=list)
     """The outer engine's input this round: (report key, position of the leaf in the outer
@@ -228,7 +281,8 @@ class _Profile:
     """A planned profile: its outer expression, leaves and partitions."""
 
     def __init__(self, index: int, plan: Plan, leaves: list[Leaf], outer: ast.Expr,
-                 matchers: dict[str, Matcher], own_feed: bool, tags: dict[str, str]) -> None:
+                 matchers: dict[str, Matcher], own_feed: bool, tags: dict[str, str],
+                 tick: int, clocks: set[str]) -> None:
         self.index = index  # its position in the document's plans
         self.profile = plan.profile
         self.tags = tags  # the outer expression's node texts that differ from the profile's
@@ -246,8 +300,32 @@ class _Profile:
         self.classes = [(walk.index(n), matchers[n.name]) for n in walk
                         if isinstance(n, ast.Prim) and n.name in matchers]
         self.partitions: dict[Hashable, _Partition] = {}
+        self.opened = 0  # partitions opened so far (kept or not): the next one's order
         self.visible: set[tuple[str, str]] = set()  # made visible by a primitive leaf
         self.own_feed = own_feed  # a primitive leaf no service selects: every event is visible
+        # How long before a report each engine's inputs may lie (_Keyed.horizon): a re-run
+        # sees only events; the outer engine is also fed composites reported after their time.
+        self.horizons = {leaf.index: lag(rerun_target(leaf.node), leaf.root_eoi, tick)
+                         for leaf in leaves if leaf.external and not leaf.taken
+                         and isinstance(leaf.node, Remote)}
+        lags = [*self.horizons.values(), *(lag(leaf.expr, leaf.root_eoi, tick)
+                                           for leaf in leaves if leaf.taken)]
+        eoi = plan.profile.evaluation is ast.Evaluation.END_OF_INTERVAL
+        own, fed = lag(outer, eoi, tick), longest(lags)
+        self.horizon = None if own is None or fed is None else own + fed
+        self.quiet = longest([self.horizon, *lags])
+        """How long after a partition's latest input its engines may still hold anything, or
+        a service may still report a composite of its events (None: no bound)."""
+        self.takes_over = any(leaf.taken for leaf in leaves)
+        # As the engine drops a ``per`` partition (Engine._sweep): one at rest answers as the
+        # one a new event of its key would create, unless clock-driven (it acts without
+        # events, from its creation). A partition fed by a service is kept while the service
+        # may still report about its events.
+        self.droppable = (plan.profile.per is not None and not eoi
+                          and not any(isinstance(n, ast.Negation) or (isinstance(n, ast.Prim)
+                                                                      and n.name in clocks)
+                                      for n in ast.walk(plan.profile.expr))
+                          and (self.quiet is not None or not self.takes_over))
 
     def position(self, event: Event) -> int:
         return min((i for i, match in self.classes if match(event)), default=-1)
@@ -346,7 +424,9 @@ class Runner:
 
         tags: dict[str, str] = {}
         expr = outer(p.root, True)
-        return _Profile(len(self.profiles), p, leaves, expr, self.matchers, own, tags)
+        clocks = {c.name for c in self.doc.classes if isinstance(c.body, ast.Every)}
+        return _Profile(len(self.profiles), p, leaves, expr, self.matchers, own, tags, self.tick,
+                        clocks)
 
     # ---------------------------------------------------------------- input
 
@@ -432,7 +512,11 @@ class Runner:
         out: list[Notification] = []
         for p, partition in self._due(bound):
             out.extend(self._settle(p, partition, bound, final))
-            self._sleep(p, partition)
+            if self._resting(p, partition, bound):
+                del p.partitions[partition.key]
+                partition.due = None  # its entries in the wake-up heap are stale
+            else:
+                self._sleep(p, partition, bound)
         self._done = bound
         self._forget(bound)
         out.sort(key=lambda n: n.emitted)  # stable: profiles, partitions, reports in order
@@ -454,16 +538,30 @@ class Runner:
     def _touch(self, p: _Profile, partition: _Partition) -> None:
         self._touched[partition.order] = (p, partition)
 
-    def _sleep(self, p: _Profile, partition: _Partition) -> None:
+    def _sleep(self, p: _Profile, partition: _Partition, bound: int) -> None:
         """Note when a settled partition's engines next have work of their own (a timer, a
-        tick that changes something)."""
-        engines = [*partition.rerun.values(), *([partition.outer] if partition.outer else [])]
-        times = [t for e in engines if (t := e.engine.next_instant()) is not None]
+        tick that changes something) — or, for one that may be dropped, when everything its
+        inputs left in them can have gone (``_resting``)."""
+        times = [t for e in _engines(partition) if (t := e.engine.next_instant()) is not None]
+        if p.droppable and p.quiet is not None and partition.last + p.quiet >= bound:
+            times.append(partition.last + p.quiet + 1)
         partition.due = min(times) if times else None
         if partition.due is not None:
             self._entries += 1
             heapq.heappush(self._wake, (partition.due, partition.order, self._entries, p,
                                         partition))
+
+    def _resting(self, p: _Profile, partition: _Partition, bound: int) -> bool:
+        """Whether a settled partition can be dropped: the next event of its key would open
+        one that answers as this one does (the engine drops a ``per`` partition the same way,
+        Engine._sweep) — its profile is not clock-driven, its value is the one its key gives
+        back, nothing is pending for it, no service can still report about its events, and
+        its engines are at rest."""
+        if not p.droppable or partition.pending or type(partition.value) not in _CANONICAL:
+            return False
+        if p.takes_over and (p.quiet is None or bound < partition.last + p.quiet):
+            return False
+        return all(e.engine.at_rest() for e in _engines(partition))
 
     def _release(self, event: Event) -> None:
         """An event whose visibility is final, to the partitions of the profiles it is of."""
@@ -474,6 +572,7 @@ class Runner:
             partition = self._partition(p, event)
             if partition is None:
                 continue
+            partition.last = event.time
             if partition.outer is not None and (p.own_feed or ident in p.visible):
                 partition.pending.append((event.key, p.position(event), len(partition.pending),
                                           event))
@@ -513,7 +612,7 @@ class Runner:
     def _open(self, p: _Profile, value: Any, origin: int) -> _Partition:
         classes = self.doc.classes
         outer = None if p.root is not None else _Keyed([p.outer], classes, origin, self.tick,
-                                                        p.tags)
+                                                        p.horizon, p.tags)
         rerun = {}
         for leaf in p.leaves:
             if leaf.external and not leaf.taken:
@@ -521,8 +620,11 @@ class Runner:
                 evaluation = (ast.Evaluation.END_OF_INTERVAL if leaf.root_eoi
                               else ast.Evaluation.CONTINUOUS)
                 profile = ast.Profile(leaf.external, rerun_target(leaf.node), None, evaluation)
-                rerun[leaf.index] = _Keyed([profile], classes, origin, self.tick)
-        made = _Partition(value, (p.index, len(p.partitions)), outer, rerun)
+                rerun[leaf.index] = _Keyed([profile], classes, origin, self.tick,
+                                           p.horizons[leaf.index])
+        made = _Partition(value, partition_key(value) if p.profile.per is not None else None,
+                          (p.index, p.opened), outer, rerun, origin + 1)
+        p.opened += 1
         self._touch(p, made)  # its clock starts: its ticks may be due
         return made
 
@@ -544,6 +646,8 @@ class Runner:
                 partition = p.partitions.get(key)
                 if partition is not None:  # else a partition the trace never opened here
                     self._touch(p, partition)
+                    partition.last = max(partition.last, *(_time(emit) for r in batch
+                                                           for emit, _ in r.occurrences))
                     self._pending(p, partition, leaf, [
                         Notification(p.profile.name, partition.value, occ, emit)  # type: ignore[arg-type]
                         for emit, occ in taken(batch)])
@@ -562,6 +666,7 @@ class Runner:
         order, leaves left to right at equal keys."""
         for index, engine in partition.rerun.items():
             notes = engine.close(bound) if final else engine.advance(bound)
+            engine.trim(bound)
             self._pending(p, partition, self.leaves[index], notes)
         pending = sorted(partition.pending, key=lambda item: item[:3])
         partition.pending = []
@@ -577,7 +682,12 @@ class Runner:
             else:
                 out.extend(outer.feed(name, given[0], emit, given[1]))
         out.extend(outer.close(bound) if final else outer.advance(bound))
+        outer.trim(bound)
         return [Notification(name, value, n.occ, n.emitted) for n in out]
+
+
+def _engines(partition: _Partition) -> list[_Keyed]:
+    return [*partition.rerun.values(), *([partition.outer] if partition.outer else [])]
 
 
 __all__ = ["Leaf", "Runner", "trace_key"]

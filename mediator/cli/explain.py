@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from mediator.cli.common import fail, known_profiles, load
 
 if TYPE_CHECKING:
-    from eva import ast
+    pass
 
 
 def explain(
@@ -27,7 +27,7 @@ def explain(
     from rich.console import Console
 
     from transforms.capability import PRESETS
-    from transforms.explanation import as_json, explain
+    from transforms.explanation import as_json, explain, renderer
     from transforms.planner import plan
 
     doc = load(profiles)
@@ -43,26 +43,10 @@ def explain(
     plans = [(g, plan(p, doc, PRESETS[g])) for p in doc.profiles
              if not profile or p.name in profile for g in groups]
     if format == "json":
-        print(json.dumps([as_json(p, _renderer(g, doc)) for g, p in plans], indent=2,
+        print(json.dumps([as_json(p, renderer(g, doc)) for g, p in plans], indent=2,
                          ensure_ascii=False))
         return
     console = Console()
     for g, p in plans:
-        console.print(explain(p, _renderer(g, doc)))
+        console.print(explain(p, renderer(g, doc)))
 
-
-def _renderer(group: str, doc: ast.Document) -> Any:
-    """A remote's target in the group's native language, as the service is asked for it."""
-    from transforms.dialects import dialect
-    from transforms.dialects.base import Unsupported
-    from transforms.plans import Remote
-
-    spoken = dialect(group)
-
-    def render(node: Remote) -> str:
-        rendered = spoken.generate(node.target, doc, level=Unsupported.IGNORE)
-        if rendered.unsupported:
-            return f"(the mediator's own feed: {'; '.join(rendered.unsupported)})"
-        return rendered.text
-
-    return render
