@@ -840,7 +840,14 @@ class Engine:
                         resting.append(part_key)
                 for part_key in resting:
                     del p.partitions[part_key]
-                p.opened.clear()  # at rest too: a partition kept from the start would go now
+                if p.opened:
+                    # A partition kept at a later input than the one that opened it keeps the
+                    # place it was opened at; the rest of the list were at rest and would go now.
+                    for part_key, order in _first_opened(p).items():
+                        kept = p.partitions.get(part_key)
+                        if kept is not None and order < kept.order:
+                            kept.order = order
+                    p.opened.clear()
             partitions += len(p.partitions)
         self._next_sweep = self._arrivals + max(self.config.sweep, partitions)
 
@@ -953,8 +960,11 @@ class Engine:
 
     def _import_profile(self, record: list[Any]) -> None:
         """Register a profile ``export_state`` described, with its partitions, once every
-        record is checked against the profile compiled again: one that does not fit (another
-        profile's state, a crafted snapshot) is refused here, not at its next input."""
+        record is checked against the profile compiled again: a record of the wrong kind or
+        budget (another profile's state, records swapped) is refused here. The check is of
+        shape, not of every field's value: a crafted snapshot with a well-shaped record holding
+        a wrong value can still fail at its next input (a snapshot is trusted data, written by
+        this program into a checkpoint only it writes)."""
         index, doc_id, profile, start, evicted, budget, partitions, next_order, opened = record
         if profile not in self._docs[doc_id].profiles:
             raise SnapshotError(f"profile {profile.name!r} is not one of document {doc_id}'s")

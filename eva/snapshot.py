@@ -51,9 +51,10 @@ from eva.engine import Engine, Fed
 from eva.events import DeadLetter, Event
 from eva.state import SnapshotError as SnapshotError  # raised by Engine.import_state too
 
-FORMAT = 3
+FORMAT = 4
 """Version of the snapshot format: 1 was a pickle, 2 the engine's objects with their compiled
-settings (no longer read); 3 holds state records only. A snapshot written in another version is
+settings (no longer read); 3 held state records only; 4 adds each profile's partition numbering
+(``next_order``, ``opened``: the order state_cap evicts in). A snapshot written in another version is
 refused: its records may mean something else."""
 _MAGIC = b"evamed-engine-snapshot "
 
