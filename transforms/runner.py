@@ -119,6 +119,10 @@ def trace_key(key: Any, keys: Sequence[Any], first: int = 0) -> Any:
     event's anchor."""
     time, phase, tiebreak = key
     if phase == PRIMITIVE:
+        if not first <= tiebreak < first + len(keys):
+            # A negative index would name another input silently: a horizon too short is a bug.
+            raise AssertionError(f"report key {key} names input {tiebreak}, no longer kept "
+                                 f"(kept: {first} to {first + len(keys) - 1})")
         return keys[tiebreak - first]
     if phase == PASSIVE and isinstance(tiebreak, tuple) and tiebreak:
         return (time, phase, trace_key(tiebreak, keys, first))
