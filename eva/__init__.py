@@ -12,8 +12,7 @@ to it. The names load on first use: ``import eva`` itself imports nothing heavy.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from eva.lazy import exports
 
 _EXPORTS: dict[str, tuple[str, str | None]] = {
     "reference": ("eva.reference", None),
@@ -29,14 +28,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    found = _EXPORTS.get(name)
-    if found is None:
-        raise AttributeError(f"module 'eva' has no attribute {name!r}")
-    module = importlib.import_module(found[0])
-    value = module if found[1] is None else getattr(module, found[1])
-    globals()[name] = value  # once: the next access is a plain global
-    return value
+__getattr__ = exports("eva", _EXPORTS, globals())
 
 
 __all__ = ["Engine", "EngineConfig", "Event", "ProfileError", "compile", "evaluate", "parse",

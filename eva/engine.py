@@ -196,6 +196,7 @@ class Engine:
         # type → (predicate ids the type alone implies, profiles to step), or None when some
         # candidate predicate must be evaluated per event.
         self._dispatch: dict[str, tuple[frozenset[int], list[_Profile], int] | None] = {}
+        self._named: dict[str, list[_Profile]] = {}  # by profile name, in registration order
         self._clocked = False  # any profile with negation, end-of-interval or time classes
         self._time_classes: dict[Hashable, tuple[ast.Every, int, list[_Profile]]] = {}
         self._buffer: list[tuple[int, int, Event | Fed]] = []
@@ -277,6 +278,9 @@ class Engine:
 
     def _changed(self) -> None:
         self._dispatch.clear()
+        self._named = {}
+        for p in self._profiles.values():
+            self._named.setdefault(p.profile.name, []).append(p)
         # (External operands too: a fed occurrence may be due after the instant's events.)
         self._clocked = any(p.timed or p.tick_ids or p.spec.externals
                             for p in self._profiles.values())
@@ -298,7 +302,7 @@ class Engine:
 
     def remove_profile(self, name: str) -> bool:
         """Unregister every profile of that name; its state is released."""
-        found = [p for p in self._profiles.values() if p.profile.name == name]
+        found = list(self._named.get(name, ()))
         for p in found:
             del self._profiles[p.index]
             for pred in p.preds:
@@ -439,12 +443,12 @@ class Engine:
         Feeds share one watermark (:data:`EXTERNAL_SOURCE`): one behind it, or at an instant
         already processed, is a ``late`` dead letter. A profile or leaf that is not registered,
         or a partition that does not fit the profile, is a ValueError (a caller's mistake)."""
-        targets = [p for p in self._profiles.values() if p.profile.name == profile]
+        targets = self._named.get(profile)
         if not targets:
             raise ValueError(f"feed: no profile {profile!r} is registered")
         for p in targets:
-            leaves = sorted(p.spec.externals)
-            if leaf not in leaves:
+            if leaf not in p.spec.externals:
+                leaves = sorted(p.spec.externals)
                 raise ValueError(f"feed: profile {profile!r} has no external operand <{leaf}> "
                                  f"(it has {', '.join(f'<{n}>' for n in leaves) or 'none'})")
             if (partition is None) != (p.profile.per is None):
@@ -771,7 +775,7 @@ class Engine:
 
     def _fed(self, item: Fed, key: Key) -> None:
         """A fed occurrence, stepped at ``key`` in its profiles."""
-        for p in [p for p in self._profiles.values() if p.profile.name == item.profile]:
+        for p in self._named.get(item.profile, ()):
             if p.start is None or key[0] <= p.start:
                 continue
             partition = p.single
@@ -869,8 +873,7 @@ class Engine:
             for p in sorted(subscribers, key=lambda p: p.index):
                 if p.start is None or t <= p.start:
                     continue
-                if p.profile.per is None and None not in p.partitions:
-                    p.single = p.partitions[None] = self._new_partition(p, None, None, None)
+                self._started(p)
                 for partition in list(p.partitions.values()):
                     if partition.created is not None and occ.key < partition.created:
                         continue

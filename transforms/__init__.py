@@ -13,10 +13,9 @@ it. The names load on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from eva.lazy import exports
 
-_EXPORTS: dict[str, tuple[str, str]] = {
+_EXPORTS: dict[str, tuple[str, str | None]] = {
     "plan": ("transforms.planner", "plan"),
     "explain": ("transforms.explanation", "explain"),
     "Runner": ("transforms.runner", "Runner"),
@@ -24,13 +23,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    found = _EXPORTS.get(name)
-    if found is None:
-        raise AttributeError(f"module 'transforms' has no attribute {name!r}")
-    value = getattr(importlib.import_module(found[0]), found[1])
-    globals()[name] = value
-    return value
+__getattr__ = exports("transforms", _EXPORTS, globals())
 
 
 __all__ = ["Capability", "Runner", "explain", "plan"]

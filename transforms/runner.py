@@ -367,6 +367,11 @@ class Runner:
         self._known_order: list[tuple[int, tuple[str, str]]] = []
         taken_reach = [reach(leaf.expr) for leaf in self.leaves if leaf.taken]
         self._keep_known: int | None = longest(taken_reach) if taken_reach else -1
+        # How far behind the services' progress visibility is final (None: only at the end).
+        delays = [leaf.delay for leaf in self.leaves]
+        self._lag: int | None = None
+        if None not in delays:
+            self._lag = max((d for d in delays if d is not None), default=0)
         self._done: int | None = None  # every instant ≤ this is decided
         # What a round settles: the partitions given input since the last (by their order),
         # and those whose engines have work due (a heap of (instant, order, entry number)).
@@ -483,11 +488,9 @@ class Runner:
     def advance(self, time: int) -> list[Notification]:
         """The services have reported every instant up to ``time``, and every event up to it
         has been pushed: decide what that settles."""
-        bound = time
-        for leaf in self.leaves:
-            if leaf.delay is None:
-                return []  # visibility is final only at the end of the input
-            bound = min(bound, time - leaf.delay)
+        if self._lag is None:
+            return []  # visibility is final only at the end of the input
+        bound = time - self._lag
         if self._done is not None and bound <= self._done:
             return []
         return self._run(bound, False)

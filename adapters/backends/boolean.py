@@ -32,7 +32,7 @@ from typing import Any
 from lark import Lark
 
 from adapters.backends.filters import FILTER_GRAMMAR, FILTER_TERMINALS, FilterBuild
-from adapters.backends.native import NativeQueryError, parse_lark
+from adapters.backends.native import NativeQueryError, Untimed, parse_lark
 from eva import ast
 from eva.classes import compile_predicate
 from eva.events import Event
@@ -184,19 +184,13 @@ def _disjoint(a: _Det, b: _Det) -> bool:
     return not any((e.source, e.id) in ids for e in b)
 
 
-class Evaluator:
+class Evaluator(Untimed):
     def __init__(self, node: Node) -> None:
         self._root = _Eval(node)
 
     def push(self, event: Event) -> list[Detection]:
         return [Detection(event.time, d, "{" + ", ".join(e.id for e in d) + "}")
                 for d in self._root.step(event)]
-
-    def advance(self, time: int) -> list[Detection]:
-        return []  # untimed: nothing happens without an event
-
-    def next_instant(self) -> int | None:
-        return None  # no clock-driven work: a quiet gap costs nothing
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,17 @@ class Evaluator(Protocol):
         ...
 
 
+
+class Untimed:
+    """The clock side of an evaluator whose language has no time-driven detections: nothing
+    happens without an event, so a quiet gap costs nothing."""
+
+    def advance(self, time: int) -> list[Detection]:
+        return []
+
+    def next_instant(self) -> int | None:
+        return None
+
 class Query(Protocol):
     @property
     def text(self) -> str: ...

@@ -27,7 +27,7 @@ from typing import Any
 
 from lark import Lark, Transformer
 
-from adapters.backends.native import parse_lark
+from adapters.backends.native import Untimed, parse_lark
 from eva.events import Event
 from transforms.capability import CG2, Capability
 from transforms.dialects.base import Detection
@@ -294,7 +294,7 @@ def _build(expr: Expr, context: str) -> _Node:
     return _Not(kids[0], kids[1], kids[2], context)
 
 
-class Evaluator:
+class Evaluator(Untimed):
     def __init__(self, expr: Expr, context: str) -> None:
         self._root = _build(expr, context)
 
@@ -302,12 +302,6 @@ class Evaluator:
         return [Detection(o.time, o.constituents,
                           "{" + ", ".join(e.id for e in o.constituents) + f"}}@{o.time}")
                 for o in self._root.feed(event)]
-
-    def advance(self, time: int) -> list[Detection]:
-        return []
-
-    def next_instant(self) -> int | None:
-        return None  # no clock-driven work: a quiet gap costs nothing
 
 
 @dataclass(frozen=True)

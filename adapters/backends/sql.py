@@ -45,6 +45,7 @@ from adapters.backends.native import (
     EventRejected,
     Lexical,
     NativeQueryError,
+    Untimed,
     check_text,
     depth_error,
     number,
@@ -650,7 +651,7 @@ def _selects(node: exp.Expression) -> list[exp.Expression]:
 # ------------------------------------------------------------------ evaluation
 
 
-class Evaluator:
+class Evaluator(Untimed):
     def __init__(self, branches: list[_Branch]) -> None:
         self.branches = branches
         # Per branch and alias: the stored events that pass the alias's own checks.
@@ -712,12 +713,6 @@ class Evaluator:
     def _fits(branch: _Branch, i: int, event: Event) -> bool:
         stream = branch.streams[i]
         return stream is None or event.type == stream
-
-    def advance(self, time: int) -> list[Detection]:
-        return []
-
-    def next_instant(self) -> int | None:
-        return None  # no clock-driven work: a quiet gap costs nothing
 
 
 def _rows(branch: _Branch, candidates: list[list[Event]]) -> list[Row]:

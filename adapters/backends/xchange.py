@@ -39,7 +39,7 @@ from typing import Any
 
 from lark import Lark, Token, Transformer
 
-from adapters.backends.native import number_token, parse_lark, string_token
+from adapters.backends.native import Untimed, number_token, parse_lark, string_token
 from eva.classes import same
 from eva.events import Event
 from eva.units import UNITS
@@ -370,7 +370,7 @@ def _combine(a: Answer, b: Answer, ordered: bool) -> Answer | None:
     return Answer(_union(a.events, b.events), subst)
 
 
-class Evaluator:
+class Evaluator(Untimed):
     def __init__(self, query: Query) -> None:
         self._root = _Node(query, None)
 
@@ -382,12 +382,6 @@ class Evaluator:
             text = "⟨" + ", ".join(e.id for e in a.events) + "⟩"
             out.append(Detection(a.end.time, a.events, text, extra))
         return out
-
-    def advance(self, time: int) -> list[Detection]:
-        return []
-
-    def next_instant(self) -> int | None:
-        return None  # no clock-driven work: a quiet gap costs nothing
 
 
 @dataclass(frozen=True)
