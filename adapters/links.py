@@ -1,0 +1,88 @@
+"""Links: the mediator's connection to one service, shared by every plan subscribed there.
+
+A base service evaluates each event it is published for *all* of its subscriptions, so the
+mediator publishes each event to a service once, whatever number of profiles use it: a
+:class:`Link` holds the service's native subscriptions (handles) and publishes batches to all of
+them at once; what comes back is sorted by handle. :class:`InProcessLink` runs the service's
+evaluator in this process (the embedded mode, and the property tests);
+:mod:`adapters.remote_link` reaches a running base service over gRPC.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Protocol
+
+from adapters.backends.native import Language
+from adapters.client import _Evaluation
+from eva.events import Event
+from transforms.dialects.base import Detection
+from transforms.federated import ServiceInfo
+
+Handle = str
+"""A native subscription at a link."""
+
+
+class Link(Protocol):
+    """One connected service."""
+
+    info: ServiceInfo
+
+    def subscribe(self, text: str) -> Handle:
+        """Register a native query (``NativeQueryError`` when the service refuses it); it sees
+        the events published after this call."""
+        ...
+
+    def unsubscribe(self, handle: Handle) -> None: ...
+
+    def publish(self, events: Sequence[Event], until: int | None = None
+                ) -> dict[Handle, list[Detection]]:
+        """Evaluate ``events`` (in key order; the caller has kept those the service observes
+        and added the ticks its queries need) at every subscription, then — with ``until`` —
+        run the clock to it. Returns, per handle, everything detected: when it returns, the
+        service has reported every instant before the newest event's (and up to ``until``)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class InProcessLink:
+    """The service's evaluators in this process, one per handle, stepped as a base service
+    steps them (an event it refuses is left out; the clock is advanced to just before each new
+    instant, so what an instant completes is reported before the next one's events)."""
+
+    def __init__(self, info: ServiceInfo, language: Language) -> None:
+        self.info = info
+        self.language = language
+        self._subs: dict[Handle, _Evaluation] = {}
+        self._ids = itertools.count(1)
+        self._newest: int | None = None
+
+    def subscribe(self, text: str) -> Handle:
+        evaluation = _Evaluation(self.language.parse(text))
+        handle = f"{self.info.name}-{next(self._ids)}"
+        self._subs[handle] = evaluation
+        return handle
+
+    def unsubscribe(self, handle: Handle) -> None:
+        self._subs.pop(handle, None)
+
+    def publish(self, events: Sequence[Event], until: int | None = None
+                ) -> dict[Handle, list[Detection]]:
+        out: dict[Handle, list[Detection]] = {h: [] for h in self._subs}
+        for event in events:
+            if self._newest is not None and event.time > self._newest:
+                for handle, sub in self._subs.items():
+                    out[handle].extend(sub.advance(event.time - 1))
+            for handle, sub in self._subs.items():
+                out[handle].extend(sub.push(event))  # a refused event is left out there
+            self._newest = event.time if self._newest is None else max(self._newest, event.time)
+        if until is not None:
+            for handle, sub in self._subs.items():
+                out[handle].extend(sub.advance(until))
+            self._newest = until if self._newest is None else max(self._newest, until)
+        return out
+
+    def close(self) -> None:
+        self._subs.clear()

@@ -1,0 +1,102 @@
+"""The mediator's stores (the paper's client and profile stores, EVA §5.3), behind one interface.
+
+What is kept: clients (their tokens hashed), subscriptions (a profile document as written, its
+owner, where it starts in the event log, its plans as explained), the **event log** (every
+accepted event, in arrival order: what the pipeline evaluates, and replays after a restart) and
+one **notification log** per subscription (every composite appended before it is sent; a resume
+token is a position in it). Two implementations: :mod:`mediator.store.sqlite` (embedded, one
+file, WAL) and :mod:`mediator.store.redis` (deployed). Positions are integers from 1, increasing
+by one per append, in both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class ClientRecord:
+    name: str
+    token_hash: str      # sha256 of the bearer token (mediator/security.py), never the token
+    created_us: int
+    revoked: bool = False
+
+
+@dataclass(frozen=True)
+class SubscriptionRecord:
+    owner: str           # the client's name
+    name: str            # unique per owner
+    text: str            # the profile document as written
+    created_us: int
+    start_position: int  # the event-log position it starts after (it sees the events after it)
+    start_time: int | None  # the newest event time when it was registered (None: no event yet)
+    plans: str = ""      # the plans as explained (JSON), for ListProfiles/Explain
+
+
+@dataclass(frozen=True)
+class LoggedEvent:
+    position: int
+    line: str            # the CloudEvent as JSON, as accepted
+
+
+@dataclass(frozen=True)
+class LoggedNotification:
+    position: int
+    composite_id: str
+    payload: bytes       # the Notification message's fields as JSON (mediator/delivery.py)
+
+
+class RetentionError(LookupError):
+    """A resume position older than what the log keeps."""
+
+
+class Store(Protocol):
+    # -- clients
+    def put_client(self, record: ClientRecord) -> None: ...
+    def client(self, name: str) -> ClientRecord | None: ...
+    def client_by_token_hash(self, token_hash: str) -> ClientRecord | None: ...
+    def clients(self) -> list[ClientRecord]: ...
+
+    # -- subscriptions
+    def put_subscription(self, record: SubscriptionRecord) -> None: ...
+    def subscription(self, owner: str, name: str) -> SubscriptionRecord | None: ...
+    def subscriptions(self, owner: str | None = None) -> list[SubscriptionRecord]: ...
+    def delete_subscription(self, owner: str, name: str) -> bool:
+        """Remove the record and its notification log."""
+        ...
+
+    # -- the event log
+    def append_events(self, lines: Sequence[str]) -> int:
+        """Append in order, durably; returns the position of the last one (the head)."""
+        ...
+    def read_events(self, after: int, limit: int = 1000) -> list[LoggedEvent]: ...
+    def event_head(self) -> int: ...
+    def trim_events(self, before: int) -> int:
+        """Drop events at positions < ``before``; returns how many were dropped."""
+        ...
+
+    # -- notification logs, one per (owner, name)
+    def append_notifications(self, owner: str, name: str,
+                             items: Sequence[tuple[str, bytes]]) -> list[LoggedNotification]:
+        """Append (composite id, payload) pairs in order, skipping an id the log already holds
+        (a composite reported again, e.g. replayed after a restart): returns what was appended."""
+        ...
+    def read_notifications(self, owner: str, name: str, after: int,
+                           limit: int = 1000) -> list[LoggedNotification]:
+        """What was appended after position ``after``; RetentionError when ``after`` is older
+        than the first position kept minus one (what lies between was trimmed)."""
+        ...
+    def notification_bounds(self, owner: str, name: str) -> tuple[int, int]:
+        """(first position kept, head); (0, 0) for an empty log."""
+        ...
+    def trim_notifications(self, owner: str, name: str, keep: int) -> int:
+        """Keep the newest ``keep`` entries; returns how many were dropped."""
+        ...
+
+    # -- key-value settings the service keeps (e.g. the pipeline's newest event time)
+    def get_meta(self, key: str) -> str | None: ...
+    def set_meta(self, key: str, value: str) -> None: ...
+
+    def close(self) -> None: ...
