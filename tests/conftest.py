@@ -1,20 +1,37 @@
 """Hypothesis profiles: CI runs are derandomized (reproducible); ``HYPOTHESIS_PROFILE=explore``
-searches further with fresh randomness."""
+searches further with fresh randomness. Fixtures every test file may use: ``redis_server`` /
+``redis_url``, a real redis-server (tests/servers.py)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from eva import native
+from tests.servers import RedisServer
 
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("explore", deadline=None, max_examples=2000,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A real redis-server on a free loopback port, no persistence; stopped after the test."""
+    server = RedisServer(tmp_path)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    return redis_server.url
 
 
 def pytest_report_header() -> str:

@@ -325,37 +325,6 @@ def test_composers_agree_while_profiles_come_and_go(spark: Any, tmp_path: Path) 
         set(json.loads(c)["data"]["constituents"]) & removed for c in by["spark"]["N"])
 
 
-@pytest.fixture
-def redis_url(tmp_path: Path) -> Iterator[str]:
-    """A real redis-server (Debian's), on a free port, no persistence."""
-    import shutil
-    import socket
-    import subprocess
-    import time
-
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.fail("redis-server is not installed (make test installs it)")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(tmp_path)],
-                            stdout=subprocess.DEVNULL)
-    import redis
-
-    client = redis.Redis(port=port)
-    for _ in range(200):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(timeout=10)
-
-
 def test_deployed_mode_reads_the_redis_log_and_writes_composites_back(
         spark: Any, tmp_path: Path, redis_url: str) -> None:
     """Deployed mode: events from the Redis notification log (a Python streaming Data Source,

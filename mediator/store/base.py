@@ -52,6 +52,37 @@ class RetentionError(LookupError):
     """A resume position older than what the log keeps."""
 
 
+class StoreError(RuntimeError):
+    """The store cannot be opened or used: a file that cannot be opened, a Redis server that does
+    not answer, a schema version this code does not know. The message names the store and says
+    what was found; never a credential."""
+
+
+SCHEMA_VERSION = 1
+"""The layout both stores write; a store written by a newer layout is refused (StoreError)."""
+
+
+def check_read(after: int, limit: int) -> None:
+    """The arguments of a log read: a position from 0 (0 = from the start), a limit from 1."""
+    if after < 0:
+        raise ValueError(f"a log position is 0 or more, got {after}")
+    if limit < 1:
+        raise ValueError(f"a read limit is 1 or more, got {limit}")
+
+
+def check_retention(owner: str, name: str, after: int, first: int, head: int,
+                    kept: int | None) -> None:
+    """Refuse reading after ``after`` when entries after it were trimmed: the first kept position
+    (``head + 1`` when all were trimmed) is past ``after + 1``. ``kept`` is the retention of the
+    last trim (for the message)."""
+    oldest = first if first else head + 1
+    if after < oldest - 1:
+        keeps = f"the log keeps the newest {kept}" if kept is not None else "older ones were trimmed"
+        raise RetentionError(
+            f"resume token position {after} of subscription {owner}/{name} is older than the "
+            f"oldest kept, {oldest}; {keeps} (subscribe without a token to start at the oldest)")
+
+
 class Store(Protocol):
     # -- clients
     def put_client(self, record: ClientRecord) -> None: ...
@@ -64,7 +95,8 @@ class Store(Protocol):
     def subscription(self, owner: str, name: str) -> SubscriptionRecord | None: ...
     def subscriptions(self, owner: str | None = None) -> list[SubscriptionRecord]: ...
     def delete_subscription(self, owner: str, name: str) -> bool:
-        """Remove the record and its notification log."""
+        """Remove the record, its notification log and its composite ids (a subscription added
+        again under the name starts a new log at position 1)."""
         ...
 
     # -- the event log
@@ -81,15 +113,20 @@ class Store(Protocol):
     def append_notifications(self, owner: str, name: str,
                              items: Sequence[tuple[str, bytes]]) -> list[LoggedNotification]:
         """Append (composite id, payload) pairs in order, skipping an id the log already holds
-        (a composite reported again, e.g. replayed after a restart): returns what was appended."""
+        (a composite reported again, e.g. replayed after a restart): returns what was appended.
+        The ids are remembered until the subscription is deleted, also after their entries were
+        trimmed. Nothing is appended for a subscription that is not stored (deleted meanwhile):
+        its log goes with the record."""
         ...
     def read_notifications(self, owner: str, name: str, after: int,
                            limit: int = 1000) -> list[LoggedNotification]:
-        """What was appended after position ``after``; RetentionError when ``after`` is older
-        than the first position kept minus one (what lies between was trimmed)."""
+        """What was appended after position ``after`` (0: from the first), at most ``limit``,
+        in position order; RetentionError when ``after`` is older than the first position kept
+        minus one (what lies between was trimmed). An unknown subscription reads as empty."""
         ...
     def notification_bounds(self, owner: str, name: str) -> tuple[int, int]:
-        """(first position kept, head); (0, 0) for an empty log."""
+        """(first position kept, head); (0, 0) for a log nothing was appended to (or an
+        unknown subscription); (head + 1, head) when every entry was trimmed."""
         ...
     def trim_notifications(self, owner: str, name: str, keep: int) -> int:
         """Keep the newest ``keep`` entries; returns how many were dropped."""

@@ -1,0 +1,73 @@
+"""Bearer tokens: issued by ``evamed clients add NAME``, kept only as their SHA-256.
+
+A token is ``evm_`` + 32 random bytes (``secrets.token_urlsafe``), shown once when the client is
+added. The store keeps its hex SHA-256, so a copy of the store (a backup, a Redis replica)
+grants nothing; a plain hash is enough because the token is random, not a password (no
+dictionary to guess from). A token never appears in a log or an error message: functions here
+log nothing, and callers must log client names, not tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import time
+from dataclasses import replace
+
+from mediator.store.base import ClientRecord, Store
+
+TOKEN_PREFIX = "evm_"
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
+"""A client name: letters, digits, ``. _ @ -``, at most 64 characters (it appears in keys,
+logs and tables)."""
+
+
+def new_token() -> str:
+    # the prefix lets secret scanners (and people) recognise a leaked token
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def add_client(store: Store, name: str) -> str:
+    """Register a client and return its token (the only time it is seen). ValueError for a name
+    that is not a client name or belongs to a client that is not revoked; a revoked client's
+    name can be reused, with a new token."""
+    if not NAME.fullmatch(name):
+        raise ValueError(f"a client name is 1 to 64 letters, digits or . _ @ - (starting with a "
+                         f"letter or digit), got {name!r}")
+    existing = store.client(name)
+    if existing is not None and not existing.revoked:
+        raise ValueError(f"client {name!r} already exists; revoke it first "
+                         f"(evamed clients revoke {name}) to issue a new token")
+    token = new_token()
+    store.put_client(ClientRecord(name, hash_token(token), time.time_ns() // 1000))
+    return token
+
+
+def authenticate(store: Store, token: str) -> ClientRecord | None:
+    """The client a bearer token belongs to, or None (unknown, revoked, malformed)."""
+    if not token.startswith(TOKEN_PREFIX):
+        return None
+    digest = hash_token(token)
+    record = store.client_by_token_hash(digest)
+    # The lookup compares hashes (timing reveals nothing about the token: finding a token for a
+    # given hash prefix is a preimage search); compare_digest keeps this check constant-time
+    # anyway, whatever a store's lookup does.
+    if record is None or record.revoked or not hmac.compare_digest(record.token_hash, digest):
+        return None
+    return record
+
+
+def revoke_client(store: Store, name: str) -> bool:
+    """Revoke a client's token; False when there is no such client or it is already revoked.
+    Its subscriptions stay (the operator removes them; they are the client's data)."""
+    record = store.client(name)
+    if record is None or record.revoked:
+        return False
+    store.put_client(replace(record, revoked=True))
+    return True

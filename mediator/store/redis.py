@@ -1,0 +1,342 @@
+"""The deployed store: Redis (``redis://host:port/db?prefix=evamed:``).
+
+Keys, all under the prefix (default ``evamed:``; names are percent-encoded, so a ``:`` in a
+client or subscription name cannot run into the next part):
+
+* ``schema`` — the layout version (base.SCHEMA_VERSION); ``meta`` — a hash of settings.
+* ``client:<name>`` — a hash per client record; ``clients`` — the set of names;
+  ``tokens`` — a hash token hash → name (checked against the record, so a stale entry of a
+  replaced token finds nothing).
+* ``sub:<owner>:<name>`` — a hash per subscription record, plus ``head`` (the notification
+  log's last position, never reset by trimming) and ``kept`` (the retention of the last trim);
+  ``subs`` — the set of ``<owner>:<name>``.
+* ``events`` — the event log, a stream with ids ``<position>-0``; ``events:head`` its counter.
+* ``log:<owner>:<name>`` — the notification log, a stream with ids ``<position>-0``;
+  ``ids:<owner>:<name>`` — the set of its composite ids (the dedupe; not trimmed with the log).
+
+Appends are Lua scripts (atomic: the counter, the dedupe check and the XADDs run as one
+command), trimming is XTRIM. Durability is the server's: with ``appendonly yes`` an
+acknowledged append is in the AOF (docs/operations.md, Stores). The client is redis-py's,
+thread-safe through its connection pool.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, ParamSpec, TypeVar
+from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit, urlunsplit
+
+import redis
+from redis.connection import URL_QUERY_ARGUMENT_PARSERS, parse_url
+
+from mediator.store.base import (
+    SCHEMA_VERSION,
+    ClientRecord,
+    LoggedEvent,
+    LoggedNotification,
+    StoreError,
+    SubscriptionRecord,
+    check_read,
+    check_retention,
+)
+
+DEFAULT_PREFIX = "evamed:"
+SCHEMES = ("redis", "rediss")
+
+# KEYS: events:head, events. ARGV: the lines. Returns the new head.
+_APPEND_EVENTS = """
+local head = redis.call('INCRBY', KEYS[1], #ARGV)
+local first = head - #ARGV
+for i = 1, #ARGV do
+  redis.call('XADD', KEYS[2], string.format('%d-0', first + i), 'line', ARGV[i])
+end
+return head
+"""
+
+# KEYS: sub, log, ids. ARGV: id, payload, id, payload, ... Returns, per appended item, its index
+# in the batch (from 0) and its position. A subscription that is not stored gets nothing.
+_APPEND_NOTIFICATIONS = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {} end
+local head = tonumber(redis.call('HGET', KEYS[1], 'head') or '0')
+local out = {}
+for i = 1, #ARGV, 2 do
+  if redis.call('SADD', KEYS[3], ARGV[i]) == 1 then
+    head = head + 1
+    redis.call('XADD', KEYS[2], string.format('%d-0', head), 'id', ARGV[i], 'payload', ARGV[i + 1])
+    out[#out + 1] = (i - 1) / 2
+    out[#out + 1] = head
+  end
+end
+redis.call('HSET', KEYS[1], 'head', head)
+return out
+"""
+
+# KEYS: sub, log. ARGV: keep. Returns how many entries were dropped.
+_TRIM_NOTIFICATIONS = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'kept', ARGV[1])
+return redis.call('XTRIM', KEYS[2], 'MAXLEN', ARGV[1])
+"""
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _failures(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """A Redis failure (the server gone, a timeout) becomes a StoreError; redis-py has already
+    retried a dropped connection."""
+    @functools.wraps(method)
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return method(*args, **kwargs)
+        except redis.RedisError as exc:
+            raise StoreError(f"the Redis store failed: {exc}") from None
+    return call
+
+
+def redis_options(url: str) -> tuple[str, str]:
+    """(the connection URL for redis-py, the key prefix) of a store URL; ValueError naming what is
+    wrong. Checked here so that a typo is a clear error, not a connection that fails later."""
+    expected = "expected redis://[:password@]host[:port][/db][?prefix=evamed:]"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"bad Redis store URL ({exc}); {expected}") from None
+    if parts.scheme not in SCHEMES:
+        raise ValueError(f"a Redis store URL starts with redis:// or rediss://, got "
+                         f"{parts.scheme or 'no scheme'}; {expected}")
+    if not parts.hostname:
+        raise ValueError(f"the Redis store URL names no host; {expected}")
+    if port == 0:
+        raise ValueError(f"the Redis store URL has port 0; {expected}")
+    db = parts.path.strip("/")
+    if db and not (db.isascii() and db.isdigit()):
+        raise ValueError(f"the Redis database is a number, got {db!r}; {expected}")
+    try:
+        query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+    except ValueError:
+        raise ValueError(f"the Redis store URL's query {parts.query!r} is not name=value&...; "
+                         f"{expected}") from None
+    prefixes = query.pop("prefix", [DEFAULT_PREFIX])
+    if len(prefixes) != 1 or not prefixes[0]:
+        raise ValueError(f"the Redis store URL's key prefix is empty or given more than once; "
+                         f"{expected}")
+    unknown = sorted(set(query) - set(URL_QUERY_ARGUMENT_PARSERS))
+    if unknown:
+        raise ValueError(f"unknown Redis store URL parameter {', '.join(unknown)}; expected "
+                         f"prefix or one of redis-py's: {', '.join(URL_QUERY_ARGUMENT_PARSERS)}")
+    connection = urlunsplit(parts._replace(query=urlencode(query, doseq=True), fragment=""))
+    try:
+        parse_url(connection)  # type: ignore[no-untyped-call]  # redis-py reads the values
+    except ValueError as exc:
+        raise ValueError(f"bad Redis store URL ({exc}); {expected}") from None
+    return connection, prefixes[0]
+
+
+def _where(url: str) -> str:
+    """host:port/db of a URL, for messages: never the password."""
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port or 6379}/{parts.path.strip('/') or '0'}"
+
+
+def _names(*names: str) -> str:
+    return ":".join(quote(name, safe="") for name in names)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _entries(reply: Any) -> list[tuple[int, dict[bytes, bytes]]]:
+    """An XRANGE reply as (position, fields): the ids are ``<position>-0``."""
+    return [(int(stream_id.split(b"-", 1)[0]), fields) for stream_id, fields in reply or []]
+
+
+class RedisStore:
+    """The :class:`~mediator.store.base.Store` in Redis."""
+
+    def __init__(self, url: str) -> None:
+        connection, self.prefix = redis_options(url)
+        self.where = _where(connection)
+        self._redis = redis.Redis.from_url(connection)
+        try:
+            self._redis.set(self._k("schema"), SCHEMA_VERSION, nx=True)
+            version = int(self._redis.get(self._k("schema")) or SCHEMA_VERSION)
+        except (redis.RedisError, ValueError) as exc:
+            self._redis.close()
+            raise StoreError(f"cannot open the Redis store at {self.where} "
+                             f"(prefix {self.prefix!r}): {exc}") from None
+        if version > SCHEMA_VERSION:
+            self._redis.close()
+            raise StoreError(f"the Redis store at {self.where} (prefix {self.prefix!r}) has schema "
+                             f"version {version}; this evamed reads version {SCHEMA_VERSION}")
+        self._append_events = self._redis.register_script(_APPEND_EVENTS)
+        self._append_notifications = self._redis.register_script(_APPEND_NOTIFICATIONS)
+        self._trim_notifications = self._redis.register_script(_TRIM_NOTIFICATIONS)
+
+    def _k(self, kind: str, *names: str) -> str:
+        return self.prefix + kind + (":" + _names(*names) if names else "")
+
+    # -- clients
+
+    @_failures
+    def put_client(self, record: ClientRecord) -> None:
+        key = self._k("client", record.name)
+        old = self._redis.hget(key, "token_hash")
+        with self._redis.pipeline() as tx:  # MULTI/EXEC
+            if old is not None and _text(old) != record.token_hash:
+                tx.hdel(self._k("tokens"), old)
+            tx.hset(key, mapping={"token_hash": record.token_hash,
+                                  "created_us": record.created_us,
+                                  "revoked": int(record.revoked)})
+            tx.sadd(self._k("clients"), record.name)
+            tx.hset(self._k("tokens"), record.token_hash, record.name)
+            tx.execute()
+
+    @_failures
+    def client(self, name: str) -> ClientRecord | None:
+        fields = self._redis.hgetall(self._k("client", name))
+        if not fields:
+            return None
+        return ClientRecord(name, _text(fields[b"token_hash"]), int(fields[b"created_us"]),
+                            fields[b"revoked"] == b"1")
+
+    @_failures
+    def client_by_token_hash(self, token_hash: str) -> ClientRecord | None:
+        name = self._redis.hget(self._k("tokens"), token_hash)
+        record = None if name is None else self.client(_text(name))
+        return record if record is not None and record.token_hash == token_hash else None
+
+    @_failures
+    def clients(self) -> list[ClientRecord]:
+        names = sorted(_text(name) for name in self._redis.smembers(self._k("clients")))
+        return [record for name in names if (record := self.client(name)) is not None]
+
+    # -- subscriptions
+
+    @_failures
+    def put_subscription(self, record: SubscriptionRecord) -> None:
+        # HSET of the record's fields only: the log's head and retention stay
+        with self._redis.pipeline() as tx:
+            tx.hset(self._k("sub", record.owner, record.name), mapping={
+                "text": record.text, "created_us": record.created_us,
+                "start_position": record.start_position,
+                "start_time": "" if record.start_time is None else record.start_time,
+                "plans": record.plans})
+            tx.sadd(self._k("subs"), _names(record.owner, record.name))
+            tx.execute()
+
+    @_failures
+    def subscription(self, owner: str, name: str) -> SubscriptionRecord | None:
+        fields = self._redis.hgetall(self._k("sub", owner, name))
+        if b"text" not in fields:
+            return None
+        start_time = fields[b"start_time"]
+        return SubscriptionRecord(owner, name, _text(fields[b"text"]), int(fields[b"created_us"]),
+                                  int(fields[b"start_position"]),
+                                  int(start_time) if start_time else None, _text(fields[b"plans"]))
+
+    @_failures
+    def subscriptions(self, owner: str | None = None) -> list[SubscriptionRecord]:
+        pairs = sorted(tuple(unquote(part) for part in _text(member).split(":"))
+                       for member in self._redis.smembers(self._k("subs")))
+        return [record for who, name in pairs if owner is None or who == owner
+                if (record := self.subscription(who, name)) is not None]
+
+    @_failures
+    def delete_subscription(self, owner: str, name: str) -> bool:
+        with self._redis.pipeline() as tx:
+            tx.delete(self._k("sub", owner, name))
+            tx.delete(self._k("log", owner, name), self._k("ids", owner, name))
+            tx.srem(self._k("subs"), _names(owner, name))
+            deleted, _, _ = tx.execute()
+        return bool(deleted)
+
+    # -- the event log
+
+    @_failures
+    def append_events(self, lines: Sequence[str]) -> int:
+        if not lines:
+            return self.event_head()
+        return int(self._append_events(keys=[self._k("events:head"), self._k("events")],
+                                       args=list(lines)))
+
+    @_failures
+    def read_events(self, after: int, limit: int = 1000) -> list[LoggedEvent]:
+        check_read(after, limit)
+        entries = self._redis.xrange(self._k("events"), f"{after + 1}-0", "+", count=limit)
+        return [LoggedEvent(position, _text(fields[b"line"])) for position, fields in _entries(entries)]
+
+    @_failures
+    def event_head(self) -> int:
+        return int(self._redis.get(self._k("events:head")) or 0)
+
+    @_failures
+    def trim_events(self, before: int) -> int:
+        # exact: redis-py's default (~) would keep whole macro-nodes
+        return int(self._redis.xtrim(self._k("events"), minid=f"{max(before, 0)}-0",
+                                     approximate=False))
+
+    # -- notification logs
+
+    @_failures
+    def append_notifications(self, owner: str, name: str,
+                             items: Sequence[tuple[str, bytes]]) -> list[LoggedNotification]:
+        if not items:
+            return []
+        args: list[str | bytes] = [part for item in items for part in item]
+        out = self._append_notifications(
+            keys=[self._k("sub", owner, name), self._k("log", owner, name),
+                  self._k("ids", owner, name)], args=args)
+        return [LoggedNotification(int(position), items[int(index)][0], items[int(index)][1])
+                for index, position in zip(out[::2], out[1::2], strict=True)]
+
+    @_failures
+    def read_notifications(self, owner: str, name: str, after: int,
+                           limit: int = 1000) -> list[LoggedNotification]:
+        check_read(after, limit)
+        log = self._k("log", owner, name)
+        with self._redis.pipeline() as tx:  # one snapshot: no trim between bounds and rows
+            tx.hmget(self._k("sub", owner, name), ["head", "kept"])
+            tx.xrange(log, "-", "+", count=1)
+            tx.xrange(log, f"{after + 1}-0", "+", count=limit)
+            (head, kept), oldest, entries = tx.execute()
+        first = _entries(oldest)[0][0] if oldest else 0
+        check_retention(owner, name, after, first, int(head or 0),
+                        None if kept is None else int(kept))
+        return [LoggedNotification(position, _text(fields[b"id"]), fields[b"payload"])
+                for position, fields in _entries(entries)]
+
+    @_failures
+    def notification_bounds(self, owner: str, name: str) -> tuple[int, int]:
+        with self._redis.pipeline() as tx:
+            tx.hget(self._k("sub", owner, name), "head")
+            tx.xrange(self._k("log", owner, name), "-", "+", count=1)
+            head, oldest = tx.execute()
+        last = int(head or 0)
+        return (_entries(oldest)[0][0] if oldest else (last + 1 if last else 0), last)
+
+    @_failures
+    def trim_notifications(self, owner: str, name: str, keep: int) -> int:
+        if keep < 0:
+            raise ValueError(f"a retention is 0 or more entries, got {keep}")
+        # MAXLEN (exact) is "keep the newest `keep`" as one command, whatever the head is now
+        return int(self._trim_notifications(
+            keys=[self._k("sub", owner, name), self._k("log", owner, name)], args=[keep]))
+
+    # -- meta
+
+    @_failures
+    def get_meta(self, key: str) -> str | None:
+        value = self._redis.hget(self._k("meta"), key)
+        return None if value is None else _text(value)
+
+    @_failures
+    def set_meta(self, key: str, value: str) -> None:
+        self._redis.hset(self._k("meta"), key, value)
+
+    def close(self) -> None:
+        self._redis.close()
+

@@ -1,0 +1,278 @@
+"""The embedded store: one SQLite file in WAL mode (the default, ``sqlite:///path.db``).
+
+Durability: every append is one transaction, committed before it returns. With WAL and
+``synchronous=NORMAL`` (the default) a commit is in the WAL file, i.e. in the operating system,
+when it returns: an acknowledged append survives a kill of the process (SIGKILL, a crash), not a
+power loss of the machine (the last commits may be lost, the file stays consistent).
+``synchronous=FULL`` (``sqlite:///path.db?synchronous=full``) syncs the WAL on every commit and
+survives a power loss too, at the cost of one fsync per append (docs/operations.md, Stores).
+
+Threads: one connection guarded by a lock; the pipeline thread and the asyncio thread share it.
+Other processes (``evamed clients add`` next to a running server) open their own connection;
+WAL lets them read while the server writes, and writes wait (busy timeout) for each other.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Literal
+
+from mediator.store.base import (
+    SCHEMA_VERSION,
+    ClientRecord,
+    LoggedEvent,
+    LoggedNotification,
+    StoreError,
+    SubscriptionRecord,
+    check_read,
+    check_retention,
+)
+
+Synchronous = Literal["NORMAL", "FULL"]
+
+# `head` is the notification log's last position (it survives trimming, so positions never
+# repeat); `kept` the retention of the last trim (for the RetentionError message).
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS clients (
+    name TEXT PRIMARY KEY, token_hash TEXT NOT NULL, created_us INTEGER NOT NULL,
+    revoked INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS clients_by_token ON clients (token_hash);
+CREATE TABLE IF NOT EXISTS subscriptions (
+    owner TEXT NOT NULL, name TEXT NOT NULL, text TEXT NOT NULL, created_us INTEGER NOT NULL,
+    start_position INTEGER NOT NULL, start_time INTEGER, plans TEXT NOT NULL,
+    head INTEGER NOT NULL DEFAULT 0, kept INTEGER,
+    PRIMARY KEY (owner, name));
+CREATE TABLE IF NOT EXISTS counters (log TEXT PRIMARY KEY, head INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS events (position INTEGER PRIMARY KEY, line TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS notifications (
+    owner TEXT NOT NULL, name TEXT NOT NULL, position INTEGER NOT NULL,
+    composite_id TEXT NOT NULL, payload BLOB NOT NULL,
+    PRIMARY KEY (owner, name, position)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS notification_ids (
+    owner TEXT NOT NULL, name TEXT NOT NULL, composite_id TEXT NOT NULL,
+    PRIMARY KEY (owner, name, composite_id)) WITHOUT ROWID;
+"""
+
+_SUBSCRIPTION = "owner, name, text, created_us, start_position, start_time, plans"
+
+
+def _client(row: tuple[str, str, int, int]) -> ClientRecord:
+    return ClientRecord(row[0], row[1], row[2], bool(row[3]))
+
+
+class SqliteStore:
+    """The :class:`~mediator.store.base.Store` in one SQLite file (``":memory:"`` for tests)."""
+
+    def __init__(self, path: str | Path, *, synchronous: Synchronous = "NORMAL") -> None:
+        self.path = str(path)
+        self._lock = threading.Lock()
+        try:
+            # autocommit mode: transactions are the explicit BEGIN IMMEDIATE of _write, so a
+            # writer takes the write lock up front and never fails upgrading a read lock
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                                       timeout=10.0)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the SQLite store {self.path}: {exc}") from None
+        try:
+            with self._locked() as db:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute(f"PRAGMA synchronous={synchronous}")
+            with self._write() as db:
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                row = db.execute("SELECT version FROM schema_version").fetchone()
+                if row is None:
+                    db.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
+                    db.execute("INSERT INTO counters VALUES ('events', 0)")
+                elif row[0] > SCHEMA_VERSION:
+                    raise StoreError(f"the SQLite store {self.path} has schema version {row[0]}; "
+                                     f"this evamed reads version {SCHEMA_VERSION} (upgrade evamed)")
+        except StoreError:
+            self._db.close()
+            raise
+
+    @contextmanager
+    def _locked(self) -> Iterator[sqlite3.Connection]:
+        """The connection, under the lock; a SQLite failure (disk full, a lock held too long by
+        another process) becomes a StoreError naming the file."""
+        with self._lock:
+            try:
+                yield self._db
+            except sqlite3.Error as exc:
+                raise StoreError(f"the SQLite store {self.path} failed: {exc}") from None
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction: committed when the block ends, rolled back on an exception."""
+        with self._locked() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    def _read(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple]:
+        with self._locked() as db:
+            return db.execute(sql, args).fetchall()
+
+    # -- clients
+
+    def put_client(self, record: ClientRecord) -> None:
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO clients VALUES (?, ?, ?, ?)",
+                       (record.name, record.token_hash, record.created_us, int(record.revoked)))
+
+    def client(self, name: str) -> ClientRecord | None:
+        rows = self._read("SELECT * FROM clients WHERE name = ?", (name,))
+        return _client(rows[0]) if rows else None
+
+    def client_by_token_hash(self, token_hash: str) -> ClientRecord | None:
+        rows = self._read("SELECT * FROM clients WHERE token_hash = ?", (token_hash,))
+        return _client(rows[0]) if rows else None
+
+    def clients(self) -> list[ClientRecord]:
+        return [_client(row) for row in self._read("SELECT * FROM clients ORDER BY name")]
+
+    # -- subscriptions
+
+    def put_subscription(self, record: SubscriptionRecord) -> None:
+        # an upsert, not a replace: the log's head and retention stay with the record
+        with self._write() as db:
+            db.execute(
+                f"INSERT INTO subscriptions ({_SUBSCRIPTION}) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (owner, name) DO UPDATE SET text = excluded.text, "
+                "created_us = excluded.created_us, start_position = excluded.start_position, "
+                "start_time = excluded.start_time, plans = excluded.plans",
+                (record.owner, record.name, record.text, record.created_us,
+                 record.start_position, record.start_time, record.plans))
+
+    def subscription(self, owner: str, name: str) -> SubscriptionRecord | None:
+        rows = self._read(f"SELECT {_SUBSCRIPTION} FROM subscriptions WHERE owner = ? AND name = ?",
+                          (owner, name))
+        return SubscriptionRecord(*rows[0]) if rows else None
+
+    def subscriptions(self, owner: str | None = None) -> list[SubscriptionRecord]:
+        if owner is None:
+            rows = self._read(f"SELECT {_SUBSCRIPTION} FROM subscriptions ORDER BY owner, name")
+        else:
+            rows = self._read(f"SELECT {_SUBSCRIPTION} FROM subscriptions WHERE owner = ? "
+                              "ORDER BY name", (owner,))
+        return [SubscriptionRecord(*row) for row in rows]
+
+    def delete_subscription(self, owner: str, name: str) -> bool:
+        with self._write() as db:
+            for table in ("notifications", "notification_ids"):
+                db.execute(f"DELETE FROM {table} WHERE owner = ? AND name = ?", (owner, name))
+            return db.execute("DELETE FROM subscriptions WHERE owner = ? AND name = ?",
+                              (owner, name)).rowcount > 0
+
+    # -- the event log
+
+    def append_events(self, lines: Sequence[str]) -> int:
+        with self._write() as db:
+            (head,) = db.execute("UPDATE counters SET head = head + ? WHERE log = 'events' "
+                                 "RETURNING head", (len(lines),)).fetchone()
+            first = head - len(lines) + 1
+            db.executemany("INSERT INTO events VALUES (?, ?)",
+                           [(first + i, line) for i, line in enumerate(lines)])
+        return int(head)
+
+    def read_events(self, after: int, limit: int = 1000) -> list[LoggedEvent]:
+        check_read(after, limit)
+        return [LoggedEvent(*row) for row in self._read(
+            "SELECT position, line FROM events WHERE position > ? ORDER BY position LIMIT ?",
+            (after, limit))]
+
+    def event_head(self) -> int:
+        return int(self._read("SELECT head FROM counters WHERE log = 'events'")[0][0])
+
+    def trim_events(self, before: int) -> int:
+        with self._write() as db:
+            return db.execute("DELETE FROM events WHERE position < ?", (before,)).rowcount
+
+    # -- notification logs
+
+    def append_notifications(self, owner: str, name: str,
+                             items: Sequence[tuple[str, bytes]]) -> list[LoggedNotification]:
+        appended: list[LoggedNotification] = []
+        with self._write() as db:
+            row = db.execute("SELECT head FROM subscriptions WHERE owner = ? AND name = ?",
+                             (owner, name)).fetchone()
+            if row is None:
+                return appended
+            head = int(row[0])
+            for composite_id, payload in items:
+                # the id table is the dedupe: a row already there (or earlier in this batch)
+                # inserts nothing
+                if db.execute("INSERT OR IGNORE INTO notification_ids VALUES (?, ?, ?)",
+                              (owner, name, composite_id)).rowcount:
+                    head += 1
+                    appended.append(LoggedNotification(head, composite_id, payload))
+            db.executemany("INSERT INTO notifications VALUES (?, ?, ?, ?, ?)",
+                           [(owner, name, n.position, n.composite_id, n.payload) for n in appended])
+            db.execute("UPDATE subscriptions SET head = ? WHERE owner = ? AND name = ?",
+                       (head, owner, name))
+        return appended
+
+    def read_notifications(self, owner: str, name: str, after: int,
+                           limit: int = 1000) -> list[LoggedNotification]:
+        check_read(after, limit)
+        with self._locked() as db:  # bounds and rows from one snapshot: no trim in between
+            db.execute("BEGIN")
+            try:
+                head, kept, first = self._bounds(owner, name)
+                check_retention(owner, name, after, first, head, kept)
+                rows = db.execute(
+                    "SELECT position, composite_id, payload FROM notifications "
+                    "WHERE owner = ? AND name = ? AND position > ? ORDER BY position LIMIT ?",
+                    (owner, name, after, limit)).fetchall()
+            finally:
+                db.execute("COMMIT")
+        return [LoggedNotification(*row) for row in rows]
+
+    def _bounds(self, owner: str, name: str) -> tuple[int, int | None, int]:
+        """(head, kept, first position kept or 0), under the lock."""
+        row = self._db.execute(
+            "SELECT head, kept, (SELECT MIN(position) FROM notifications n "
+            "WHERE n.owner = s.owner AND n.name = s.name) "
+            "FROM subscriptions s WHERE owner = ? AND name = ?", (owner, name)).fetchone()
+        return (0, None, 0) if row is None else (int(row[0]), row[1], int(row[2] or 0))
+
+    def notification_bounds(self, owner: str, name: str) -> tuple[int, int]:
+        with self._locked():
+            head, _, first = self._bounds(owner, name)
+        return (first or (head + 1 if head else 0), head)
+
+    def trim_notifications(self, owner: str, name: str, keep: int) -> int:
+        if keep < 0:
+            raise ValueError(f"a retention is 0 or more entries, got {keep}")
+        with self._write() as db:
+            row = db.execute("UPDATE subscriptions SET kept = ? WHERE owner = ? AND name = ? "
+                             "RETURNING head", (keep, owner, name)).fetchone()
+            if row is None:
+                return 0
+            return db.execute("DELETE FROM notifications WHERE owner = ? AND name = ? "
+                              "AND position <= ?", (owner, name, row[0] - keep)).rowcount
+
+    # -- meta
+
+    def get_meta(self, key: str) -> str | None:
+        rows = self._read("SELECT value FROM meta WHERE key = ?", (key,))
+        return str(rows[0][0]) if rows else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
