@@ -3,23 +3,21 @@
 * :class:`Subscription` — one native query's evaluation, event by event, as the plan runner's
   federation drives it (:mod:`adapters.federation`): :func:`in_process` (the service's
   evaluator in this process, reporting as it goes) or :func:`remote_transport` (a running
-  service over gRPC; today's protocol reports no progress, so the events are sent at the end).
+  service over gRPC, live too: its progress markers say when a step is answered).
 * :class:`BaseClient` — the synchronous gRPC client (subscribe, publish, health, capabilities).
 * :class:`Adapter` / :class:`ServiceAdapter` — the asyncio interface of DESIGN §5 that the
   mediator service uses: ``capabilities()``, ``render(node)`` and ``parse_notification`` (the
   group's dialect, :mod:`transforms.dialects`), ``subscribe(native)`` (an async iterator of
-  native notifications), ``health()``. The embedded mode runs the same base services
-  in-process (``adapters.backends.service.serve`` on a loopback port): one code path for both.
+  native notifications), ``health()``. (The mediator's pipeline reaches services through
+  links instead: :mod:`adapters.links`, :mod:`adapters.remote_link`.)
 """
 
 from __future__ import annotations
 
 import json
 import re
-import threading
-import uuid
 from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 from google.rpc import error_details_pb2
@@ -34,7 +32,11 @@ from eva.events import Event, from_cloudevent, to_cloudevent
 from transforms.capability import Capability
 from transforms.dialects import dialect
 from transforms.dialects.base import Detection, Reading, Scope
+from transforms.federated import ServiceInfo
 from transforms.plans import Remote, Subscribe
+
+if TYPE_CHECKING:  # adapters.links builds on this module
+    from adapters.links import Link
 
 BATCH_BYTES = 1024 * 1024
 """A Publish message is sent once its events reach this size (well under the service's limit)."""
@@ -89,6 +91,37 @@ _HEALTH = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
 
 def _serving_status(reply: Any) -> str:
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+
+def publish_requests(events: Iterable[Event], advance_to: int | None, limit: int,
+                     batch: int = 256, clock: int | None = None) -> Iterator[Any]:
+    """The Publish messages for ``events`` in order, up to ``batch`` events (and
+    ``BATCH_BYTES``) per message, then the clock run to ``advance_to``. The service steps a gap
+    between events itself, but moves its clock at most ``limit`` (its ``max_advance_us``; 0: no
+    limit) per ``advance_to_us``: a longer final advance is sent as steps, counted from
+    ``clock`` (the service's clock before these events, if known) or the newest event."""
+    pending: list[str] = []
+    size = 0
+    for e in events:
+        text = json.dumps(to_cloudevent(e))
+        if pending and size + len(text) > BATCH_BYTES:
+            yield base_pb2.PublishRequest(cloudevents=pending)
+            pending, size = [], 0
+        pending.append(text)
+        size += len(text)
+        if len(pending) >= batch:
+            yield base_pb2.PublishRequest(cloudevents=pending)
+            pending, size = [], 0
+        clock = e.time if clock is None else max(clock, e.time)
+    if advance_to is not None and clock is not None and advance_to - clock > limit > 0:
+        if pending:
+            yield base_pb2.PublishRequest(cloudevents=pending)
+            pending = []
+        while advance_to - clock > limit:
+            clock += limit
+            yield base_pb2.PublishRequest(advance_to_us=clock)
+    if pending or advance_to is not None:
+        yield base_pb2.PublishRequest(cloudevents=pending, advance_to_us=advance_to or 0)
 
 
 # ------------------------------------------------------------------ subscriptions, event by event
@@ -195,10 +228,12 @@ class BaseClient:
         assert self._max_advance is not None
         return self._max_advance
 
-    def subscribe(self, query: str, subscription_id: str = "") -> Any:
+    def subscribe(self, query: str, subscription_id: str = "", progress: bool = False) -> Any:
         """The stream of native notifications (an iterator that is also a gRPC call: ``cancel()``
-        ends it); the first message says the query is registered."""
-        request = base_pb2.SubscribeRequest(query=query, subscription_id=subscription_id)
+        ends it); the first message says the query is registered. ``progress``: progress
+        markers too (``progress_batch`` set) after each numbered Publish message."""
+        request = base_pb2.SubscribeRequest(query=query, subscription_id=subscription_id,
+                                            progress=progress)
         return self.stub.Subscribe(request)
 
     def unsubscribe(self, subscription_id: str) -> bool:
@@ -208,103 +243,50 @@ class BaseClient:
     def publish(self, events: Iterable[Event], advance_to: int | None = None,
                 batch: int = 256) -> Any:
         """Publish in order, up to ``batch`` events (and ``BATCH_BYTES``) per message; then let
-        the clock run to ``advance_to``. The service steps a gap between events itself, but
-        moves its clock at most ``max_advance()`` per ``advance_to_us``: a longer final advance
-        is sent as steps."""
-        limit = self.max_advance()
-
-        def messages() -> Iterator[Any]:
-            pending: list[str] = []
-            size = 0
-            clock: int | None = None
-
-            def steps(until: int) -> Iterator[Any]:
-                nonlocal clock
-                while clock is not None and limit and until - clock > limit:
-                    clock += limit
-                    yield base_pb2.PublishRequest(advance_to_us=clock)
-
-            for e in events:
-                text = json.dumps(to_cloudevent(e))
-                if pending and size + len(text) > BATCH_BYTES:
-                    yield base_pb2.PublishRequest(cloudevents=pending)
-                    pending, size = [], 0
-                pending.append(text)
-                size += len(text)
-                if len(pending) >= batch:
-                    yield base_pb2.PublishRequest(cloudevents=pending)
-                    pending, size = [], 0
-                clock = e.time if clock is None else max(clock, e.time)
-            if advance_to is not None and clock is not None and advance_to - clock > limit > 0:
-                if pending:
-                    yield base_pb2.PublishRequest(cloudevents=pending)
-                    pending = []
-                yield from steps(advance_to)
-            if pending or advance_to is not None:
-                yield base_pb2.PublishRequest(cloudevents=pending, advance_to_us=advance_to or 0)
-
-        return self.stub.Publish(messages())
+        the clock run to ``advance_to`` (:func:`publish_requests`)."""
+        return self.stub.Publish(publish_requests(events, advance_to, self.max_advance(), batch))
 
 
-class _Sent:
-    """A query at a running service, reached over gRPC. Today's protocol says nothing of the
-    service's progress, so the events are kept and sent at ``close``: subscribe, publish them,
-    let the clock run to the end, unsubscribe once everything is queued, collect."""
+class _Remote:
+    """A query at a running service over a :class:`~adapters.remote_link.RemoteLink` of its own:
+    each step is one round trip, answered once the service's progress marker says it has
+    reported everything the step caused."""
 
-    live = False
+    live = True
 
-    def __init__(self, client: BaseClient, name: str, text: str) -> None:
-        self.client = client
-        self.name = name
-        self.text = text
-        self.events: list[Event] = []
+    def __init__(self, link: Link, text: str) -> None:
+        self.link = link
+        try:
+            self.handle = link.subscribe(text)
+        except BaseException:
+            link.close()
+            raise
 
     def push(self, event: Event) -> list[Detection]:
-        self.events.append(event)
-        return []
+        return self.link.publish([event])[self.handle]
 
     def advance(self, time: int) -> list[Detection]:
-        return []
+        return self.link.publish([], until=time)[self.handle]
 
     def close(self, until: int) -> list[Detection]:
-        client, text = self.client, self.text
-        sub_id = uuid.uuid4().hex
-        stream = client.subscribe(text, sub_id)
         try:
-            first = next(stream)
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                raise query_error(exc, self.name, text) from None
-            raise
-        assert first.ready
-        out: list[Detection] = []
-        failure: list[BaseException] = []
-
-        def drain() -> None:
-            try:
-                out.extend(detection(m) for m in stream)
-            except grpc.RpcError as exc:  # pragma: no cover - reported below
-                failure.append(exc)
-
-        reader = threading.Thread(target=drain, daemon=True)
-        reader.start()
-        client.publish(self.events, advance_to=until)
-        client.unsubscribe(sub_id)
-        reader.join()
-        if failure:
-            raise ConnectionError(f"subscription at {client.address} failed: {failure[0]}")
-        return out
+            return self.advance(until)
+        finally:
+            self.link.close()
 
 
-def remote_transport(address: str, group: str) -> Connect:
-    """Native queries evaluated at the running base service at ``address``; one whose group
-    is not ``group`` is refused (its language would not understand)."""
-    client = BaseClient(address)
-    client.wait_ready()
-    caps = client.capabilities()
+def remote_transport(address: str, group: str, timeout: float = 10.0) -> Connect:
+    """Native queries evaluated at the running base service at ``address``, live; one whose
+    group is not ``group`` is refused (its language would not understand). A service out of
+    reach for ``timeout`` seconds ends the run (ConnectionError)."""
+    from adapters.remote_link import RemoteLink  # it builds on this module
+
+    with BaseClient(address, timeout) as client:
+        client.wait_ready()
+        caps = client.capabilities()
     _check_group(address, caps["group"], group)
-    name = caps["language"]
-    return lambda text: _Sent(client, name, text)
+    info = ServiceInfo(address, group, capability_from_json(caps["capability"]))
+    return lambda text: _Remote(RemoteLink(info, address, timeout=timeout, patience=timeout), text)
 
 
 # ------------------------------------------------------------------ the asyncio adapter (DESIGN §5)

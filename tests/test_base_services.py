@@ -206,3 +206,32 @@ def test_the_async_adapter_interface(cg1: Running) -> None:
 
     asyncio.run(scenario())
     assert wait_until(lambda: cg1.service.subscriptions == [])
+
+
+def test_progress_markers_follow_each_numbered_messages_detections(cg1: Running) -> None:
+    """A Publish message with a batch number ends with a progress marker on every subscription
+    that asked (after that message's detections, with the subscription's clock); a message
+    without one, or a subscription that did not ask, gets none."""
+    from adapters.wire import base_pb2
+
+    def message(events: str, batch: int = 0, advance: int = 0) -> object:
+        return base_pb2.PublishRequest(
+            cloudevents=[json.dumps(to_cloudevent(e)) for e in trace_of(events)] if events
+            else [], batch=batch, advance_to_us=advance)
+
+    with BaseClient(f"127.0.0.1:{cg1.port}") as client:
+        streams = {name: client.subscribe(query, name, progress=name != "plain")
+                   for name, query in [("pairs", 'AND([type = "a"], [type = "b"])'),
+                                       ("a", '[type = "a"]'), ("plain", '[type = "a"]')]}
+        assert all(next(s).ready for s in streams.values())
+        reply = client.stub.Publish(iter([message("a1@1 b1@2", batch=7), message("a2@3"),
+                                          message("", batch=9, advance=10)]))
+        assert reply.accepted == 3
+        for name in streams:
+            client.unsubscribe(name)
+        seen = {name: [f"progress {m.progress_batch} at {m.progress_us}" if m.progress_batch
+                       else "+".join(json.loads(c)["id"] for c in m.constituents)
+                       for m in stream] for name, stream in streams.items()}
+    assert seen == {"pairs": ["a1+b1", "progress 7 at 2", "a2+b1", "progress 9 at 10"],
+                    "a": ["a1", "progress 7 at 2", "a2", "progress 9 at 10"],
+                    "plain": ["a1", "a2"]}

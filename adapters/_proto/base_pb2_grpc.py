@@ -67,7 +67,8 @@ class BaseServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Subscribe(self, request, context):
-        """Register a native query; detections stream back until Unsubscribe or disconnect. A query
+        """Register a native query; detections stream back until Unsubscribe or disconnect (and, if
+        the subscriber asked for them, progress markers: see NativeNotification). A query
         the language rejects ends the call with INVALID_ARGUMENT, the parser's message (the line cut
         around the position) and, in google.rpc.Status details, a BadRequest field violation of
         field "query" described "line L, column C: message".

@@ -11,6 +11,10 @@ clock advance by ``max_advance``), and the loop is yielded to every few millisec
 Subscribe, Unsubscribe, Capabilities and Health are answered while a publisher is being served.
 The lock is never held waiting for a subscriber that stopped reading.
 
+Progress: a Publish message with a ``batch`` number ends, still under the order lock, with a
+progress marker queued to every subscription that asked for them, after the message's
+detections — so a publisher knows when a service has reported everything a message caused.
+
 Robustness (docs/backends.md): a bad query ends its Subscribe with INVALID_ARGUMENT, a short
 message and the position as a ``google.rpc.BadRequest`` field violation, never UNKNOWN; a query
 over ``MAX_QUERY_BYTES`` is refused before parsing; a malformed event, or one an evaluator
@@ -143,6 +147,8 @@ class _Subscription:
     clock: int | None = None
     """The newest event time or advance the evaluator has seen (None: its clock has not
     started). Each subscription has its own: it sees only what was published after it came."""
+    progress: bool = False
+    """Sent a progress marker after each numbered Publish message (SubscribeRequest.progress)."""
     read_at: float = field(default_factory=time.monotonic)
     """When its stream last took a notification, or something was queued for it while it had
     read everything: a subscriber with a backlog that has read nothing for the stall timeout
@@ -230,7 +236,8 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
         sub_id = request.subscription_id or uuid.uuid4().hex
         if sub_id in self._subs:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"subscription {sub_id!r} exists")
-        sub = _Subscription(sub_id, evaluator, asyncio.Queue(maxsize=self.queue_size))
+        sub = _Subscription(sub_id, evaluator, asyncio.Queue(maxsize=self.queue_size),
+                            progress=request.progress)
         self._subs[sub_id] = sub
         log.info("subscribed %s: %s", sub_id, _short(text))
         try:
@@ -280,6 +287,16 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
                 await self._event(text, tally)
             if request.advance_to_us:
                 await self._advance(request.advance_to_us, tally)
+            if request.batch:
+                await self._progress(request.batch)
+
+    async def _progress(self, batch: int) -> None:
+        """Tell each subscription that asked that message ``batch`` is evaluated: queued after
+        the message's detections, so its stream delivers them first."""
+        for sub in list(self._subs.values()):
+            if sub.progress:
+                await self._put(sub, base_pb2.NativeNotification(
+                    subscription_id=sub.ident, progress_batch=batch, progress_us=sub.clock or 0))
 
     async def _event(self, text: str, tally: _Tally) -> None:
         tally.number += 1
