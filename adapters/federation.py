@@ -1,172 +1,294 @@
-"""The transformation path against a real base service (``evamed replay --via G``), event by
-event.
+"""A document's plans through the services that evaluate their leaves, batch by batch: what
+``evamed replay --via G`` runs (one service) and what the mediator's pipeline runs (many).
 
-plan → render (the group's dialect) → native evaluation (the service's own language and
-semantics) → notification transformation and post-filter → EVA occurrences, composed at the
+plan → render (each leaf's service's dialect) → native evaluation (the service's own language
+and semantics) → notification transformation and post-filter → EVA occurrences, composed at the
 mediator where the plan says so. The plan runner (:mod:`transforms.runner`) does everything
-after the service; this module connects the runner's leaves to the service: it subscribes each
-leaf's native query once (:mod:`adapters.client`: in process, or a running service over gRPC),
-publishes every event to the subscriptions — and, for a service without a clock, the ticks of
-the time classes a pushed subtree names (the transferring rule), after every event of their
-instant — and streams the notifications to the runner. The mediator sees only what a service
-sends back: native notifications with their constituent CloudEvents.
+after the services; a :class:`Federation` connects the runner's leaves to the services' links
+(:mod:`adapters.links`): it subscribes each distinct native query once per service, and for each
+batch of events (in key order: time, then arrival):
+
+1. ``begin(events)``: the runner takes the batch (it holds each event until what the services
+   say about it is final). Returned, per link: the ticks of the time classes its queries name
+   when its service has no clock (the transferring rule), up to just before the batch's newest
+   instant. A tick comes after the events of its instant (its arrival number is after every
+   event's), so the newest instant's ticks wait for a later batch, which may hold more of
+   that instant's events;
+2. the caller publishes to each link the events its service observes and those ticks
+   (:func:`publish`);
+3. ``finish(detections, newest)``: the runner takes its own handles' detections, then decides
+   up to ``newest - 1``. That is sound because a link that has published a batch whose newest
+   event is at T has reported every instant before T: it steps its clock before each new
+   instant, and a link given no event of T is run to T - 1 (:func:`publish`'s ``until``).
+
+Links are shared: many federations' handles at one link, each federation taking its own
+handles' detections. ``push`` is 1–3 over the federation's own links (``via``). A watermark
+``time`` is a batch without events: ``begin([], until=time)``, publish with ``until=time``,
+``finish(…, time + 1)`` — :meth:`Federation.advance` over its own links.
 
 A service may refuse the query a pushed subtree renders as: a native language has its own
 limits (size, nesting; docs/backends.md, Limits), narrower in places than EVA's. That is
-:class:`PushRefused`, naming the profile, the group and the service's own message.
+:class:`PushRefused`, naming the profile, the service and the service's own message.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from adapters.backends.native import Language, NativeQueryError
-from adapters.client import Connect, Subscription, in_process
+from adapters.client import Connect, in_process
+from adapters.links import Handle, Link, SubscriptionLink
 from eva import ast
 from eva.classes import label, next_tick
 from eva.events import Event, tick_event
 from eva.semantics import Notification
 from transforms.dialects import dialect
-from transforms.dialects.base import Detection
-from transforms.planner import plan
+from transforms.dialects.base import Detection, Dialect
+from transforms.federated import ServiceInfo, plan_federated
 from transforms.plans import Plan
 from transforms.runner import Leaf, Runner
 
 TICK_SEQ = 2**40
 """Ticks published to a service are numbered after any event of the trace."""
 
+Detections = Mapping[str, Mapping[Handle, Sequence[Detection]]]
+"""What the links reported for a batch: per link name, per handle."""
+
 
 class PushRefused(ValueError):
     """The service refused a query the mediator would subscribe for a profile (one of its
-    language's limits): the profile cannot be evaluated through this group."""
+    language's limits): the profile cannot be evaluated through this service."""
 
 
 @dataclass
 class _Query:
-    """One subscribed native query, the leaves it answers, and the ticks it is published."""
+    """One subscribed native query and the runner's leaves it answers."""
 
+    service: str
     text: str
-    subscription: Subscription
+    handle: Handle
     leaves: list[Leaf]
-    clocks: list[tuple[str, ast.Every]]
-    next: list[int] = field(default_factory=list)  # each clock's next tick
 
 
 class Federation:
-    """A document's plans through one group's base service, as the trace streams through:
-    ``push`` each admitted event (in time order), ``close`` at the end; both return the
-    composites decided."""
+    """A document's plans over the links their leaves name (``Remote.service``), as the trace
+    streams through in batches (see the module docstring); every call returns the composites
+    it decided."""
 
-    def __init__(self, language: Language, doc: ast.Document, plans: list[Plan],
-                 connect: Connect, *, tick: int = 1_000_000, start: int | None = None,
+    def __init__(self, doc: ast.Document, plans: Sequence[Plan], links: Mapping[str, Link], *,
+                 tick: int = 1_000_000, start: int | None = None,
                  end: int | None = None) -> None:
-        self.dialect = dialect(language.group)
-        self.group = language.group
+        """``start``: profiles see events after it (default: just before the first event);
+        ``end``: and none after it."""
         self.doc = doc
-        self.start = start
+        self.plans = list(plans)
+        self.links = links
         self.end = end
-        spoken = self.dialect
-        self.runner = Runner(plans, doc, spoken, tick=tick, start=start, end=end,
-                             own_feed=lambda prim: not spoken.can_render(prim, doc))
-        self.queries: dict[str, _Query] = {}
-        """Native text → its subscription (each distinct query is subscribed once)."""
+        dialects = {name: dialect(link.info.group) for name, link in links.items()}
+        self.runner = Runner(self.plans, doc, dialects, tick=tick, start=start, end=end)
+        self.queries: dict[tuple[str, str], _Query] = {}
+        """(service, native text) → its subscription: each distinct query subscribed once."""
+        self.handles: dict[str, list[Handle]] = {name: [] for name in links}
+        self._of: dict[tuple[str, Handle], _Query] = {}
+        try:
+            for leaf in self.runner.leaves:
+                self._subscribe(leaf, dialects)
+        except BaseException:
+            self.unsubscribe()  # a shared link keeps nothing of a federation that failed
+            raise
         classes = doc.class_map()
-        for leaf in self.runner.leaves:
-            text = spoken.render(leaf.expr, doc, leaf.profile, leaf.root_eoi)
-            query = self.queries.get(text)
-            if query is None:
-                clocks = [] if spoken.capability.clock else [
-                    (n.name, every) for n in dict.fromkeys(ast.walk(leaf.expr))
-                    if isinstance(n, ast.Prim) and isinstance(every := classes[n.name].body,
-                                                              ast.Every)]
-                query = self.queries[text] = _Query(text, self._subscribe(connect, text, leaf),
-                                                    [], clocks)
-            query.leaves.append(leaf)
+        # The time classes whose ticks each link is published: those its queries name, when
+        # its service has no clock of its own (in the document's order of classes).
+        needed = {name: {n.name for q in self.queries.values() if q.service == name
+                         for leaf in q.leaves for n in ast.walk(leaf.expr)
+                         if isinstance(n, ast.Prim) and isinstance(classes[n.name].body, ast.Every)}
+                  for name, link in links.items() if not link.info.capability.clock}
+        self._clocks = {name: [c.name for c in doc.classes if c.name in used]
+                        for name, used in needed.items() if used}
+        self._every = {c.name: c.body for c in doc.classes if isinstance(c.body, ast.Every)}
+        self._next: dict[str, int] = {}  # each ticked class's next tick
         self._ticks = 0
-        self._newest: int | None = None
-        self.live = all(q.subscription.live for q in self.queries.values())
+        self._last: Event | None = None  # the latest event given, for the order check
+        self._newest: int | None = None  # the newest time of an event the profiles see
 
     @property
     def rendered(self) -> list[str]:
         """The native queries subscribed."""
-        return list(self.queries)
+        return [q.text for q in self.queries.values()]
 
-    def _subscribe(self, connect: Connect, text: str, leaf: Leaf) -> Subscription:
-        try:
-            return connect(text)
-        except NativeQueryError as exc:
-            raise self._refused(exc, leaf.profile.name) from None
+    def _subscribe(self, leaf: Leaf, dialects: Mapping[str, Dialect]) -> None:
+        service = leaf.node.service
+        link = self.links[service]  # the runner has checked that it is connected
+        text = dialects[service].render(leaf.expr, self.doc, leaf.profile, leaf.root_eoi)
+        query = self.queries.get((service, text))
+        if query is None:
+            try:
+                handle = link.subscribe(text)
+            except NativeQueryError as exc:
+                raise _refused(exc, link.info, leaf.profile.name) from None
+            query = self.queries[(service, text)] = _Query(service, text, handle, [])
+            self.handles[service].append(handle)
+            self._of[(service, handle)] = query
+        query.leaves.append(leaf)
 
-    def _refused(self, exc: NativeQueryError, profile: str) -> PushRefused:
-        return PushRefused(
-            f"profile {profile}: the {self.group} service ({exc.language}) refuses the query "
-            f"the mediator would subscribe for it: {exc.message} (see docs/backends.md, Limits; "
-            f"'evamed explain --group {self.group}' shows the query)")
+    def set_origin(self, origin: int) -> None:
+        """Profiles see events after ``origin`` (before the first batch; then: no effect)."""
+        self.runner.begin(origin)
 
-    def begin(self, origin: int) -> None:
-        """Profiles see events after ``origin`` (default: just before the first event)."""
-        if self.start is None:
-            self.start = origin
-            self.runner.begin(origin)
+    # ---------------------------------------------------------------- a batch, in steps
 
-    def push(self, event: Event) -> list[Notification]:
-        self.begin(event.time - 1)
-        assert self.start is not None
-        if event.time <= self.start or (self.end is not None and event.time > self.end):
-            return []  # outside the trace the profiles see
-        out: list[Notification] = []
-        if self._newest is None or event.time > self._newest:
-            # Nothing before this event's instant will come: the services report every
-            # instant before it (a live one at once; one that is not only at the end).
-            self._tick_until(event.time - 1)
-            for query in self.queries.values():
-                self._notify(query, query.subscription.advance(event.time - 1))
-            if self.live:
-                out = self.runner.advance(event.time - 1)
-            self._newest = event.time
-        self.runner.push(event)
-        for query in self.queries.values():
-            self._notify(query, query.subscription.push(event))
-        return out
+    def begin(self, events: Sequence[Event], until: int | None = None) -> dict[str, list[Event]]:
+        """Give the runner the batch (in key order; ValueError for an event out of it);
+        returned: per link, the ticks its queries need up to just before the newest instant
+        seen so far — and, with ``until`` (a watermark), up to it."""
+        self._take(events)
+        bounds = [t for t in (None if self._newest is None else self._newest - 1, until)
+                  if t is not None]
+        return self._ticks_until(max(bounds)) if bounds else {}
+
+    def finish(self, detections: Detections, newest: int) -> list[Notification]:
+        """Take this federation's handles' detections (each link having published the batch
+        whose newest event time is ``newest``), then decide every instant before it."""
+        self._notify(detections)
+        if self.runner.start is None:
+            return []  # no event the profiles see yet
+        return self.runner.advance(newest - 1)
+
+    # ---------------------------------------------------------------- over its own links
+
+    def push(self, events: Sequence[Event]) -> list[Notification]:
+        """A batch through the federation's own links: ``begin``, :func:`publish`,
+        ``finish``."""
+        seen = self._take(events)
+        if not seen:
+            return []
+        newest = seen[-1].time
+        ticks = self._ticks_until(newest - 1)
+        return self.finish(publish(self.links, seen, ticks), newest)
+
+    def advance(self, time: int) -> list[Notification]:
+        """A watermark: no event at or before ``time`` will come."""
+        ticks = self.begin([], until=time)
+        return self.finish(publish(self.links, [], ticks, until=time), time + 1)
 
     def close(self, until: int | None = None) -> list[Notification]:
+        """End of input: the trace ends at ``until`` (default: ``end``, else the newest event's
+        time); the services' clocks are run there and the runner decides everything."""
         end = until if until is not None else self.end if self.end is not None else self._newest
         if end is None:
             return []
-        self._tick_until(end)
-        for query in self.queries.values():
-            try:
-                detections = query.subscription.close(end)
-            except NativeQueryError as exc:  # a remote service parses at the end
-                raise self._refused(exc, query.leaves[0].profile.name) from None
-            self._notify(query, detections)
+        self._notify(publish(self.links, [], self._ticks_until(end), until=end))
         return self.runner.close(end)
 
-    def _notify(self, query: _Query, detections: list[Detection]) -> None:
-        for d in detections:
-            for leaf in query.leaves:
-                self.runner.notify(leaf, d)
+    def unsubscribe(self) -> None:
+        """Every handle, at its link."""
+        for service, handle in self._of:
+            self.links[service].unsubscribe(handle)
+        self._of.clear()
+        for handles in self.handles.values():
+            handles.clear()
 
-    def _tick_until(self, time: int) -> None:
-        """Publish the ticks up to ``time`` of the time classes each query names (in time
-        order, classes in the order the query names them)."""
-        assert self.start is not None
-        for query in self.queries.values():
-            if not query.clocks:
-                continue
-            if not query.next:
-                query.next = [next_tick(every, self.start) for _, every in query.clocks]
-            while True:
-                due = min(query.next)
-                if due > time:
-                    break
-                for i, (name, every) in enumerate(query.clocks):
-                    if query.next[i] == due:
-                        tick = tick_event(name, due, label(due), TICK_SEQ + self._ticks)
-                        self._ticks += 1
-                        self._notify(query, query.subscription.push(tick))
-                        query.next[i] = next_tick(every, due)
+    # ---------------------------------------------------------------- inside
+
+    def _take(self, events: Sequence[Event]) -> list[Event]:
+        """Check the order, push to the runner what the profiles see; that part."""
+        runner = self.runner
+        seen = []
+        for event in events:
+            previous = self._last
+            if previous is not None and event.key < previous.key:
+                raise ValueError(
+                    f"event {event.id!r} (time {label(event.time)}, arrival {event.seq}) comes "
+                    f"after {previous.id!r} (time {label(previous.time)}, arrival "
+                    f"{previous.seq}); expected the events in time order, then arrival order")
+            self._last = event
+            runner.begin(event.time - 1)  # the first event starts the clock, if nothing did
+            assert runner.start is not None
+            if event.time <= runner.start or (self.end is not None and event.time > self.end):
+                continue  # outside the trace the profiles see
+            runner.push(event)
+            seen.append(event)
+            self._newest = event.time
+        return seen
+
+    def _notify(self, detections: Detections) -> None:
+        for service, found in detections.items():
+            for handle, reported in found.items():
+                query = self._of.get((service, handle))
+                if query is None:
+                    continue  # another federation's subscription at a shared link
+                for d in reported:
+                    for leaf in query.leaves:
+                        self.runner.notify(leaf, d)
+
+    def _ticks_until(self, time: int) -> dict[str, list[Event]]:
+        """Per link, the ticks up to ``time`` not published yet, of the time classes it needs
+        (in time order, classes in the document's order at one instant)."""
+        start = self.runner.start
+        if start is None or not self._clocks:
+            return {}
+        every = self._every
+        due_next = self._next
+        for name in dict.fromkeys(c for names in self._clocks.values() for c in names):
+            if name not in due_next:
+                due_next[name] = next_tick(every[name], start)
+        made: list[tuple[str, Event]] = []
+        while due_next and (due := min(due_next.values())) <= time:
+            for name, at in due_next.items():
+                if at == due:
+                    made.append((name, tick_event(name, due, label(due),
+                                                  TICK_SEQ + self._ticks)))
+                    self._ticks += 1
+                    due_next[name] = next_tick(every[name], due)
+        return {link: [t for name, t in made if name in names]
+                for link, names in self._clocks.items()}
+
+
+def publish(links: Mapping[str, Link], events: Sequence[Event],
+            ticks: Mapping[str, Sequence[Event]], until: int | None = None
+            ) -> dict[str, dict[Handle, list[Detection]]]:
+    """A batch to every link that has something to do: the events its service observes
+    (its coverage) and the ticks asked of it (once per (type, time)), in key order. A link
+    whose part ends before the batch's newest instant has its clock run to just before it, so
+    that every link has reported every instant before the newest; with ``until``, every link's
+    clock is run there."""
+    newest = max((e.time for e in events), default=None)
+    out: dict[str, dict[Handle, list[Detection]]] = {}
+    for name, link in links.items():
+        observed = [e for e in events if link.info.coverage.observes(e)]
+        asked = {(t.type, t.time): t for t in ticks.get(name, ())}
+        batch = sorted([*observed, *asked.values()], key=lambda e: e.key)
+        last = batch[-1].time if batch else None
+        clock = until
+        if newest is not None and (last is None or last < newest):
+            clock = newest - 1 if clock is None else max(clock, newest - 1)
+        if clock is not None and last is not None and clock <= last:
+            clock = None  # its own events run its clock that far
+        if batch or clock is not None:
+            out[name] = link.publish(batch, clock)
+    return out
+
+
+def _refused(exc: NativeQueryError, info: ServiceInfo, profile: str) -> PushRefused:
+    named = "" if info.name == info.group else f" {info.name!r}"
+    return PushRefused(
+        f"profile {profile}: the {info.group} service{named} ({exc.language}) refuses the query "
+        f"the mediator would subscribe for it: {exc.message} (see docs/backends.md, Limits; "
+        f"'evamed explain --group {info.group}' shows the query)")
+
+
+def through_group(language: Language, doc: ast.Document, profiles: list[str] | None = None, *,
+                  transport: Connect | None = None, tick: int = 1_000_000,
+                  start: int | None = None, end: int | None = None) -> Federation:
+    """Every profile (``profiles``: only these) planned for ``language``'s service alone — one
+    service observing every event — and subscribed there: in process, or through
+    ``transport`` (what ``replay --via`` runs)."""
+    info = ServiceInfo(language.group, language.group, language.capability)
+    plans = [plan_federated(p, doc, [info]) for p in doc.profiles
+             if profiles is None or p.name in profiles]
+    link = SubscriptionLink(info, transport or in_process(language))
+    return Federation(doc, plans, {info.name: link}, tick=tick, start=start, end=end)
 
 
 def via(language: Language, doc: ast.Document, events: Iterable[Event], *,
@@ -178,19 +300,15 @@ def via(language: Language, doc: ast.Document, events: Iterable[Event], *,
     ``events`` stream through in key order (time, then arrival), as the runner takes them;
     an event out of that order is refused (:class:`ValueError`) rather than collected and
     sorted."""
-    plans = [plan(p, doc, language.capability) for p in doc.profiles
-             if profiles is None or p.name in profiles]
-    federation = Federation(language, doc, plans, transport or in_process(language), tick=tick,
-                            start=start, end=end)
+    federation = through_group(language, doc, profiles, transport=transport, tick=tick,
+                               start=start, end=end)
+    rendered = federation.rendered
     out: list[Notification] = []
-    previous: Event | None = None
-    for event in events:
-        if previous is not None and event.key < previous.key:
-            raise ValueError(
-                f"event {event.id!r} (time {label(event.time)}, arrival {event.seq}) comes after "
-                f"{previous.id!r} (time {label(previous.time)}, arrival {previous.seq}); "
-                "expected the events in time order, then arrival order")
-        previous = event
-        out.extend(federation.push(event))
-    out.extend(federation.close(end))
-    return out, plans, federation.rendered
+    try:
+        for event in events:
+            # A batch of one: each event is decided on before the next is drawn (a stream).
+            out.extend(federation.push([event]))
+        out.extend(federation.close(end))
+    finally:
+        federation.unsubscribe()
+    return out, federation.plans, rendered

@@ -5,7 +5,8 @@ mediator publishes each event to a service once, whatever number of profiles use
 :class:`Link` holds the service's native subscriptions (handles) and publishes batches to all of
 them at once; what comes back is sorted by handle. :class:`InProcessLink` runs the service's
 evaluator in this process (the embedded mode, and the property tests);
-:mod:`adapters.remote_link` reaches a running base service over gRPC.
+:mod:`adapters.remote_link` reaches a running base service over gRPC; :class:`SubscriptionLink`
+steps one subscription of any transport per handle (``replay --via``, whose transport is given).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from adapters.backends.native import Language
-from adapters.client import _Evaluation
+from adapters.client import Connect, Subscription, in_process
 from eva.events import Event
 from transforms.dialects.base import Detection
 from transforms.federated import ServiceInfo
@@ -46,27 +47,37 @@ class Link(Protocol):
 
     def close(self) -> None: ...
 
+    def status(self) -> str:
+        """"SERVING", or "CONNECTING" while the service is out of reach (a remote link
+        reconnects by itself; its calls wait for it)."""
+        ...
 
-class InProcessLink:
-    """The service's evaluators in this process, one per handle, stepped as a base service
-    steps them (an event it refuses is left out; the clock is advanced to just before each new
-    instant, so what an instant completes is reported before the next one's events)."""
 
-    def __init__(self, info: ServiceInfo, language: Language) -> None:
+class SubscriptionLink:
+    """A service reached one subscription per handle (:data:`adapters.client.Connect`: its
+    evaluator in this process, or a running service one query at a time — what ``replay --via``
+    is given), each stepped as a base service steps its subscriptions: an event it refuses is
+    left out; the clock is advanced to just before each new instant, so what an instant
+    completes is reported before the next one's events."""
+
+    def __init__(self, info: ServiceInfo, connect: Connect) -> None:
         self.info = info
-        self.language = language
-        self._subs: dict[Handle, _Evaluation] = {}
+        self.connect = connect
+        self._subs: dict[Handle, Subscription] = {}
         self._ids = itertools.count(1)
         self._newest: int | None = None
 
     def subscribe(self, text: str) -> Handle:
-        evaluation = _Evaluation(self.language.parse(text))
+        subscription = self.connect(text)
         handle = f"{self.info.name}-{next(self._ids)}"
-        self._subs[handle] = evaluation
+        self._subs[handle] = subscription
         return handle
 
     def unsubscribe(self, handle: Handle) -> None:
-        self._subs.pop(handle, None)
+        subscription = self._subs.pop(handle, None)
+        if subscription is not None:
+            # Its end, with the clock where the link's is (a remote one closes its stream).
+            subscription.close(self._newest if self._newest is not None else 0)
 
     def publish(self, events: Sequence[Event], until: int | None = None
                 ) -> dict[Handle, list[Detection]]:
@@ -85,4 +96,16 @@ class InProcessLink:
         return out
 
     def close(self) -> None:
-        self._subs.clear()
+        for handle in list(self._subs):
+            self.unsubscribe(handle)
+
+    def status(self) -> str:
+        return "SERVING"  # each subscription answers or raises (in this process: always there)
+
+
+class InProcessLink(SubscriptionLink):
+    """The service's evaluators in this process (the embedded mode, and the tests)."""
+
+    def __init__(self, info: ServiceInfo, language: Language) -> None:
+        super().__init__(info, in_process(language))
+        self.language = language

@@ -73,7 +73,14 @@ def compile_predicate(pred: ast.Predicate, classes: dict[str, ast.ClassDef]) -> 
 
 def required_types(pred: ast.Predicate, classes: dict[str, ast.ClassDef]) -> frozenset[str] | None:
     """The ``type`` values an event must have to match, or None when any type may match."""
-    if isinstance(pred, ast.Compare) and pred.path == "type":
+    return required_values(pred, classes, "type")
+
+
+def required_values(pred: ast.Predicate, classes: dict[str, ast.ClassDef],
+                    path: str) -> frozenset[str] | None:
+    """The string values the attribute at ``path`` must have for an event to match (``type``,
+    ``source``), or None when any value may match."""
+    if isinstance(pred, ast.Compare) and pred.path == path:
         if pred.op == "==" and isinstance(pred.value, str):
             return frozenset([pred.value])
         if pred.op == "in" and isinstance(pred.value, tuple):
@@ -81,14 +88,16 @@ def required_types(pred: ast.Predicate, classes: dict[str, ast.ClassDef]) -> fro
         return None
     if isinstance(pred, ast.ClassRef):
         body = classes[pred.name].body
-        return None if isinstance(body, ast.Every) else required_types(body, classes)
+        return None if isinstance(body, ast.Every) else required_values(body, classes, path)
     if isinstance(pred, ast.And):
-        a, b = required_types(pred.left, classes), required_types(pred.right, classes)
+        a = required_values(pred.left, classes, path)
+        b = required_values(pred.right, classes, path)
         if a is None:
             return b
         return a if b is None else a & b
     if isinstance(pred, ast.Or):
-        a, b = required_types(pred.left, classes), required_types(pred.right, classes)
+        a = required_values(pred.left, classes, path)
+        b = required_values(pred.right, classes, path)
         return None if a is None or b is None else a | b
     return None
 

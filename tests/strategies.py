@@ -55,23 +55,29 @@ def expressions(max_depth: int = 3, names: list[str] | None = None,
 
 
 @st.composite
-def documents(draw: st.DrawFn, max_depth: int = 3) -> ast.Document:
-    expr = draw(expressions(max_depth))
+def documents(draw: st.DrawFn, max_depth: int = 3, classes: str = CLASSES,
+              names: list[str] | None = None) -> ast.Document:
+    """One profile ``P`` over ``classes`` (the expression over ``names`` of them, if given)."""
+    expr = draw(expressions(max_depth, names))
     per = " per data.k" if draw(st.booleans()) and draw(st.booleans()) else ""
     evaluation = " evaluate end_of_interval" if draw(st.integers(0, 3)) == 0 else ""
-    return parse(CLASSES + f"profile P{per}{evaluation} = {expr_text(expr)}\n")
+    return parse(classes + f"profile P{per}{evaluation} = {expr_text(expr)}\n")
 
 
 @st.composite
-def traces(draw: st.DrawFn, max_size: int = 24, types: str = "abc") -> list[Event]:
-    """Traces with many equal timestamps and short gaps, so time frames both hold and fail."""
+def traces(draw: st.DrawFn, max_size: int = 24, types: str = "abc",
+           sources: tuple[str, ...] = ("s",)) -> list[Event]:
+    """Traces with many equal timestamps and short gaps, so time frames both hold and fail
+    (of several sources merged, if given)."""
     size = draw(st.integers(0, max_size))
     t = 10
     out = []
     for i in range(size):
         t += draw(st.sampled_from([0, 0, 1, 1, 2, 3, 6]))
         kind = draw(st.sampled_from(types))
-        out.append(Event(f"{kind}{i}", "s", kind, t, i, {"k": draw(st.sampled_from([1, 2]))}))
+        source = draw(st.sampled_from(sources)) if len(sources) > 1 else sources[0]
+        out.append(Event(f"{kind}{i}", source, kind, t, i,
+                         {"k": draw(st.sampled_from([1, 2]))}))
     return out
 
 

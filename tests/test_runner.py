@@ -10,8 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from adapters.backends.registry import GROUPS, language
-from adapters.client import in_process
-from adapters.federation import Federation, via
+from adapters.federation import Federation, through_group, via
 from eva import ast
 from eva.events import Event
 from eva.reference import evaluate
@@ -25,12 +24,10 @@ from transforms.planner import plan
 
 def streamed(group: str, doc: ast.Document, trace: list[Event]) -> list[tuple[int, Notification]]:
     """(events pushed so far, composite) for each composite, as the federation decides it."""
-    lang = language(group, 1)
-    plans = [plan(p, doc, lang.capability) for p in doc.profiles]
-    federation = Federation(lang, doc, plans, in_process(lang), tick=1)
+    federation = through_group(language(group, 1), doc, tick=1)
     out: list[tuple[int, Notification]] = []
     for count, event in enumerate(trace, start=1):
-        out.extend((count, n) for n in federation.push(event))
+        out.extend((count, n) for n in federation.push([event]))
     out.extend((len(trace) + 1, n) for n in federation.close())
     return out
 
@@ -94,9 +91,9 @@ def test_via_takes_an_iterator_and_ends_where_it_is_told(
     steps: list[str] = []
     push = Federation.push
 
-    def pushed(self: Federation, event: Event) -> list[Notification]:
-        steps.append(f"push {event.id}")
-        return push(self, event)
+    def pushed(self: Federation, events: list[Event]) -> list[Notification]:
+        steps.extend(f"push {event.id}" for event in events)
+        return push(self, events)
 
     monkeypatch.setattr(Federation, "push", pushed)
 
@@ -171,11 +168,10 @@ def state_size(group: str, per: str, count: int) -> tuple[int, int]:
     """(partitions kept, key-table entries) after ``count`` events of keys that live for two
     events each (a then b, a second apart): what a long-running runner holds."""
     doc = profile_doc(f"{per} = ((all_dup(A); all_dup(B))_2s)_all_pairs")
-    lang = language(group, 1_000_000)
-    federation = Federation(lang, doc, [plan(p, doc, lang.capability) for p in doc.profiles],
-                            in_process(lang))
+    federation = through_group(language(group, 1_000_000), doc)
     for i in range(count):
-        federation.push(Event(f"e{i}", "s", "ab"[i % 2], (i + 1) * 1_000_000, i, {"k": i // 2}))
+        federation.push([Event(f"e{i}", "s", "ab"[i % 2], (i + 1) * 1_000_000, i,
+                               {"k": i // 2})])
     partitions = federation.runner.profiles[0].partitions.values()
     engines = [e for part in partitions
                for e in [*part.rerun.values(), *([part.outer] if part.outer else [])]]

@@ -4,15 +4,24 @@ A service declares its group (a capability record) and its **coverage**: which e
 observes — patterns (``fnmatch``) over the CloudEvents ``source`` and ``type``. The planner
 assigns each subtree of a profile to a service that covers all its primitive classes and can
 evaluate it, and composes the rest at the mediator (docs/transformations.md, "Federated plans").
+
+The tree walk is the single-service planner's (:func:`transforms.planner.plan_expr`); only
+where a subtree goes differs: :func:`plan_federated` asks every covering service's
+:func:`~transforms.planner.push` and takes the best answer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 
+from eva import ast
+from eva.classes import required_types, required_values
 from eva.events import Event
 from transforms.capability import Capability
+from transforms.planner import plan_expr, planning_capability, push
+from transforms.plans import Kind, Plan, Remote
 
 
 @dataclass(frozen=True)
@@ -26,6 +35,15 @@ class Coverage:
     def observes(self, event: Event) -> bool:
         return (any(fnmatchcase(event.source, p) for p in self.sources)
                 and any(fnmatchcase(event.type, p) for p in self.types))
+
+    @property
+    def everything(self) -> bool:
+        """Every event, whatever its source and type."""
+        return EVERY in self.sources and EVERY in self.types
+
+
+EVERY = "*"
+"""The pattern that matches every value: the only one that covers a value a class leaves open."""
 
 
 @dataclass(frozen=True)
@@ -41,3 +59,119 @@ class ServiceInfo:
 MEDIATOR = ""
 """The service name of a plan node evaluated at the mediator itself, on the events published
 to it (``Publish``): what no connected service covers."""
+
+
+FEDERATED = Capability("federated", frozenset(), timed=False, settings=frozenset(),
+                       accepts_events=False,
+                       description="each subtree at a service that covers it")
+"""The ``capability`` of a federated plan: its services' capabilities are in its nodes."""
+
+
+def covers(info: ServiceInfo, cls: ast.ClassDef, classes: dict[str, ast.ClassDef]) -> bool:
+    """Whether every event that can match ``cls`` is one the service observes: each type the
+    class requires matches one of its type patterns, and its source patterns match every
+    source — or every source the class pins (``source == …`` / ``in``). A class that leaves the
+    type (or the source) open is covered only by a service observing every type (source):
+    the pattern ``*``. A time class is covered by every service (the mediator injects its
+    ticks, or the service has a clock)."""
+    if isinstance(cls.body, ast.Every):
+        return True
+    coverage = info.coverage
+    return (_matched(coverage.types, required_types(cls.body, classes))
+            and _matched(coverage.sources, required_values(cls.body, classes, "source")))
+
+
+def _matched(patterns: tuple[str, ...], values: frozenset[str] | None) -> bool:
+    """Whether every value (None: any value at all) matches one of the patterns."""
+    if values is None:
+        return EVERY in patterns
+    return all(any(fnmatchcase(v, p) for p in patterns) for v in values)
+
+
+def plan_federated(profile: ast.Profile, doc: ast.Document,
+                   services: Sequence[ServiceInfo]) -> Plan:
+    """The profile over ``services`` (in the configured order): top-down, a subtree goes whole
+    to the best covering service that evaluates it — equivalent or transferring before
+    positive; ties to the fewer post-filters and auxiliary streams, then to the earlier
+    service — else its operator is evaluated at the mediator and each operand planned the
+    same way. A primitive class no service covers (and evaluates) is the mediator's own feed
+    (:data:`MEDIATOR`): the events published to it. ``per`` profiles at a service without
+    partitions: set semantics only, as :func:`transforms.planner.plan` does."""
+    names = [s.name for s in services]
+    if MEDIATOR in names or len(set(names)) != len(names):
+        raise ValueError(f"service names must be unique and not empty, got {names}")
+    classes = doc.class_map()
+    sites = [(info, planning_capability(info.capability, profile)) for info in services]
+
+    def assign(expr: ast.Expr) -> Remote | str:
+        return _assign(expr, profile, classes, sites)
+
+    return Plan(profile, FEDERATED, plan_expr(profile.expr, classes, assign),
+                tuple((s.name, s.group) for s in services))
+
+
+_HOW = {Kind.EQUIVALENT: "equivalently", Kind.TRANSFERRING: "transferring (with ticks)",
+        Kind.POSITIVE: "positively (post-filtered)"}
+
+
+def _assign(expr: ast.Expr, profile: ast.Profile, classes: dict[str, ast.ClassDef],
+            sites: list[tuple[ServiceInfo, Capability]]) -> Remote | str:
+    """The subtree at the best service that covers and evaluates it, or why there is none."""
+    used = sorted({n.name for n in ast.walk(expr) if isinstance(n, ast.Prim)
+                   and not isinstance(classes[n.name].body, ast.Every)})  # those cover all
+    covering = [(info, cap) for info, cap in sites
+                if all(covers(info, classes[name], classes) for name in used)]
+    if not covering:
+        if not used:
+            return "no service is connected"
+        return f"no service covers {'' if len(used) == 1 else 'all of '}{_and(used)}"
+    options: list[tuple[tuple[int, int, int], ServiceInfo, Remote]] = []
+    refusals: list[str] = []
+    whole = "" if isinstance(expr, ast.Prim) else " whole"
+    for order, (info, cap) in enumerate(covering):
+        refused = _peer_refuses(expr, profile, classes, info) if cap.clock else ""
+        if refused:
+            refusals.append(f"{info.name}: {refused}")
+            continue
+        remote = push(expr, classes, cap)
+        if remote is None:
+            refusals.append(f"{info.name}: cannot evaluate it{whole}")
+            continue
+        extras = (1 if remote.post_filter else 0) + len(remote.auxiliary)
+        options.append(((remote.kind is Kind.POSITIVE, extras, order), info, remote))
+    by = f"covered by {_and([info.name for info, _ in covering])}"
+    if not options:
+        return "; ".join([by, *refusals])
+    options.sort(key=lambda o: o[0])
+    (rank, extras, _), best, remote = options[0]
+    why = [by, f"{best.name} pushes it {_HOW[remote.kind]}"]
+    for (other_rank, other_extras, _), other, _ in options[1:]:
+        reason = ("only positively" if other_rank > rank else
+                  "with more post-filters or auxiliary streams" if other_extras > extras else
+                  "later in the configured order")
+        why.append(f"{other.name}: {reason}")
+    return replace(remote, service=best.name, why="; ".join([*why, *refusals]))
+
+
+def _peer_refuses(expr: ast.Expr, profile: ast.Profile, classes: dict[str, ast.ClassDef],
+                  info: ServiceInfo) -> str:
+    """Why a service with a clock of its own (a peer mediator, whose answers the mediator
+    takes over as they are) would not answer ``expr`` as the mediator does; "" if it would.
+    Its occurrences carry its own report keys, numbered by its own arrivals, which the mediator
+    cannot place among the trace's events: taken as the whole profile's answer they are
+    delivered as they are, composed with anything else an instant's order could differ. And
+    its clock starts at the first event it observes, a partition at the first event of the
+    classes it is given: a time class or a negation (whose ticks and absences count from
+    there) is exact only at a service that observes every event."""
+    if expr is not profile.expr:
+        return "a peer mediator takes a whole profile (its answers carry its own report keys)"
+    if info.coverage.everything or not any(
+            isinstance(n, ast.Negation) or (isinstance(n, ast.Prim)
+                                            and isinstance(classes[n.name].body, ast.Every))
+            for n in ast.walk(expr)):
+        return ""
+    return "its own clock starts at the first event it observes"
+
+
+def _and(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"

@@ -1,14 +1,18 @@
 """The planner: profile × capability → plan (research/transforms.md §6.4).
 
-Bottom-up: a subtree goes to the service when the catalogue has a rule for its root and the
-service evaluates its operands exactly; otherwise the operator is evaluated at the mediator over
-its operands' plans (decomposition). Inside a service-side negation only equivalent rules are
-allowed (a relaxed operand would make the negation fire too rarely); a negation evaluated at the
-mediator sees its operand's exact, post-filtered stream, so anything goes below it.
+Top-down: a subtree goes whole to the service when the catalogue has a rule for its root and
+the service evaluates its operands exactly; otherwise the operator is evaluated at the mediator
+over its operands' plans (decomposition). Inside a service-side negation only equivalent rules
+are allowed (a relaxed operand would make the negation fire too rarely); a negation evaluated
+at the mediator sees its operand's exact, post-filtered stream, so anything goes below it.
+
+Where a subtree may go is an :data:`Assign`: here one service (:func:`plan`); over many, the
+best covering one (:func:`transforms.federated.plan_federated`) — the tree walk is the same.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from eva import ast
@@ -18,47 +22,62 @@ from transforms.capability import SET_SEMANTICS, Capability, setting_of
 from transforms.plans import Kind, Local, Plan, PlanNode, Remote, Subscribe
 from transforms.rules import CATALOGUE, Rewrite, native_negation, native_operator
 
+Assign = Callable[[ast.Expr], Remote | str]
+"""Where a subtree goes whole: the remote of the service that evaluates it, or why none does
+(the text ``explain`` shows; "" when there is nothing to choose between)."""
+
 
 def plan(profile: ast.Profile, doc: ast.Document, cap: Capability) -> Plan:
+    classes = doc.class_map()
+    planning = planning_capability(cap, profile)
+    return Plan(profile, cap, plan_expr(profile.expr, classes,
+                                        lambda expr: push(expr, classes, planning) or ""))
+
+
+def planning_capability(cap: Capability, profile: ast.Profile) -> Capability:
+    """What may be pushed to a service of ``cap`` for ``profile``."""
     if profile.per is not None and not cap.partitions:
         # The service cannot keep partitions apart: only set semantics, which the mediator
         # re-runs per partition on the events that come back, is pushed.
         settings = SET_SEMANTICS if cap.settings is None else cap.settings & SET_SEMANTICS
-        planning = replace(cap, settings=settings)
-        return Plan(profile, cap, plan_expr(profile.expr, doc.class_map(), planning))
-    return Plan(profile, cap, plan_expr(profile.expr, doc.class_map(), cap))
+        return replace(cap, settings=settings)
+    return cap
 
 
-def plan_expr(expr: ast.Expr, classes: dict[str, ast.ClassDef], cap: Capability) -> PlanNode:
+def plan_expr(expr: ast.Expr, classes: dict[str, ast.ClassDef], assign: Assign) -> PlanNode:
     if isinstance(expr, ast.Prim) and isinstance(classes[expr.name].body, ast.Every):
         # Alone, a time class comes from the mediator's clock; ticks are injected into a
         # service only as part of a subtree the service evaluates.
-        return decompose(expr, classes, cap)
-    remote = push(expr, classes, cap)
-    if remote is not None:
-        return remote
-    return decompose(expr, classes, cap)
+        return decompose(expr, classes, assign)
+    found = assign(expr)
+    if isinstance(found, Remote):
+        return found
+    return decompose(expr, classes, assign, found)
 
 
-def decompose(expr: ast.Expr, classes: dict[str, ast.ClassDef], cap: Capability) -> PlanNode:
+def decompose(expr: ast.Expr, classes: dict[str, ast.ClassDef], assign: Assign,
+              why: str = "") -> PlanNode:
+    """The node at the mediator (``why``: why no service evaluates it whole), each operand
+    planned the same way."""
     if isinstance(expr, ast.Prim):
         clock = isinstance(classes[expr.name].body, ast.Every)
-        return Subscribe(expr.name, clock, "mediator_clock" if clock else "primitive_filter")
+        return Subscribe(expr.name, clock, "mediator_clock" if clock else "primitive_filter",
+                         why=why)
     if isinstance(expr, ast.Selection):
-        return Local(expr, (plan_expr(expr.expr, classes, cap),), "count_at_mediator")
+        return Local(expr, (plan_expr(expr.expr, classes, assign),), "count_at_mediator", why)
     if isinstance(expr, ast.Negation):
-        return Local(expr, (plan_expr(expr.expr, classes, cap),), "absence_at_mediator")
+        return Local(expr, (plan_expr(expr.expr, classes, assign),), "absence_at_mediator", why)
     if isinstance(expr, ast.External):
         raise ValueError(f"an external operand <{expr.name}> is the output of a plan, not a profile")
-    left = plan_expr(expr.left.expr, classes, cap)
+    left = plan_expr(expr.left.expr, classes, assign)
     right_expr = expr.right.expr
     if isinstance(expr, ast.Sequence) and isinstance(right_expr, ast.Negation):
         # Anchored absence needs the anterior stream: it stays with its sequence.
-        right: PlanNode = Local(right_expr, (plan_expr(right_expr.expr, classes, cap),),
+        right: PlanNode = Local(right_expr, (plan_expr(right_expr.expr, classes, assign),),
                                 "anchored_absence_at_mediator")
     else:
-        right = plan_expr(right_expr, classes, cap)
-    return Local(expr, (left, right), "compose_at_mediator")
+        right = plan_expr(right_expr, classes, assign)
+    return Local(expr, (left, right), "compose_at_mediator", why)
 
 
 def push(expr: ast.Expr, classes: dict[str, ast.ClassDef], cap: Capability,

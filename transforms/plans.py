@@ -1,10 +1,12 @@
 """Plans: which part of a profile each service evaluates and what the mediator does.
 
 A plan is a tree of three kinds of node. ``Subscribe`` delivers a primitive class (a service's
-filter) or ticks of a time class (the mediator's clock). ``Remote`` is a subtree a service
+filter, or the mediator's own feed of the events published to it) or ticks of a time class
+(the mediator's clock). ``Remote`` is a subtree a service
 evaluates — the target expression, possibly relaxed, plus the post-filter that restores the
 EVA answer. ``Local`` is an operator evaluated at the mediator over its children's exact
-streams (decomposition, the collaboration mediator of EVA §5.3).
+streams (decomposition, the collaboration mediator of EVA §5.3). In a federated plan
+(:mod:`transforms.federated`) each leaf names the service it is assigned to.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ class Subscribe:
     name: str
     clock: bool  # a time class, ticked by the mediator
     rule: str
+    service: str = ""
+    """The service whose filter delivers it (MEDIATOR, "": the mediator's own feed)."""
+    why: str = ""  # a federated plan: why it is assigned there (explain)
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,9 @@ class Remote:
     rules: tuple[str, ...]
     post_filter: str  # "" when the target's answer is the EVA answer
     auxiliary: tuple[str, ...] = ()  # what the mediator feeds the service (transferring rules)
+    service: str = ""
+    """The service that evaluates it (a single-service plan: "", its one service)."""
+    why: str = ""  # a federated plan: why this service (explain)
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,7 @@ class Local:
     node: ast.Expr
     children: tuple[PlanNode, ...]
     rule: str
+    why: str = ""  # a federated plan: why no service evaluates it whole (explain)
 
 
 PlanNode = Subscribe | Remote | Local
@@ -61,6 +70,9 @@ class Plan:
     profile: ast.Profile
     capability: Capability
     root: PlanNode
+    services: tuple[tuple[str, str], ...] = ()
+    """A federated plan (transforms.federated): the (name, group) of each service it was
+    planned over, in the configured order; empty: one service, of ``capability``."""
 
     @property
     def kind(self) -> Kind:

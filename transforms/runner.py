@@ -3,8 +3,10 @@
 A plan's mediator-side part (its ``Local`` nodes) compiles to the engine: an EVA expression in
 which each composite remote is an :class:`~eva.ast.External` operand and each primitive leaf
 (a service's filter, the mediator's clock) stays the class it is. The services' notifications
-feed those leaves, transformed back into EVA occurrences by the group's dialect
-(:meth:`~transforms.dialects.base.Dialect.parse_notification`):
+feed those leaves, transformed back into EVA occurrences by the dialect of the leaf's service's
+group (:meth:`~transforms.dialects.base.Dialect.parse_notification`); a primitive leaf of the
+mediator itself (:data:`~transforms.federated.MEDIATOR`) is its own feed — the outer engine
+takes the class from the input:
 
 * **taken over** (a peer mediator's occurrences, Snoop's (initiator, terminator) pairs): fed to
   the outer engine as they are, once the service's progress passes their report time;
@@ -37,15 +39,15 @@ name any more (docs/transformations.md, "Bounded state").
 
 The API is the engine's, per event: ``push`` (an admitted event, in time order), ``notify``
 (a service's notification for a leaf), ``advance`` (the services have reported every instant up
-to a time), ``close`` (end of input). :mod:`adapters.federation` connects the leaves to a
-group's base service.
+to a time), ``close`` (end of input). :mod:`adapters.federation` connects the leaves to the
+services (batches of events, each link published once per batch).
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -338,13 +340,15 @@ class _Profile:
 class Runner:
     """A document's plans, evaluated incrementally (see the module docstring)."""
 
-    def __init__(self, plans: list[Plan], doc: ast.Document, dialect: Dialect, *,
-                 tick: int = 1_000_000, start: int | None = None, end: int | None = None,
-                 own_feed: Callable[[ast.Prim], bool] = lambda _: False) -> None:
-        """``own_feed(prim)``: the service cannot select this primitive class, so the mediator
-        takes it from the input itself (every event visible to it)."""
+    def __init__(self, plans: list[Plan], doc: ast.Document, dialects: Mapping[str, Dialect],
+                 *, tick: int = 1_000_000, start: int | None = None,
+                 end: int | None = None) -> None:
+        """``dialects``: each service's, by the name the plans' nodes give it
+        (``Remote.service``). A primitive leaf of a service without one — the mediator itself,
+        :data:`~transforms.federated.MEDIATOR` — is the mediator's own feed: it takes the class
+        from the input (every event visible)."""
         self.doc = doc
-        self.dialect = dialect
+        self.dialects = dialects
         self.tick = tick
         self.start = start
         self.end = end
@@ -355,7 +359,7 @@ class Runner:
         self.leaves: list[Leaf] = []
         self.profiles: list[_Profile] = []
         for p in plans:
-            self.profiles.append(self._profile(p, own_feed))
+            self.profiles.append(self._profile(p))
         self._of: dict[int, _Profile] = {leaf.index: p for p in self.profiles for leaf in p.leaves}
         self._held: list[tuple[Key, Event]] = []
         self._visible: dict[int, set[tuple[str, str]]] = {
@@ -382,14 +386,23 @@ class Runner:
 
     # ---------------------------------------------------------------- the plan, compiled
 
-    def _profile(self, p: Plan, own_feed: Callable[[ast.Prim], bool]) -> _Profile:
+    def _dialect(self, node: Remote) -> Dialect:
+        found = self.dialects.get(node.service)
+        if found is None:
+            raise ValueError(f"the plan assigns {expr_text(node.original)} to service "
+                             f"{node.service!r}, which is not connected (services: "
+                             f"{', '.join(repr(s) for s in self.dialects) or 'none'})")
+        return found
+
+    def _profile(self, p: Plan) -> _Profile:
         leaves: list[Leaf] = []
         externals: dict[Remote, str] = {}
         eoi = p.profile.evaluation is ast.Evaluation.END_OF_INTERVAL
         own = False
 
         def leaf(node: Remote | Subscribe, expr: ast.Expr, external: str, at_root: bool) -> None:
-            taken = isinstance(node, Remote) and bool(external) and self.dialect.takes_over(node)
+            taken = (isinstance(node, Remote) and bool(external)
+                     and self._dialect(node).takes_over(node))
             # When the service may still name an event: what it evaluates decides, not the
             # post-filter (a timeless target may pair an event with any later one).
             delay = 0 if taken else reach(expr)
@@ -405,13 +418,13 @@ class Runner:
             if isinstance(node, Subscribe):
                 prim = ast.Prim(node.name)
                 if not node.clock:  # a time class comes from the outer engine's own clock
-                    if own_feed(prim):
+                    if node.service not in self.dialects:
                         own = True
                     else:
                         leaf(node, prim, "", at_root)
                 return prim
             if isinstance(node, Remote):
-                if not self.dialect.takes_over(node) and _inline(node):
+                if not self._dialect(node).takes_over(node) and _inline(node):
                     leaf(node, node.target, "", at_root)
                     return rerun_target(node)
                 if node not in externals:
@@ -471,7 +484,7 @@ class Runner:
         assert isinstance(leaf.node, Remote)
         # A service that takes an answer over names the partition (a peer mediator's extra).
         value = detection.extra.get("partition") if p.profile.per is not None else None
-        reading = self.dialect.parse_notification(detection, leaf.node, self._scope(
+        reading = self._dialect(leaf.node).parse_notification(detection, leaf.node, self._scope(
             value, detection))
         if reading.occurrences:
             key = partition_key(value) if p.profile.per is not None else None

@@ -141,14 +141,11 @@ def replay_via(group: str, doc: ast.Document, wanted: list[str] | None, lines: L
     """What :func:`replay_plain` writes, through the whole transformation path to group
     ``group``'s base service: plan, render, native evaluation, post-filter."""
     from adapters.backends.registry import language
-    from adapters.federation import Federation
-    from transforms.planner import plan
+    from adapters.federation import through_group
 
-    lang = language(group, config.tick)
-    plans = [plan(p, doc, lang.capability) for p in doc.profiles
-             if wanted is None or p.name in wanted]
-    federation = Federation(lang, doc, plans, transport(group, config.tick, address),
-                            tick=config.tick, end=end)
+    federation = through_group(language(group, config.tick), doc, wanted,
+                               transport=transport(group, config.tick, address),
+                               tick=config.tick, end=end)
     counts: Counter[str] = Counter()
 
     def emit(notifications: list[Notification]) -> None:
@@ -157,11 +154,14 @@ def replay_via(group: str, doc: ast.Document, wanted: list[str] | None, lines: L
             out.write(composite_line(n)[1] + "\n")
 
     admitted = Admitted(lines, config, end, dead)
-    for event in admitted:
-        if admitted.origin is not None:
-            federation.begin(admitted.origin)  # both paths share the admitting engine's clock
-        emit(federation.push(event))
-    emit(federation.close(end))
+    try:
+        for event in admitted:
+            if admitted.origin is not None:
+                federation.set_origin(admitted.origin)  # both paths share the engine's clock
+            emit(federation.push([event]))
+        emit(federation.close(end))
+    finally:
+        federation.unsubscribe()
     return counts
 
 
