@@ -1,11 +1,14 @@
-"""The composer: where the mediator composes primitive notifications into composites.
+"""The composer: where the mediator composes events into composites outside the plan runners.
 
-One small protocol — register or remove profiles (the mediator-side parts of plans), feed
-primitive notifications, collect composites and dead letters — that the service composes
-through, with two implementations it switches between with one setting: ``InProcessComposer``
-(here: the engine in this process, lowest latency, one machine) and
-``spark_jobs.composer.SparkComposer`` (the streaming job in local mode, or on a cluster), which
-satisfies the protocol structurally: spark_jobs sits below the mediator and does not import it.
+One small protocol — register or remove profiles, feed events, collect composites and dead
+letters — with two implementations: ``InProcessComposer`` (here: the engine in this process)
+and ``spark_jobs.composer.SparkComposer`` (the streaming job in local mode, or on a cluster),
+which satisfies the protocol structurally: spark_jobs sits below the mediator and does not
+import it. The service's pipeline (:mod:`mediator.pipeline`) composes through a
+``SparkComposer`` with ``composer = "spark"``: the profiles no connected service takes part in;
+everything else — and everything with ``"inprocess"`` — runs in the federations' plan runners.
+``InProcessComposer`` is the protocol's reference implementation the Spark one is tested
+against (docs/spark.md, "What runs where in the mediator service").
 """
 
 from __future__ import annotations

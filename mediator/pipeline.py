@@ -1,0 +1,662 @@
+"""The pipeline: every subscription evaluated over the mediator's event log, live.
+
+A thread tails the store's event log (the trace, in arrival order: the log order is the trace
+order) and, for each batch, runs every live subscription's :class:`~adapters.federation.Federation`
+over the shared :class:`~adapters.links.Link` s (docs/architecture.md, "The live path"):
+
+1. every federation takes the batch (``begin``) and says which ticks its queries need per link;
+2. every link is published, once, the batch events its service observes (its coverage) merged
+   with the ticks all federations ask of it, deduplicated by (type, time), in key order;
+3. every federation takes its handles' detections (``finish``) and decides its composites;
+4. each subscription's composites are appended to its notification log (the store skips an id
+   already there) and ``on_append`` wakes the streams that deliver it.
+
+Profiles added and removed take effect between batches (one lock: the thread holds it for a
+batch). A restart is fresh everything and a replay: :meth:`Pipeline.start` re-plans every stored
+subscription and replays the log once, all federations fed together, each subscribed at the
+services just when the replay reaches its start, so each sees exactly what it saw before;
+composites already logged are skipped by their deterministic ids.
+
+The composer: ``"inprocess"`` composes every plan's mediator-side part in its federation's
+runner in this process. ``"spark"`` hands the profiles no connected service takes part in (every
+leaf of the plan is the mediator's own feed) to the Spark composer (``spark_jobs.composer``: the
+streaming job, local mode unless given a session) fed every batch, and keeps the plans that
+involve services in the runners — their composition needs the services' answers batch by batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import io
+import json
+import logging
+import shutil
+import tempfile
+import threading
+import time as clock
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from adapters.federation import Federation, publish
+from adapters.links import Handle, Link
+from eva import ast
+from eva.classes import required_types
+from eva.events import TICK_SOURCE, TICK_TYPE, Event, EventError, from_json_line
+from eva.notify import composite_line
+from eva.parser import parse
+from eva.printer import to_text
+from eva.semantics import Notification
+from mediator.composer import Composer
+from mediator.metrics import Metrics
+from mediator.store.base import LoggedEvent, Store, SubscriptionRecord
+from transforms.dialects.base import Detection
+from transforms.explanation import as_json, explain, service_renderer
+from transforms.federated import MEDIATOR, ServiceInfo, plan_federated
+from transforms.plans import Plan, Remote, Subscribe, nodes
+from transforms.runner import lag
+
+log = logging.getLogger(__name__)
+
+COMPOSERS = ("inprocess", "spark")
+OWN_FEED = "mediator"
+"""The ``services`` entry of a constituent no service reported: the mediator's own feed (the
+events published to it) or its clock."""
+NEWEST_KEY = "pipeline.newest"
+"""Store meta: the newest event time evaluated, kept across trims of the event log."""
+POLL = 1.0
+"""Seconds the thread sleeps without a wake before it looks at the log again."""
+
+Key = tuple[str, str]
+"""A subscription: (owner, name)."""
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """A connected service as ListServices shows it."""
+
+    info: ServiceInfo
+    status: str   # the link's: SERVING, CONNECTING
+    handles: int  # native queries subscribed there
+
+
+@dataclass
+class _Subscription:
+    record: SubscriptionRecord
+    doc: ast.Document
+    plans: list[Plan]
+    federation: Federation | None  # None: no profile is composed in a runner
+    types: frozenset[str] | None  # the event types its classes can match (None: any)
+    horizon: int | None  # how long a composite may name an event after it (None: unbounded)
+    composed: list[str] = field(default_factory=list)  # profiles the Spark composer composes
+    slot: int = -1  # the Spark composer holding them
+
+    @property
+    def key(self) -> Key:
+        return (self.record.owner, self.record.name)
+
+    def handles(self) -> set[tuple[str, Handle]]:
+        if self.federation is None:
+            return set()
+        return {(link, h) for link, hs in self.federation.handles.items() for h in hs}
+
+
+def whole_at_mediator(p: Plan) -> bool:
+    """Every leaf of the plan is the mediator's own: no service takes part."""
+    return all(n.service == MEDIATOR for n in nodes(p.root) if isinstance(n, (Remote, Subscribe)))
+
+
+def payload(cloudevent: str, ident: str, profile: str, subscription: str,
+            sources: list[str], services: list[str]) -> bytes:
+    """A notification log entry: the Notification message's fields but its resume token."""
+    return json.dumps({"cloudevent": cloudevent, "id": ident, "profile": profile,
+                       "subscription": subscription, "sources": sources,
+                       "services": services}).encode()
+
+
+NOT_KEPT = -1
+"""An ``_Origins`` horizon: no live document can match the event."""
+
+
+def _longer(a: int | None, b: int | None) -> int | None:
+    """The longer of two horizons (None: unbounded; NOT_KEPT: none)."""
+    if a == NOT_KEPT or b == NOT_KEPT:
+        return b if a == NOT_KEPT else a
+    return None if a is None or b is None else max(a, b)
+
+
+class _Origins:
+    """Where the events a composite may still name came from: each one's source, and the
+    (link, handle) pairs whose detections named it (the plan leaves that made it visible).
+    A composite names only ids; this keeps each event a live document can match (by its type)
+    as long as a composite of that document may still name it."""
+
+    def __init__(self) -> None:
+        self._source: dict[str, str] = {}
+        self._via: dict[str, set[tuple[str, Handle]]] = {}
+        self._expiry: list[tuple[int, str]] = []  # a heap: (time to forget, id)
+        self.clear()
+
+    def clear(self) -> None:
+        """No live document: nothing more is kept (what is kept expires as before)."""
+        self._by_type: dict[str, int | None] = {}  # type → the longest horizon matching it
+        self._any: int | None = NOT_KEPT  # of the documents with a class of any type
+        self._longest: int | None = NOT_KEPT  # of every document (ticks)
+
+    def widen(self, types: frozenset[str] | None, horizon: int | None) -> None:
+        """Keep what one more document may name too (``types`` None: any type)."""
+        if types is None:
+            self._any = _longer(self._any, horizon)
+        for t in types or ():
+            self._by_type[t] = _longer(self._by_type.get(t, NOT_KEPT), horizon)
+        self._longest = _longer(self._longest, horizon)
+
+    def note(self, events: Iterable[Event]) -> None:
+        for e in events:
+            if e.id in self._source:
+                continue
+            horizon = (self._longest if e.type.startswith(TICK_TYPE)
+                       else _longer(self._by_type.get(e.type, NOT_KEPT), self._any))
+            if horizon == NOT_KEPT:
+                continue
+            self._source[e.id] = e.source
+            if horizon is not None:
+                heapq.heappush(self._expiry, (e.time + horizon, e.id))
+
+    def reported(self, link: str, handle: Handle, detections: Iterable[Detection]) -> None:
+        for d in detections:
+            self.note(d.constituents)  # the ticks the mediator published
+            for e in d.constituents:
+                if e.id in self._source:
+                    self._via.setdefault(e.id, set()).add((link, handle))
+
+    def forget(self, newest: int) -> None:
+        """Drop what no composite reported after ``newest`` can name."""
+        while self._expiry and self._expiry[0][0] < newest:
+            _, ident = heapq.heappop(self._expiry)
+            self._source.pop(ident, None)
+            self._via.pop(ident, None)
+
+    def describe(self, constituents: Sequence[str], handles: set[tuple[str, Handle]]
+                 ) -> tuple[list[str], list[str]]:
+        """The sources, one per constituent, and the services they came through (each once,
+        in constituent order; a constituent no service reported: the mediator's own)."""
+        sources: list[str] = []
+        services: dict[str, None] = {}
+        for ident in constituents:
+            sources.append(self._source.get(ident, TICK_SOURCE if ident.startswith("tick:")
+                                            else ""))
+            named = self._via.get(ident, set())
+            via = sorted({link for link, h in handles if (link, h) in named})
+            for link in via or [OWN_FEED]:
+                services[link] = None
+        return sources, list(services)
+
+
+def _horizon(doc: ast.Document, tick: int) -> int | None:
+    """How long after an event a composite of the document may still name it: the profiles'
+    reach, once for the composite's own span and once for the runner's wait on the services'
+    answers (a leaf's delay is at most its profile's reach), plus the clock's granularity."""
+    found = 0
+    for p in doc.profiles:
+        reach = lag(p.expr, p.evaluation is ast.Evaluation.END_OF_INTERVAL, tick)
+        if reach is None:
+            return None
+        found = max(found, 2 * reach + 2 * tick)
+    return found
+
+
+def _types(doc: ast.Document) -> frozenset[str] | None:
+    """The event types the document's profiles can match (None: any)."""
+    classes = doc.class_map()
+    out: set[str] = set()
+    for name in {n.name for p in doc.profiles for n in ast.walk(p.expr) if isinstance(n, ast.Prim)}:
+        body = classes[name].body
+        if isinstance(body, ast.Every):
+            continue
+        found = required_types(body, classes)
+        if found is None:
+            return None
+        out |= found
+    return frozenset(out)
+
+
+class _Sparks:
+    """The Spark composers holding the profiles composed wholly at the mediator. A profile name
+    is one entry of a composer's profile table, and a composite's id is made from its profile's
+    name: two subscriptions defining the same name go to two composers (slots), so every
+    composite keeps the id the in-process runner gives it."""
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+        self.slots: list[Composer] = []
+        self.names: list[dict[str, Key]] = []  # per slot: live profile → its subscription
+        self.dirs: list[str] = []
+
+    def register(self, key: Key, doc: ast.Document, names: list[str], at: int | None) -> int:
+        slot = next((i for i, live in enumerate(self.names) if not set(names) & set(live)), -1)
+        if slot < 0:
+            slot = self._open()
+        text = to_text(ast.Document(doc.classes,
+                                    tuple(p for p in doc.profiles if p.name in names)))
+        self.slots[slot].register(text, at)
+        self.names[slot].update(dict.fromkeys(names, key))
+        return slot
+
+    def _open(self) -> int:
+        from spark_jobs.composer import SparkComposer
+        from spark_jobs.session import build_session
+
+        if self.spark is None:
+            self.spark = build_session()
+        workdir = tempfile.mkdtemp(prefix="evamed-composer-")
+        self.dirs.append(workdir)
+        self.slots.append(SparkComposer(self.spark, workdir))
+        self.names.append({})
+        return len(self.slots) - 1
+
+    def remove(self, slot: int, names: list[str]) -> None:
+        for name in names:
+            self.slots[slot].remove(name)
+            self.names[slot].pop(name, None)
+
+    def run(self, events: Sequence[Event]) -> list[tuple[Key, str, dict[str, Any]]]:
+        """Feed the batch to every composer with profiles; what they decided, per
+        subscription."""
+        out: list[tuple[Key, str, dict[str, Any]]] = []
+        for composer, names in zip(self.slots, self.names, strict=True):
+            if not names:
+                continue
+            composer.feed(events)
+            for kind, profile, body in composer.collect():
+                key = names.get(profile)
+                if kind != "composite":
+                    log.warning("the Spark composer refused an event for profile %s: %s: %s",
+                                profile, body.get("reason"), body.get("detail"))
+                elif key is not None:  # else removed meanwhile
+                    out.append((key, profile, body))
+        return out
+
+    def close(self) -> None:
+        for composer in self.slots:
+            composer.close()
+        for workdir in self.dirs:
+            shutil.rmtree(workdir, ignore_errors=True)
+        self.slots, self.names, self.dirs = [], [], []
+
+
+class Pipeline:
+    """Every live subscription over the event log (see the module docstring). ``spark``: the
+    SparkSession of the ``"spark"`` composer (default: local mode, started at the first profile
+    it composes); ``batch``: events per batch; ``trim_every``: batches between event-log trims."""
+
+    def __init__(self, store: Store, links: Mapping[str, Link], *, tick: int = 1_000_000,
+                 composer: str = "inprocess", metrics: Metrics | None = None,
+                 on_append: Callable[[str, str, int], None] = lambda owner, name, head: None,
+                 spark: Any = None, batch: int = 500, trim_every: int = 100) -> None:
+        if composer not in COMPOSERS:
+            raise ValueError(f"composer {composer!r}: expected one of {', '.join(COMPOSERS)}")
+        if batch < 1 or trim_every < 1:
+            raise ValueError(f"batch {batch} and trim_every {trim_every}: expected 1 or more")
+        for name, link in links.items():
+            if name != link.info.name:
+                raise ValueError(f"link {name!r} serves {link.info.name!r}: expected each link "
+                                 "under its service's name")
+        self.store = store
+        self.links = dict(links)
+        self.tick = tick
+        self.composer = composer
+        self.metrics = metrics
+        self.on_append = on_append
+        self.batch = batch
+        self.trim_every = trim_every
+        self._sparks = _Sparks(spark) if composer == "spark" else None
+        self._subs: dict[Key, _Subscription] = {}
+        self._handles: dict[str, int] = dict.fromkeys(self.links, 0)  # per link, all federations'
+        self._origins = _Origins()
+        self._lock = threading.RLock()  # held for a batch, and to add or remove
+        self._wakeup = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._draining = False  # stop: evaluate what the log holds, then end
+        self._halt = False      # stop now, after the batch in progress
+        self._position = 0      # the last event-log position evaluated
+        self._newest: int | None = None  # the newest event time evaluated
+        self._sealed = False  # the newest time is a watermark's: its instant is complete
+        self._logged: int | None = None  # the newest event time in the log at start
+        self._watermarks: list[tuple[int, int]] = []  # (log head when given, time)
+        self._marks = threading.Lock()  # for the watermarks: advance() never waits on a batch
+        self._batches = 0
+        self.error: BaseException | None = None
+        """What stopped the thread, if it failed (the service reports NOT_SERVING)."""
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Restore every stored subscription, then start the thread: each is re-planned and
+        subscribed again at the services when the replay of the log reaches its start position;
+        the thread replays the rest of the log with every federation, then follows it."""
+        records = sorted(self.store.subscriptions(), key=lambda r: r.start_position)
+        head = self.store.event_head()
+        self._position = records[0].start_position if records else head
+        self._logged = self._newest_logged(head)
+        for record in records:
+            try:
+                self._add(record, None, restoring=True)
+            except Exception as exc:  # one subscription that cannot be restored: the rest can
+                log.error("subscription %s/%s not restored: %s", record.owner, record.name, exc)
+        self._thread = threading.Thread(target=self._run, name="evamed-pipeline", daemon=True)
+        self._thread.start()
+
+    def _newest_logged(self, head: int) -> int | None:
+        """The newest event time the log holds (or held before a trim)."""
+        found = [int(v)] if (v := self.store.get_meta(NEWEST_KEY)) is not None else []
+        for logged in self.store.read_events(after=max(head - 1, 0), limit=1):
+            with contextlib.suppress(EventError):
+                found.append(from_json_line(logged.line).time)
+        return max(found, default=None)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Evaluate what the log holds (within ``timeout``; else stop after the batch in
+        progress), then unsubscribe every federation at its services."""
+        thread = self._thread
+        if thread is not None:
+            self._draining = True
+            self._wakeup.set()
+            thread.join(timeout)
+            if thread.is_alive():
+                log.warning("the pipeline did not evaluate the whole event log within %.1f s; "
+                            "stopping at position %d (a restart replays the rest)",
+                            timeout, self._position)
+            self._halt = True
+            self._wakeup.set()
+        with self._lock:
+            for sub in self._subs.values():
+                if sub.federation is not None:
+                    sub.federation.unsubscribe()
+            self._subs.clear()
+            self._handles = dict.fromkeys(self.links, 0)
+            if self._sparks is not None:
+                self._sparks.close()
+            if self._newest is not None:
+                self.store.set_meta(NEWEST_KEY, str(self._newest))
+        self._thread = None
+
+    @property
+    def position(self) -> int:
+        """The last event-log position evaluated."""
+        return self._position
+
+    def wake(self) -> None:
+        """The event log grew."""
+        self._wakeup.set()
+
+    def newest(self) -> int | None:
+        """The newest event time in the log as far as the pipeline knows (evaluated, or there
+        at start)."""
+        times = [t for t in (self._newest, self._logged) if t is not None]
+        return max(times, default=None)
+
+    def advance(self, time: int) -> None:
+        """A watermark: no event at or before ``time`` will come any more. Applied once the
+        events logged before it are evaluated."""
+        with self._marks:
+            self._watermarks.append((self.store.event_head(), time))
+        self._wakeup.set()
+
+    # ---------------------------------------------------------------- subscriptions
+
+    def add(self, record: SubscriptionRecord, doc: ast.Document | None = None) -> list[Plan]:
+        """Plan every profile of the record's document over the connected services, subscribe
+        the federation, and evaluate it on the events after the record's start position (the
+        log's head when it was registered): the pipeline first evaluates the log up to there.
+        The record's start is then set to where the pipeline is — the position, and the newest
+        event time evaluated, which the profiles see events after — and stored, if the record
+        is (a restart replays it from there): store it before ``add``. ``ProfileError`` for a
+        document that does not parse, ``ValueError`` (``PushRefused``) for one a service
+        refuses. ``doc``: the record's text parsed already (parsing is most of the cost)."""
+        return self._add(record, doc, restoring=False)
+
+    def _add(self, record: SubscriptionRecord, doc: ast.Document | None,
+             restoring: bool) -> list[Plan]:
+        doc = doc if doc is not None else parse(record.text)
+        infos = [link.info for link in self.links.values()]
+        with self._lock:
+            key = (record.owner, record.name)
+            if key in self._subs:
+                raise ValueError(f"subscription {record.owner}/{record.name} is already live")
+            while self._position < record.start_position and self._step(record.start_position):
+                pass
+            stamped = replace(record, start_position=self._position, start_time=self._newest)
+            if not restoring and stamped != record:
+                # Registered while events were on their way, or evaluated past its start
+                # already (the services have seen those events): it starts here.
+                record = stamped
+                if self.store.subscription(record.owner, record.name) is not None:
+                    self.store.put_subscription(record)
+            plans = [plan_federated(p, doc, infos) for p in doc.profiles]
+            sparked = [p for p in plans if self._composer(p) == "spark"]
+            ran = [p for p in plans if p not in sparked]
+            federation = Federation(doc, ran, self.links, tick=self.tick,
+                                    start=record.start_time) if ran else None
+            sub = _Subscription(record, doc, plans, federation, _types(doc),
+                                _horizon(doc, self.tick), [p.profile.name for p in sparked])
+            if sparked and self._sparks is not None:
+                try:
+                    sub.slot = self._sparks.register(key, doc, sub.composed, record.start_time)
+                except BaseException:
+                    if federation is not None:
+                        federation.unsubscribe()
+                    raise
+            self._subs[key] = sub
+            self._count(sub, 1)
+            self._origins.widen(sub.types, sub.horizon)
+            return plans
+
+    def _count(self, sub: _Subscription, sign: int) -> None:
+        """Count a subscription's handles in (1) or out (-1) of their links'."""
+        if sub.federation is not None:
+            for name, handles in sub.federation.handles.items():
+                self._handles[name] += sign * len(handles)
+
+    def remove(self, owner: str, name: str) -> bool:
+        """Unsubscribe a live subscription at its services and drop it."""
+        with self._lock:
+            sub = self._subs.pop((owner, name), None)
+            if sub is None:
+                return False
+            self._count(sub, -1)
+            if sub.federation is not None:
+                sub.federation.unsubscribe()
+            if sub.composed and self._sparks is not None:
+                self._sparks.remove(sub.slot, sub.composed)
+            self._retarget()
+            return True
+
+    def _retarget(self) -> None:
+        """What the origins index keeps: the types and horizons of the live documents."""
+        self._origins.clear()
+        for sub in self._subs.values():
+            self._origins.widen(sub.types, sub.horizon)
+
+    def _composer(self, p: Plan) -> str:
+        """Where a plan's mediator-side part is composed (the module docstring)."""
+        return "spark" if self._sparks is not None and whole_at_mediator(p) else "inprocess"
+
+    def placement(self, owner: str, name: str) -> dict[str, str]:
+        """Where each profile of a live subscription is composed: ``"inprocess"`` (its
+        federation's runner, in this process) or ``"spark"`` (the Spark composer)."""
+        sub = self._subs.get((owner, name))
+        if sub is None:
+            return {}
+        return {p.profile.name: "spark" if p.profile.name in sub.composed else "inprocess"
+                for p in sub.plans}
+
+    def explain(self, doc: ast.Document) -> tuple[str, str]:
+        """The document's plans over the connected services, as text and as JSON."""
+        from rich.console import Console
+
+        infos = [link.info for link in self.links.values()]
+        plans = [plan_federated(p, doc, infos) for p in doc.profiles]
+        render = service_renderer(((i.name, i.group) for i in infos), doc)
+        console = Console(record=True, width=120, file=io.StringIO())
+        out = []
+        for p in plans:
+            composer = self._composer(p)
+            console.print(explain(p, render))
+            console.print(f"  composed by: {composer}")
+            out.append({**as_json(p, render), "composer": composer})
+        return console.export_text(), json.dumps(out, indent=2, ensure_ascii=False)
+
+    def services(self) -> list[ServiceStatus]:
+        return [ServiceStatus(link.info, link.status(), self._handles[name])
+                for name, link in self.links.items()]
+
+    # ---------------------------------------------------------------- the thread
+
+    def _run(self) -> None:
+        try:
+            while True:
+                self._wakeup.clear()
+                with self._lock:
+                    if self._halt:
+                        return
+                    evaluated = self._step()
+                    self._watermark()
+                if evaluated:
+                    continue
+                if self._draining:
+                    return
+                self._wakeup.wait(POLL)
+        except Exception as exc:  # a bug, or a service gone for good: say so, keep the log
+            self.error = exc
+            log.exception("the pipeline stopped at event-log position %d", self._position)
+
+    def _step(self, upto: int | None = None) -> int:
+        """Evaluate the next batch of the log (up to position ``upto``); how many entries it
+        held."""
+        limit = self.batch if upto is None else min(self.batch, upto - self._position)
+        logged = self.store.read_events(after=self._position, limit=limit) if limit > 0 else []
+        if not logged:
+            return 0
+        events = self._decode(logged)
+        if events:
+            began = clock.perf_counter()
+            self._evaluate(events)
+            if self.metrics:
+                self.metrics.composer_latency.observe(clock.perf_counter() - began)
+        self._position = logged[-1].position
+        self._batches += 1
+        if self._batches % self.trim_every == 0:
+            self._trim()
+        return len(logged)
+
+    def _decode(self, logged: list[LoggedEvent]) -> list[Event]:
+        """The batch's events, numbered by their log positions (the trace's arrival order).
+        Publish logs only well-formed events in time order; anything else is skipped, said."""
+        out: list[Event] = []
+        for item in logged:
+            try:
+                event = from_json_line(item.line, item.position)
+            except EventError as exc:
+                log.error("event-log position %d skipped: %s", item.position, exc)
+                self._dead_letter("malformed")
+                continue
+            if self._newest is not None and (event.time < self._newest or (
+                    event.time == self._newest and self._sealed)):
+                log.error("event-log position %d (id %r) skipped: its time lies before the "
+                          "newest evaluated (or at a watermark); expected the log in time "
+                          "order", item.position, event.id)
+                self._dead_letter("late")
+                continue
+            self._newest, self._sealed = event.time, False
+            out.append(event)
+        return out
+
+    def _dead_letter(self, reason: str) -> None:
+        if self.metrics:
+            self.metrics.dead_letters.labels(reason).inc()
+
+    def _evaluate(self, events: list[Event]) -> None:
+        """Steps 1–4 of the module docstring for one batch."""
+        self._origins.note(events)
+        self._round(events, None, events[-1].time)
+        if self._sparks is not None:
+            for key, profile, body in self._sparks.run(events):
+                self._append_composed(key, profile, body)
+        self._origins.forget(events[-1].time)
+
+    def _round(self, events: list[Event], until: int | None, newest: int) -> None:
+        """Every federation over the shared links: the batch (or, with ``until`` and no
+        events, a watermark) published to each link with subscriptions once, with the ticks
+        every federation asks of it; then each decides up to ``newest - 1``."""
+        feds = [(s, s.federation) for s in self._subs.values() if s.federation is not None]
+        ticks: dict[str, list[Event]] = {}
+        for _, fed in feds:
+            for name, asked in fed.begin(events, until).items():
+                ticks.setdefault(name, []).extend(asked)
+        used = {name: link for name, link in self.links.items() if self._handles[name]}
+        detections = publish(used, events, ticks, until)
+        for name, found in detections.items():
+            for handle, reported in found.items():
+                self._origins.reported(name, handle, reported)
+            count = sum(len(v) for v in found.values())
+            if self.metrics and count:
+                self.metrics.notifications_in.labels(name).inc(count)
+        for sub, fed in feds:
+            self._append(sub, fed.finish(detections, newest))
+
+    def _watermark(self) -> None:
+        """Apply the watermarks whose events are all evaluated: a round without events."""
+        with self._marks:
+            due = [t for head, t in self._watermarks if head <= self._position]
+            self._watermarks = [(h, t) for h, t in self._watermarks if h > self._position]
+        if not due:
+            return
+        time = max(due)
+        if self._newest is None or time >= self._newest:
+            self._newest, self._sealed = time, True  # an event at or before it is late
+            self._round([], time, time + 1)
+
+    def _append(self, sub: _Subscription, notes: list[Notification]) -> None:
+        if not notes:
+            return
+        handles = sub.handles()
+        items = []
+        for n in notes:
+            ident, line = composite_line(n)
+            sources, services = self._origins.describe(n.occ.events, handles)
+            items.append((ident, payload(line, ident, n.profile, sub.record.name, sources,
+                                         services)))
+        self._store_items(sub.key, items)
+
+    def _append_composed(self, key: Key, profile: str, body: dict[str, Any]) -> None:
+        """A composite of the Spark composer (its CloudEvent as the runner writes it)."""
+        constituents = [str(c) for c in body["data"]["constituents"]]
+        sources, services = self._origins.describe(constituents, set())
+        ident = str(body["id"])
+        self._store_items(key, [(ident, payload(json.dumps(body), ident, profile, key[1],
+                                                sources, services))])
+
+    def _store_items(self, key: Key, items: list[tuple[str, bytes]]) -> None:
+        appended = self.store.append_notifications(key[0], key[1], items)
+        if not appended:
+            return
+        if self.metrics:
+            self.metrics.composites_out.inc(len(appended))
+        try:
+            self.on_append(key[0], key[1], appended[-1].position)
+        except Exception:  # the streams re-read the log anyway; the pipeline goes on
+            log.exception("waking the streams of %s/%s failed", *key)
+
+    def _trim(self) -> None:
+        """Drop the event-log positions no live subscription needs (each needs those after its
+        start position) and the pipeline has evaluated."""
+        starts = [s.record.start_position for s in self._subs.values()]
+        before = min([*starts, self._position + 1])
+        if self._newest is not None:
+            self.store.set_meta(NEWEST_KEY, str(self._newest))
+        dropped = self.store.trim_events(before)
+        if dropped:
+            log.debug("event log trimmed: %d entries before position %d", dropped, before)
+

@@ -1,0 +1,377 @@
+"""The pipeline (mediator/pipeline.py): subscriptions evaluated over the store's event log
+through shared links, live — the same composites as `evamed replay` over the merged trace,
+whatever the batches, across a restart, with subscriptions coming and going, and with the
+event log trimmed under them."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from adapters.backends.registry import language
+from adapters.links import InProcessLink, Link
+from eva import ast
+from eva.engine import Engine, EngineConfig
+from eva.events import from_cloudevent
+from eva.notify import composite_line
+from eva.parser import parse
+from eva.printer import to_text
+from examples.logistics.generate import day
+from mediator.metrics import Metrics
+from mediator.pipeline import OWN_FEED, Pipeline
+from mediator.store.base import Store, SubscriptionRecord
+from mediator.store.sqlite import SqliteStore
+from tests.helpers import SENTINEL, logistics_day
+from transforms.capability import PRESETS
+from transforms.federated import Coverage, ServiceInfo
+
+Line = str
+
+
+def links() -> dict[str, Link]:
+    """Jam covered by a cg2 service, TruckA by a cg3 one (each sees its own event type)."""
+    return {name: InProcessLink(ServiceInfo(name, group, PRESETS[group], Coverage(types=(kind,))),
+                                language(group))
+            for name, group, kind in (("jams", "cg2", "traffic.jam"),
+                                      ("trucks", "cg3", "truck.location"))}
+
+
+def document(*names: str) -> str:
+    """The logistics document with only the named profiles."""
+    doc = parse(Path("examples/logistics/profiles.eva").read_text())
+    return to_text(ast.Document(doc.classes, tuple(p for p in doc.profiles if p.name in names)))
+
+
+DAY = [*logistics_day()[1], SENTINEL]
+"""The logistics day (seed 7), closed by an event no profile wants, late enough to decide
+everything before it."""
+
+
+def lines(events: list[dict[str, Any]]) -> list[Line]:
+    return [json.dumps(e) for e in events]
+
+
+def replayed(text: str, events: list[dict[str, Any]], after: int | None = None) -> list[Line]:
+    """What `evamed replay --until T` reports over the trace closed by an event at T (the
+    sentinel), for profiles that see the events after time ``after``."""
+    engine = Engine(EngineConfig())
+    engine.add_document(parse(text), start=after)
+    *trace, end = [from_cloudevent(e, i) for i, e in enumerate(events)]
+    notes = [n for e in trace for n in engine.push(e)] + engine.close(end.time)
+    return [composite_line(n)[1] for n in notes]
+
+
+def logged(store: Store, owner: str, name: str) -> list[Line]:
+    out = []
+    for item in store.read_notifications(owner, name, 0, limit=100_000):
+        body = json.loads(item.payload)
+        assert body["id"] == item.composite_id and body["subscription"] == name
+        out.append(body["cloudevent"])
+    return out
+
+
+def subscribe(pipeline: Pipeline, store: Store, name: str, text: str,
+              owner: str = "alice") -> SubscriptionRecord:
+    """A subscription as the service makes one: stored, starting at the log's head, added;
+    returned as stored (the pipeline sets where it starts)."""
+    record = SubscriptionRecord(owner, name, text, 0, store.event_head(), None)
+    store.put_subscription(record)
+    pipeline.add(record)
+    found = store.subscription(owner, name)
+    assert found is not None
+    return found
+
+
+def settle(pipeline: Pipeline, store: Store) -> None:
+    """Wait until the pipeline has evaluated the whole log."""
+    deadline = time.monotonic() + 60
+    while pipeline.position < store.event_head():
+        assert pipeline.error is None, pipeline.error
+        assert time.monotonic() < deadline, "the pipeline did not catch up"
+        time.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def spark() -> Any:
+    """The local session (the one tests/test_spark.py started, in the same worker)."""
+    from spark_jobs.session import build_session
+
+    return build_session("local[2]", "evamed-tests")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    opened = SqliteStore(tmp_path / "evamed.db")
+    yield opened
+    opened.close()
+
+
+def publish(store: Store, pipeline: Pipeline, events: list[dict[str, Any]],
+            rng: random.Random | None = None) -> None:
+    """Append to the log in chunks (random sizes with ``rng``), waking the pipeline."""
+    at = 0
+    while at < len(events):
+        size = rng.randint(1, 120) if rng else 200
+        store.append_events(lines(events[at:at + size]))
+        pipeline.wake()
+        at += size
+
+
+@pytest.mark.parametrize("seed", [7, 11])
+def test_p1_over_two_services_is_what_replay_gives(store: Store, seed: int) -> None:
+    """P1's Jam through the cg2 service, TruckA through the cg3 one, over the logistics day
+    (seed 7, the one tests/helpers.py uses, and seed 11, with more jams): the subscription's
+    log holds exactly replay's composites, each with the sources of its constituents and the
+    services that reported them."""
+    text = document("P1")
+    events = DAY if seed == 7 else [*day(seed), SENTINEL]
+    want = replayed(text, events)
+    assert len(want) == {7: 5, 11: 11}[seed]
+    metrics = Metrics()
+    pipeline = Pipeline(store, links(), metrics=metrics)
+    pipeline.start()
+    subscribe(pipeline, store, "p1", text)
+    _, plans = pipeline.explain(parse(text))
+    assert [(p["profile"], p["kind"]) for p in json.loads(plans)] == [("P1", "decompose")]
+    publish(store, pipeline, events)
+    pipeline.stop()
+    assert logged(store, "alice", "p1") == want
+    entry = json.loads(store.read_notifications("alice", "p1", 0, 1)[0].payload)
+    constituents = json.loads(entry["cloudevent"])["data"]["constituents"]
+    by_id = {e["id"]: e["source"] for e in events}
+    assert entry["sources"] == [by_id[c] for c in constituents]
+    assert entry["services"] == ["jams", "trucks"] and entry["profile"] == "P1"
+    count = metrics.registry.get_sample_value
+    assert count("evamed_composites_out_total") == len(want)
+    assert count("evamed_notifications_in_total", {"service": "jams"}) == sum(
+        e["type"] == "traffic.jam" for e in events)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_batches_give_the_same(store: Store, seed: int) -> None:
+    """The log appended in chunks of random sizes, read in batches of random sizes, with every
+    logistics profile (some through the services, some wholly at the mediator)."""
+    rng = random.Random(seed)
+    text = document("P1", "P2", "P4", "P5", "P6", "P7")
+    want = replayed(text, DAY)
+    pipeline = Pipeline(store, links(), batch=rng.choice([1, 7, 64]))
+    pipeline.start()
+    subscribe(pipeline, store, "all", text)
+    publish(store, pipeline, DAY, rng)
+    pipeline.stop()
+    assert sorted(logged(store, "alice", "all")) == sorted(want)
+
+
+def test_a_restart_loses_nothing_and_repeats_nothing(store: Store) -> None:
+    """A pipeline stopped mid-day and a new one (fresh links, fresh state) started on the
+    same store: it replays the log for the stored subscription; composites logged before are
+    not logged twice, and what follows is logged once."""
+    text = document("P1", "P6")
+    want = replayed(text, DAY)
+    half = len(DAY) // 2
+    first = Pipeline(store, links())
+    first.start()
+    subscribe(first, store, "s", text)
+    publish(store, first, DAY[:half])
+    first.stop()
+    before = logged(store, "alice", "s")
+    assert 0 < len(before) < len(want)
+    second = Pipeline(store, links())
+    second.start()
+    publish(store, second, DAY[half:])
+    second.stop()
+    got = logged(store, "alice", "s")
+    assert got[:len(before)] == before
+    assert sorted(got) == sorted(want) and len(set(got)) == len(got)
+
+
+def test_subscriptions_see_only_the_events_after_their_registration(store: Store) -> None:
+    """Subscriptions added while events stream in (another thread appending), one removed
+    later: each sees the events after its registration — where the pipeline set its start —
+    and the removed one gets nothing more."""
+    text = document("P1", "P6")
+    pipeline = Pipeline(store, links(), batch=20)
+    pipeline.start()
+    rng = random.Random(3)
+
+    def stream() -> None:
+        for at in range(0, len(DAY), 5):
+            store.append_events(lines(DAY[at:at + 5]))
+            pipeline.wake()
+            time.sleep(rng.random() / 500)
+
+    def once_logged(count: int) -> None:
+        while store.event_head() < count:
+            time.sleep(0.001)
+
+    publisher = threading.Thread(target=stream)
+    publisher.start()
+    once_logged(len(DAY) // 5)
+    first = subscribe(pipeline, store, "first", text)
+    once_logged(len(DAY) // 2)
+    second = subscribe(pipeline, store, "second", text, owner="bob")
+    removed = subscribe(pipeline, store, "removed", text)
+    once_logged(3 * len(DAY) // 4)
+    assert pipeline.remove("alice", "removed") and not pipeline.remove("alice", "removed")
+    held = logged(store, "alice", "removed")
+    publisher.join()
+    pipeline.stop()
+    assert 0 < first.start_position < second.start_position <= removed.start_position
+    assert logged(store, "alice", "first") == replayed(text, DAY, first.start_time)
+    assert logged(store, "bob", "second") == replayed(text, DAY, second.start_time)
+    assert logged(store, "alice", "removed") == held
+    assert held == replayed(text, DAY, removed.start_time)[:len(held)]
+    assert len(replayed(text, DAY, first.start_time)) > len(replayed(text, DAY,
+                                                                     second.start_time)) > 0
+
+
+def test_trimming_keeps_what_a_live_subscription_needs(store: Store) -> None:
+    """Trimmed every batch: the log keeps the positions after the oldest live subscription's
+    start, and a restart replays from there to the same answers."""
+    text = document("P1", "P6")
+    want = replayed(text, DAY)
+    first = Pipeline(store, links(), batch=40, trim_every=1)
+    first.start()
+    publish(store, first, DAY[:30])
+    settle(first, store)
+    record = subscribe(first, store, "s", text)
+    publish(store, first, DAY[30:300])
+    first.stop()
+    kept = store.read_events(0, 1)
+    assert kept and 1 < kept[0].position <= record.start_position + 1
+    second = Pipeline(store, links(), batch=40, trim_every=1)
+    second.start()
+    publish(store, second, DAY[300:])
+    second.stop()
+    got = logged(store, "alice", "s")
+    assert got == replayed(text, DAY, record.start_time) and 0 < len(got) < len(want)
+
+
+def test_restoring_many_subscriptions_replays_the_log_once(store: Store) -> None:
+    """Every stored subscription restored by one replay, each from its own start: the log is
+    read once, not once per subscription, and each sees the events after its start."""
+    text = document("P1", "P6")
+    store.append_events(lines(DAY))
+    starts = [0, 40, 40, 150, 220]
+    for k, at in enumerate(starts):
+        after = from_cloudevent(DAY[at - 1]).time if at else None
+        store.put_subscription(SubscriptionRecord("alice", f"s{k}", text, 0, at, after))
+    reads = 0
+    original = store.read_events
+
+    def counted(after: int, limit: int = 1000) -> Any:
+        nonlocal reads
+        found = original(after, limit)
+        reads += len(found)
+        return found
+
+    store.read_events = counted  # type: ignore[method-assign]
+    pipeline = Pipeline(store, links(), batch=64)
+    pipeline.start()
+    pipeline.stop()
+    assert reads <= len(DAY) + 1
+    for k, at in enumerate(starts):
+        after = from_cloudevent(DAY[at - 1]).time if at else None
+        assert logged(store, "alice", f"s{k}") == replayed(text, DAY, after) != []
+
+
+def test_services_and_explain(store: Store) -> None:
+    """ListServices: each link's info, status and native queries; Explain over the links."""
+    pipeline = Pipeline(store, links())
+    pipeline.start()
+    subscribe(pipeline, store, "p1", document("P1"))
+    got = {s.info.name: (s.status, s.handles) for s in pipeline.services()}
+    assert got == {"jams": ("SERVING", 1), "trucks": ("SERVING", 1)}
+    text, as_json = pipeline.explain(parse(document("P1", "P7")))
+    assert "service jams evaluates: Jam" in text and "mediator's own feed" in text, text
+    assert [(p["profile"], p["composer"]) for p in json.loads(as_json)] == [
+        ("P1", "inprocess"), ("P7", "inprocess")]
+    assert pipeline.placement("alice", "p1") == {"P1": "inprocess"}
+    pipeline.stop()
+
+
+@pytest.mark.xdist_group("spark")  # the worker that runs tests/test_spark.py: one JVM
+def test_the_spark_composer_answers_as_the_runners(store: Store, tmp_path: Path,
+                                                   spark: Any) -> None:
+    """composer="spark": the profiles no service takes part in are composed by the Spark
+    composer, the others in the runners — the same logs as the in-process composer's."""
+    text = document("P1", "P2", "P7")
+    events = [*DAY[:300], SENTINEL]
+    want = replayed(text, events)
+    pipeline = Pipeline(store, links(), composer="spark", spark=spark, batch=100)
+    pipeline.start()
+    subscribe(pipeline, store, "mixed", text)
+    assert pipeline.placement("alice", "mixed") == {"P1": "inprocess", "P2": "spark",
+                                                    "P7": "spark"}
+    publish(store, pipeline, events)
+    pipeline.stop(timeout=300)
+    got = [json.loads(i.payload) for i in store.read_notifications("alice", "mixed", 0, 10_000)]
+    assert sorted(g["cloudevent"] for g in got) == sorted(want)
+    by_profile = {g["profile"]: g["services"] for g in got}
+    assert by_profile.get("P7") == [OWN_FEED] and by_profile["P1"] == ["jams", "trucks"]
+
+
+def test_a_watermark_decides_what_waits_on_time(store: Store) -> None:
+    """No sentinel event: a watermark (Publish's advance_to_us) decides what waits on the
+    clock — P5's absence, P6's ticks, which the mediator publishes to the trucks service."""
+    text = document("P1", "P5", "P6")
+    *events, end = DAY
+    pipeline = Pipeline(store, links())
+    pipeline.start()
+    subscribe(pipeline, store, "s", text)
+    publish(store, pipeline, events)
+    settle(pipeline, store)
+    early = len(logged(store, "alice", "s"))
+    pipeline.advance(from_cloudevent(end).time)
+    pipeline.stop()
+    assert logged(store, "alice", "s") == replayed(text, DAY)
+    assert early < len(replayed(text, DAY))
+
+
+def test_a_bad_log_entry_is_skipped_and_said(store: Store, caplog: pytest.LogCaptureFixture
+                                             ) -> None:
+    """An entry that is not an event, or one out of time order (Publish logs neither), is
+    skipped with its position named; the rest is evaluated as if it were not there."""
+    text = document("P1", "P6")
+    metrics = Metrics()
+    pipeline = Pipeline(store, links(), metrics=metrics)
+    pipeline.start()
+    subscribe(pipeline, store, "s", text)
+    half = len(DAY) // 2
+    store.append_events([*lines(DAY[:half]), "{not json", json.dumps(DAY[0])])
+    publish(store, pipeline, DAY[half:])
+    pipeline.stop()
+    assert logged(store, "alice", "s") == replayed(text, DAY)
+    assert f"event-log position {half + 1} skipped" in caplog.text
+    assert f"event-log position {half + 2} (id 'ev-00000') skipped" in caplog.text
+    count = metrics.registry.get_sample_value
+    assert count("evamed_dead_letters_total", {"reason": "malformed"}) == 1
+    assert count("evamed_dead_letters_total", {"reason": "late"}) == 1
+
+
+class Broken(InProcessLink):
+    def publish(self, events: Any, until: int | None = None) -> Any:
+        raise ConnectionError("the jams service is gone")
+
+
+def test_a_failing_service_stops_the_thread_and_says_why(store: Store) -> None:
+    """The thread stops at the batch it could not evaluate (a restart replays it) and keeps
+    the reason for the service's health."""
+    broken = links()
+    broken["jams"] = Broken(broken["jams"].info, language("cg2"))
+    pipeline = Pipeline(store, broken)
+    pipeline.start()
+    subscribe(pipeline, store, "s", document("P1"))
+    publish(store, pipeline, DAY)
+    deadline = time.monotonic() + 30
+    while pipeline.error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert isinstance(pipeline.error, ConnectionError) and pipeline.position == 0
+    pipeline.stop()
