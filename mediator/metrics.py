@@ -1,0 +1,87 @@
+"""The mediator's Prometheus metrics (docs/operations.md, Monitor).
+
+One :class:`Metrics` object per mediator, each with its own registry: two mediators in one
+process (the tests) never share a counter, and the HTTP endpoint serves exactly one mediator's.
+The stages update the metric objects directly (``metrics.events_in.labels(source).inc()``):
+Publish counts events in and dead letters, the pipeline notifications in, post-filter drops,
+composites out, the composer's batch latency and the state size, delivery the lag.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import start_http_server
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                   5.0, 10.0)
+"""Seconds: the in-process composer's batches take about a millisecond, the Spark composer's
+up to seconds (docs/performance.md)."""
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.events_in = Counter(
+            "evamed_events_in", "Events accepted by Publish (durably in the event log), by "
+            "CloudEvents source.", ["source"], registry=r)
+        self.dead_letters = Counter(
+            "evamed_dead_letters", "Events Publish refused, by reason (malformed, duplicate, "
+            "late).", ["reason"], registry=r)
+        self.notifications_in = Counter(
+            "evamed_notifications_in", "Native notifications (detections) received from the "
+            "services, by service.", ["service"], registry=r)
+        self.post_filter_drops = Counter(
+            "evamed_post_filter_drops", "Native notifications the mediator's post-filter "
+            "dropped (a relaxed query's answers that are not EVA answers), by service.",
+            ["service"], registry=r)
+        self.composites_out = Counter(
+            "evamed_composites_out", "Composites appended to the subscriptions' notification "
+            "logs (each once: a composite reported again is skipped by its id).", registry=r)
+        self.delivered = Counter(
+            "evamed_notifications_delivered", "Notifications sent to subscribers (a resumed "
+            "stream sends again what its client had not confirmed).", registry=r)
+        self.lag = Gauge(
+            "evamed_subscription_lag", "Per subscription: its log's head minus the newest "
+            "position delivered to a subscriber (notifications waiting).",
+            ["owner", "subscription"], registry=r)
+        self.composer_latency = Histogram(
+            "evamed_composer_batch_seconds", "Time the composer took for one batch of events "
+            "(every subscription's federation, the services' answers included).",
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.state_size = Gauge(
+            "evamed_state_size", "Events held in the mediator's evaluation state over all "
+            "subscriptions, as last measured by the pipeline.", registry=r)
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def render(self) -> bytes:
+        """The metrics in Prometheus' text format (what the endpoint serves)."""
+        return generate_latest(self.registry)
+
+    def forget(self, owner: str, subscription: str) -> None:
+        """A subscription went away: its series go with it."""
+        with contextlib.suppress(KeyError):
+            self.lag.remove(owner, subscription)
+
+    def serve(self, port: int, host: str = "0.0.0.0") -> int:
+        """Serve ``/metrics`` over HTTP (``port`` 0: any free port); returns the port."""
+        server, thread = start_http_server(port, host, registry=self.registry)
+        self._server, self._thread = server, thread
+        return int(server.server_port)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+
+__all__ = ["LATENCY_BUCKETS", "Metrics"]

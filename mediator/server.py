@@ -1,0 +1,327 @@
+"""The mediator as a process: ``evamed serve`` (docs/operations.md, Run).
+
+:func:`start` opens the store, connects the configured services (links), starts the pipeline
+(which restores every stored subscription) and serves ``eva.mediator.v1.MediatorService``, the
+standard ``grpc.health.v1.Health`` and server reflection on one ``grpc.aio`` server — with TLS
+(and client certificates) when configured — and the Prometheus metrics on their own HTTP port
+when one is configured.
+
+Every call but health and reflection needs ``authorization: Bearer <token>``
+(:class:`Authenticator`): refused with UNAUTHENTICATED otherwise, the client's name is put in
+:data:`mediator.service.CLIENT` for the handler. The token is never logged.
+
+Shutdown (SIGTERM, SIGINT, :meth:`Served.stop`): health goes NOT_SERVING (watchers are told at
+once), the Subscribe streams end with UNAVAILABLE (clients resume elsewhere or later with their
+tokens), the server stops taking calls and gives those in flight ``drain`` to finish, the
+pipeline evaluates what was accepted (within the same bound) and stops; the store is closed
+last. A second signal skips the waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from adapters.backends.service import MAX_MESSAGE_BYTES
+from adapters.backends.service import _bind_error as bind_error
+from adapters.links import Link
+from adapters.remote_link import connect
+from mediator.config import Config, ServiceConfig
+from mediator.delivery import Dispatcher
+from mediator.metrics import Metrics
+from mediator.security import authenticate
+from mediator.service import CLIENT, MediatorService
+from mediator.store import Store, open_store
+from mediator.wire import SERVICE_NAME, mediator_pb2_grpc
+from transforms.capability import PRESETS
+from transforms.federated import Coverage, ServiceInfo
+
+if TYPE_CHECKING:
+    from mediator.pipeline import Pipeline
+
+log = logging.getLogger("evamed.server")
+
+HEALTH_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+OPEN_METHODS = (f"/{HEALTH_NAME}/", f"/{reflection.SERVICE_NAME}/",
+                "/grpc.reflection.v1.ServerReflection/")
+"""Method prefixes anyone may call: health checks and reflection (they disclose nothing a
+client's profiles or notifications hold)."""
+WATCH_SECONDS = 1.0
+"""How often the server looks whether the pipeline thread is still running."""
+
+
+# ------------------------------------------------------------------ authentication
+
+
+class Authenticator(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Checks every call's bearer token against the store's clients (hashed tokens) before
+    its handler runs, and runs the handler with the client's name in ``CLIENT``."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
+                                details: Any) -> Any:
+        handler = await continuation(details)
+        if handler is None or details.method.startswith(OPEN_METHODS):
+            return handler
+        return _guarded(handler, self._enter)
+
+    async def _enter(self, context: grpc.aio.ServicerContext) -> None:
+        """Authenticate the call (UNAUTHENTICATED if not) and set ``CLIENT``."""
+        given = [v for k, v in context.invocation_metadata() or () if k == "authorization"]
+        scheme, _, token = (given[0] if given else "").partition(" ")
+        if not given or scheme.lower() != "bearer" or not token.strip():
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "expected the metadata 'authorization: Bearer <token>' (a token "
+                                "from `evamed clients add NAME`)")
+        record = await asyncio.to_thread(authenticate, self.store, token.strip())
+        if record is None:
+            log.info("refused a call: unknown or revoked token")
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "the bearer token is not valid: unknown or revoked (ask the "
+                                "operator for a token: `evamed clients add NAME`)")
+        else:
+            CLIENT.set(record.name)
+
+
+def _guarded(handler: Any, enter: Callable[[Any], Awaitable[None]]) -> Any:
+    """The same method handler, its behaviour preceded by ``enter(context)`` (in the call's
+    own task, so what ``enter`` sets in a context variable the behaviour sees)."""
+    if handler.unary_unary is not None or handler.stream_unary is not None:
+        field = "unary_unary" if handler.unary_unary is not None else "stream_unary"
+        behaviour = getattr(handler, field)
+
+        async def answer(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await enter(context)
+            return await behaviour(request, context)
+        return handler._replace(**{field: answer})
+    field = "unary_stream" if handler.unary_stream is not None else "stream_stream"
+    streaming = getattr(handler, field)
+
+    async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await enter(context)
+        async for message in streaming(request, context):
+            yield message
+    return handler._replace(**{field: stream})
+
+
+# ------------------------------------------------------------------ serving
+
+
+@dataclass
+class Served:
+    """A mediator running on the current event loop."""
+
+    config: Config
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+    service: MediatorService
+    dispatcher: Dispatcher
+    pipeline: Pipeline
+    store: Store
+    links: dict[str, Link]
+    metrics: Metrics
+    metrics_port: int
+    own_store: bool = True  # opened by start(): closed by stop()
+    watch: asyncio.Task[None] | None = None
+
+    async def stop(self, drain: float | None = None) -> None:
+        """Shut down gracefully (see the module docstring); ``drain``: seconds for calls in
+        flight and the pipeline (default: the configuration's)."""
+        seconds = self.config.drain / 1e6 if drain is None else drain
+        log.info("shutting down: NOT_SERVING, %.1f s for calls in flight", seconds)
+        if self.watch is not None:
+            self.watch.cancel()
+        await self.health.enter_graceful_shutdown()
+        self.dispatcher.close()
+        await self.server.stop(seconds)
+        await asyncio.to_thread(self.pipeline.stop, max(seconds, 0.1))
+        for link in self.links.values():
+            with contextlib.suppress(Exception):  # a service gone already: nothing to close
+                link.close()
+        self.metrics.close()
+        if self.own_store:
+            await asyncio.to_thread(self.store.close)
+        log.info("stopped")
+
+
+def service_info(service: ServiceConfig) -> ServiceInfo:
+    return ServiceInfo(service.name, service.group, PRESETS[service.group],
+                       Coverage(service.sources, service.types))
+
+
+def credentials(config: Config) -> grpc.ServerCredentials | None:
+    """The server's TLS credentials (None: plaintext). OSError naming the file that cannot be
+    read."""
+    tls = config.tls
+    if not tls.enabled:
+        return None
+    files = {}
+    for key in ("cert", "key", "client_ca"):
+        path = getattr(tls, key)
+        if path:
+            try:
+                files[key] = Path(path).read_bytes()
+            except OSError as exc:
+                raise OSError(f"tls.{key}: cannot read {path}: {exc.strerror}") from None
+    return grpc.ssl_server_credentials(
+        [(files["key"], files["cert"])], root_certificates=files.get("client_ca"),
+        require_client_auth="client_ca" in files)
+
+
+async def start(config: Config, *, store: Store | None = None,
+                pipeline: Callable[..., Pipeline] | None = None) -> Served:
+    """Start a mediator on the running loop (``config.listen`` may use port 0: any free
+    port). ``store``: one already open, left open at stop (default: ``open_store(
+    config.store)``); ``pipeline``: its constructor (tests pass a double). OSError when the
+    address or a TLS file cannot be used, ValueError for a store URL that is not one."""
+    if pipeline is None:
+        from mediator.pipeline import Pipeline as real
+
+        pipeline = real
+    creds = credentials(config)
+    own_store = store is None
+    opened = store if store is not None else await asyncio.to_thread(open_store, config.store)
+    metrics = Metrics()
+    dispatcher = Dispatcher(opened, metrics, config.retention, config.limits.rate)
+    dispatcher.attach(asyncio.get_running_loop())
+    links: dict[str, Link] = {}
+    running: Pipeline | None = None
+    try:
+        for s in config.services:
+            links[s.name] = connect(service_info(s), s.address, tick=config.tick)
+        running = pipeline(opened, links, tick=config.tick, composer=config.composer,
+                           metrics=metrics, on_append=dispatcher.on_append)
+        await asyncio.to_thread(running.start)
+        service = MediatorService(opened, running, config, metrics, dispatcher)
+        await service.restore()
+        server, health_servicer, port = _server(config, opened, service, creds)
+        metrics_port = (metrics.serve(config.metrics_port, config.metrics_host)
+                        if config.metrics_port else 0)
+        await server.start()
+    except BaseException:
+        if running is not None:
+            await asyncio.to_thread(running.stop, 0.1)
+        for link in links.values():
+            with contextlib.suppress(Exception):
+                link.close()
+        metrics.close()
+        if own_store:
+            opened.close()
+        raise
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    served = Served(config, server, port, health_servicer, service, dispatcher, running, opened,
+                    links, metrics, metrics_port, own_store)
+    served.watch = asyncio.create_task(_watch(served))
+    log.info("serving %s on port %d (%s, %d services, composer %s)%s", SERVICE_NAME, port,
+             "TLS" + (" with client certificates" if config.tls.client_ca else "")
+             if creds is not None else "plaintext", len(links), config.composer,
+             f"; metrics on port {metrics_port}" if metrics_port else "")
+    return served
+
+
+def _server(config: Config, store: Store, service: MediatorService,
+            creds: grpc.ServerCredentials | None
+            ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
+    """The gRPC server with the three services, bound (OSError if the address cannot be)."""
+    server = grpc.aio.server(interceptors=[Authenticator(store)], options=[
+        ("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+    mediator_pb2_grpc.add_MediatorServiceServicer_to_server(service, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((SERVICE_NAME, HEALTH_NAME, reflection.SERVICE_NAME),
+                                        server)
+    try:
+        port = (server.add_secure_port(config.listen, creds) if creds is not None
+                else server.add_insecure_port(config.listen))
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise OSError(f"cannot listen on {config.listen}: {bind_error(config.listen)}")
+    return server, health_servicer, port
+
+
+async def _watch(served: Served) -> None:
+    """Health goes NOT_SERVING if the pipeline thread stops by itself (a bug, a store gone):
+    the log keeps what was accepted, a restart evaluates it."""
+    while served.pipeline.error is None:
+        await asyncio.sleep(WATCH_SECONDS)
+    log.error("the pipeline stopped: %s; health NOT_SERVING", served.pipeline.error)
+    for name in ("", SERVICE_NAME):
+        await served.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+
+async def run(config: Config, ready: Callable[[Served], None] = lambda served: None) -> None:
+    """Serve until SIGTERM or SIGINT, then shut down gracefully; a second signal skips the
+    waiting. ``ready(served)`` is called once the mediator answers."""
+    served = await start(config)
+    signals: asyncio.Queue[int] = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, signals.put_nowait, sig)
+    ready(served)
+    await signals.get()
+    stopping = asyncio.create_task(served.stop())
+    second = asyncio.create_task(signals.get())
+    await asyncio.wait({stopping, second}, return_when=asyncio.FIRST_COMPLETED)
+    if not stopping.done():
+        log.warning("second signal: stopping without waiting")
+        await served.server.stop(0)
+        await stopping
+    second.cancel()
+
+
+class Running:
+    """A mediator on its own event loop in a background thread, for synchronous callers
+    (tests, benchmarks, embedding): ``port``, ``metrics_port``, ``served``, ``stop()``."""
+
+    def __init__(self, config: Config, **options: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name="evamed-mediator")
+        self._thread.start()
+        try:
+            self.served: Served = self.call(start(config, **options))
+        except BaseException:
+            self._close_loop()
+            raise
+        self.port = self.served.port
+        self.metrics_port = self.served.metrics_port
+
+    def call(self, coroutine: Any) -> Any:
+        """Run a coroutine on the mediator's loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def stop(self, drain: float | None = None) -> None:
+        if self._thread.is_alive():
+            try:
+                self.call(self.served.stop(drain))
+            finally:
+                self._close_loop()
+
+    def _close_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+
+def serve(config: Config, **options: Any) -> Running:
+    """Start a mediator in a background thread (``config.listen`` may use port 0)."""
+    return Running(config, **options)
+
+
+__all__ = ["Authenticator", "Running", "Served", "credentials", "run", "serve", "start"]

@@ -1,0 +1,571 @@
+"""The mediator's API, ``eva.mediator.v1.MediatorService`` on ``grpc.aio`` (DESIGN §5;
+proto/eva/mediator/v1/mediator.proto; docs/operations.md).
+
+Every call arrives authenticated: the interceptor of :mod:`mediator.server` checked the bearer
+token and put the client's name in :data:`CLIENT`. A client sees only its own subscriptions —
+another client's name is NOT_FOUND, exactly as a name nobody registered, so names do not leak.
+
+Errors are status codes with ``google.rpc.Status`` details, never a traceback: a profile that
+does not parse is INVALID_ARGUMENT with a ``BadRequest`` violation of field ``profile``
+(``line L, column C: message``); a limit is RESOURCE_EXHAUSTED (how many profiles) or
+INVALID_ARGUMENT (a profile's size, nesting, time frame) with an ``ErrorInfo`` reason. A
+handler raises :class:`Refusal`; :func:`_answering` turns it into the status, and anything
+unexpected into INTERNAL with the exception's type (logged with its traceback).
+
+Publish (events in): each CloudEvents line is decoded (a ``malformed`` dead letter says what
+was wrong), checked against the recently accepted (source, id) pairs (``duplicate``) and the
+newest accepted time minus the lateness (``late``); the accepted lines are appended to the
+event log in one durable write per message, then the pipeline is woken. One message at a time
+decides and appends (a lock), so the event log's order — the trace's order — is the order the
+checks saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, replace
+from functools import wraps
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import grpc
+import orjson
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from adapters.remote_link import EMBEDDED
+from eva import ast
+from eva.events import EventError, brief_repr, format_time, from_json_line
+from eva.parser import ProfileError, parse
+from eva.units import format_span
+from mediator.config import RESERVED_SERVICE, Config
+from mediator.delivery import Closing, Dispatcher, TokenError, token_position
+from mediator.metrics import Metrics
+from mediator.store.base import RetentionError, Store, SubscriptionRecord
+from mediator.wire import mediator_pb2, mediator_pb2_grpc
+from transforms.plans import Plan, Remote, Subscribe, nodes
+
+if TYPE_CHECKING:
+    from mediator.pipeline import ServiceStatus
+
+log = logging.getLogger("evamed.service")
+
+CLIENT: contextvars.ContextVar[str] = contextvars.ContextVar("evamed_client")
+"""The authenticated client's name, set by the server's interceptor for each call."""
+
+MAX_DEAD_LETTERS = 100
+"""Dead letters a PublishReply lists (its count is always complete)."""
+RECENT_IDS = 50_000
+"""Accepted (source, id) pairs per generation of the duplicate memory: two generations, so a
+duplicate of any of the newest 50,000 accepted events (and of up to 100,000) is recognised —
+also across a restart (the memory is seeded from the event log's tail)."""
+MAX_NAME = 200
+"""Characters of a subscription name (it appears in tokens, keys and tables)."""
+ERROR_DOMAIN = "evamed"
+
+
+class Pipeline(Protocol):
+    """What the service asks of the pipeline (mediator/pipeline.py)."""
+
+    def add(self, record: SubscriptionRecord) -> list[Plan]: ...
+    def remove(self, owner: str, name: str) -> bool: ...
+    def wake(self) -> None: ...
+    def advance(self, time: int) -> None: ...
+    def explain(self, doc: ast.Document) -> tuple[str, str]: ...
+    def newest(self) -> int | None: ...
+    def services(self) -> list[ServiceStatus]: ...
+
+
+class Refusal(Exception):
+    """A call refused with a status (code, message, details)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, *details: Any) -> None:
+        super().__init__(message)
+        status = status_pb2.Status(code=code.value[0], message=message)
+        for detail in details:
+            status.details.add().Pack(detail)
+        self.status = rpc_status.to_status(status)
+
+
+def violation(description: str) -> Any:
+    """A ``BadRequest`` naming field ``profile``."""
+    return error_details_pb2.BadRequest(field_violations=[
+        error_details_pb2.BadRequest.FieldViolation(field="profile", description=description)])
+
+
+def reason(name: str, limit: object, found: object) -> Any:
+    return error_details_pb2.ErrorInfo(reason=name, domain=ERROR_DOMAIN,
+                                       metadata={"limit": str(limit), "found": str(found)})
+
+
+Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
+
+
+def _answering(method: Handler) -> Handler:
+    """A unary handler whose Refusal becomes its status, and any other exception INTERNAL."""
+
+    @wraps(method)
+    async def run(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await method(self, request, context)
+        except Refusal as refusal:
+            await context.abort_with_status(refusal.status)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await context.abort_with_status(_internal(method.__name__, exc))
+    return run  # type: ignore[return-value]
+
+
+def _internal(call: str, exc: Exception) -> grpc.Status:
+    log.exception("%s failed", call)
+    return Refusal(grpc.StatusCode.INTERNAL, f"{call} failed: {type(exc).__name__}: "
+                   f"{str(exc)[:200]}").status
+
+
+class RecentIds:
+    """The (source, id) pairs of the newest accepted events, two generations of ``size``."""
+
+    def __init__(self, size: int = RECENT_IDS) -> None:
+        self.size = size
+        self._new: set[tuple[str, str]] = set()
+        self._old: set[tuple[str, str]] = set()
+
+    def __contains__(self, pair: tuple[str, str]) -> bool:
+        return pair in self._new or pair in self._old
+
+    def add(self, pair: tuple[str, str]) -> None:
+        if len(self._new) >= self.size:
+            self._old, self._new = self._new, set()
+        self._new.add(pair)
+
+
+@dataclass
+class _Tally:
+    accepted: int = 0
+    dead: int = 0
+    index: int = 0
+    letters: list[Any] | None = None
+
+    def refuse(self, ident: str, why: str, detail: str, metrics: Metrics) -> None:
+        self.dead += 1
+        metrics.dead_letters.labels(why).inc()
+        if self.letters is None:
+            self.letters = []
+        if len(self.letters) < MAX_DEAD_LETTERS:
+            self.letters.append(mediator_pb2.DeadLetter(index=self.index, id=ident,
+                                                        reason=f"{why}: {detail}"))
+
+
+class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignore[misc]
+    def __init__(self, store: Store, pipeline: Pipeline, config: Config, metrics: Metrics,
+                 dispatcher: Dispatcher) -> None:
+        self.store = store
+        self.pipeline = pipeline
+        self.config = config
+        self.limits = config.limits
+        self.metrics = metrics
+        self.dispatcher = dispatcher
+        self.recent = RecentIds()
+        self._newest: int | None = None  # the newest accepted event time (this process)
+        self._watermark: int | None = None  # the newest advance_to_us: nothing at or before it
+        self._order = asyncio.Lock()  # one Publish message decides and appends at a time
+        self._registry = asyncio.Lock()  # one registration at a time (names, limits)
+
+    async def restore(self) -> None:
+        """Seed the duplicate memory and the newest time from the event log's tail (what was
+        accepted before a restart is still recognised)."""
+        head = await asyncio.to_thread(self.store.event_head)
+        after = max(0, head - 2 * self.recent.size)
+        while after < head:
+            batch = await asyncio.to_thread(self.store.read_events, after, 1000)
+            if not batch:
+                break
+            for item in batch:
+                try:
+                    event = from_json_line(item.line)
+                except EventError:
+                    continue  # accepted by another version: not this one's to judge
+                self.recent.add((event.source, event.id))
+                self._newest = event.time if self._newest is None else max(self._newest, event.time)
+            after = batch[-1].position
+
+    # ---------------------------------------------------------------- subscriptions
+
+    async def Subscribe(self, request: Any, context: grpc.aio.ServicerContext
+                        ) -> AsyncIterator[Any]:
+        try:
+            owner = CLIENT.get()
+            if request.profile_text:
+                record = await self._register(owner, request.profile_text, request.name)
+            else:
+                record = await self._own(owner, request.name)
+            after = await self._resume_at(record, request.resume_token)
+            yield mediator_pb2.Notification(subscription=record.name, ready=True)
+            log.info("%s subscribed to %s from position %d", owner, record.name, after)
+            async for message in self.dispatcher.stream(record, after):
+                yield message
+        except Refusal as refusal:
+            await context.abort_with_status(refusal.status)
+        except RetentionError as exc:
+            await context.abort(grpc.StatusCode.OUT_OF_RANGE, f"{exc}; the client fell behind "
+                                "the log's retention")
+        except Closing as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await context.abort_with_status(_internal("Subscribe", exc))
+
+    @_answering
+    async def AddProfile(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        record = await self._register(CLIENT.get(), request.profile_text, request.name)
+        return await self._info(record)
+
+    @_answering
+    async def Unsubscribe(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        owner = CLIENT.get()
+        async with self._registry:
+            if await asyncio.to_thread(self.store.subscription, owner, request.name) is None:
+                return mediator_pb2.UnsubscribeReply(found=False)
+            await asyncio.to_thread(self.pipeline.remove, owner, request.name)
+            found = await asyncio.to_thread(self.store.delete_subscription, owner, request.name)
+        self.dispatcher.forget(owner, request.name)
+        log.info("%s unsubscribed %s", owner, request.name)
+        return mediator_pb2.UnsubscribeReply(found=found)
+
+    @_answering
+    async def ListProfiles(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        records = await asyncio.to_thread(self.store.subscriptions, CLIENT.get())
+        return mediator_pb2.ListProfilesReply(
+            profiles=[await self._info(r) for r in sorted(records, key=lambda r: r.name)])
+
+    @_answering
+    async def GetProfile(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._info(await self._own(CLIENT.get(), request.name))
+
+    @_answering
+    async def Explain(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if request.profile_text:
+            doc = self._parse(request.profile_text)
+        else:
+            doc = self._parse((await self._own(CLIENT.get(), request.name)).text)
+        try:
+            text, as_json = await asyncio.to_thread(self.pipeline.explain, doc)
+        except ValueError as exc:
+            raise _planning_refusal(exc) from None
+        return mediator_pb2.ExplainReply(text=text, json=as_json)
+
+    @_answering
+    async def ListServices(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        addresses = {s.name: s.address for s in self.config.services}
+        return mediator_pb2.ListServicesReply(services=[
+            _service_info(s, addresses.get(s.info.name, EMBEDDED))
+            for s in await asyncio.to_thread(self.pipeline.services)])
+
+    async def _own(self, owner: str, name: str) -> SubscriptionRecord:
+        if not name:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
+                          "name a subscription, or give a profile document (profile_text)")
+        record = await asyncio.to_thread(self.store.subscription, owner, name)
+        if record is None:  # another client's name reads exactly as one nobody registered
+            raise Refusal(grpc.StatusCode.NOT_FOUND, f"you have no subscription named {name!r}")
+        return record
+
+    async def _register(self, owner: str, text: str, name: str) -> SubscriptionRecord:
+        """The subscription ``name`` (default: the document's first profile) of ``owner`` for
+        the document ``text``: registered and planned now, or the one registered before with
+        the same text; ALREADY_EXISTS with another text."""
+        doc = self._parse(text)
+        if not doc.profiles:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "the document defines no profile "
+                          "(expected at least one `profile NAME = …`)",
+                          violation("line 1, column 1: the document defines no profile"))
+        name = name or doc.profiles[0].name
+        _check_name(name)
+        self._check_shape(doc)
+        # Shielded: a caller that goes away mid-registration leaves it complete (as AddProfile
+        # would have), never planned at the services without its record or the reverse.
+        return await asyncio.shield(self._create(owner, name, text))
+
+    async def _create(self, owner: str, name: str, text: str) -> SubscriptionRecord:
+        async with self._registry:
+            existing = await asyncio.to_thread(self.store.subscription, owner, name)
+            if existing is not None:
+                if existing.text == text:
+                    return existing
+                raise Refusal(grpc.StatusCode.ALREADY_EXISTS,
+                              f"you have a subscription named {name!r} with another profile "
+                              "document; unsubscribe it first, or choose another name")
+            count = len(await asyncio.to_thread(self.store.subscriptions, owner))
+            if count >= self.limits.profiles:
+                raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"you have {count} subscriptions, the limit per client is "
+                              f"{self.limits.profiles} (limits.profiles); unsubscribe one first",
+                              reason("TOO_MANY_PROFILES", self.limits.profiles, count))
+            record = SubscriptionRecord(
+                owner, name, text, time.time_ns() // 1000,
+                start_position=await asyncio.to_thread(self.store.event_head),
+                start_time=self._newest_time())
+            await asyncio.to_thread(self.store.put_subscription, record)
+            try:
+                plans = await asyncio.to_thread(self.pipeline.add, record)
+            except Exception as exc:
+                await asyncio.to_thread(self.store.delete_subscription, owner, name)
+                raise _planning_refusal(exc) from None
+            # Re-read: the pipeline may have moved the record's start to where it is.
+            stored = await asyncio.to_thread(self.store.subscription, owner, name)
+            record = replace(stored or record, plans=json.dumps(
+                [_plan_summary(p) for p in plans], ensure_ascii=False))
+            await asyncio.to_thread(self.store.put_subscription, record)
+        log.info("%s registered %s: %s", owner, name, ", ".join(p.profile.name for p in plans))
+        return record
+
+    def _parse(self, text: str) -> ast.Document:
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > self.limits.profile_bytes:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"the profile document is {size:,} bytes, the limit is "
+                          f"{self.limits.profile_bytes:,} (limits.profile_bytes)",
+                          reason("PROFILE_TOO_LARGE", self.limits.profile_bytes, size))
+        try:
+            return parse(text, "profile")
+        except ProfileError as exc:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exc), violation(
+                f"line {exc.line}, column {exc.column}: {exc.message}")) from None
+        except RecursionError:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "the profile nests too deeply to be "
+                          "read", violation("line 1, column 1: nests too deeply")) from None
+        except Exception as exc:  # a parser bug must still answer as a bad profile, not a crash
+            log.exception("profile not understood")
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"the profile could not be read "
+                          f"({type(exc).__name__})", violation(
+                              f"line 1, column 1: could not be read ({type(exc).__name__})")
+                          ) from None
+
+    def _check_shape(self, doc: ast.Document) -> None:
+        """The per-profile limits: nesting depth and the longest time frame."""
+        for p in doc.profiles:
+            where = f"line {p.line}, column {p.column}"
+            levels = ast.depth(p.expr)
+            if levels > self.limits.depth:
+                raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"profile {p.name} nests {levels} operators, the limit is "
+                              f"{self.limits.depth} (limits.depth)",
+                              violation(f"{where}: nests {levels} operators, at most "
+                                        f"{self.limits.depth}"),
+                              reason("PROFILE_TOO_DEEP", self.limits.depth, levels))
+            frame = self.limits.time_frame
+            if frame is None:
+                continue
+            longest = _longest_frame(p.expr)
+            if longest is None or longest > frame:
+                found = "an unbounded operator" if longest is None else format_span(longest)
+                raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"profile {p.name} has a time frame of {found}, the limit is "
+                              f"{format_span(frame)} (limits.time_frame)",
+                              violation(f"{where}: time frame {found}, at most "
+                                        f"{format_span(frame)}"),
+                              reason("TIME_FRAME_TOO_LONG", format_span(frame),
+                                     format_span(longest)))
+
+    async def _resume_at(self, record: SubscriptionRecord, token: str) -> int:
+        """The position to send after: the token's, or (none) before the oldest kept entry."""
+        first, head = await asyncio.to_thread(self.store.notification_bounds, record.owner,
+                                              record.name)
+        if not token:
+            return max(0, first - 1)
+        try:
+            position = token_position(token, record)
+        except TokenError as exc:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        if position > head:
+            raise Refusal(grpc.StatusCode.OUT_OF_RANGE,
+                          f"the resume token names position {position}, past the log's newest, "
+                          f"{head} (a token of an earlier subscription of this name, removed "
+                          "since? subscribe without a token)")
+        if first and position < first - 1:
+            raise Refusal(grpc.StatusCode.OUT_OF_RANGE,
+                          f"the resume token names position {position}, older than the oldest "
+                          f"the log keeps, {first} (retention: the newest "
+                          f"{self.config.retention:,}); what followed it was trimmed — "
+                          "subscribe without a token to start at the oldest kept")
+        return position
+
+    async def _info(self, record: SubscriptionRecord) -> Any:
+        first, head = await asyncio.to_thread(self.store.notification_bounds, record.owner,
+                                              record.name)
+        summaries = json.loads(record.plans) if record.plans else []
+        return mediator_pb2.ProfileInfo(
+            name=record.name, text=record.text, owner=record.owner,
+            profiles=[s["profile"] for s in summaries], created_us=record.created_us,
+            log_first=first if first <= head else 0, log_head=head,
+            plans=[f"{s['profile']}: {s['kind']}, {', '.join(s['services'])}" for s in summaries])
+
+    def _newest_time(self) -> int | None:
+        newest = self.pipeline.newest()
+        if newest is None or (self._newest is not None and self._newest > newest):
+            return self._newest
+        return newest
+
+    # ---------------------------------------------------------------- events in
+
+    async def Publish(self, request_iterator: AsyncIterator[Any],
+                      context: grpc.aio.ServicerContext) -> Any:
+        tally = _Tally()
+        try:
+            async for request in request_iterator:
+                # Shielded: a publisher that goes away mid-message does not leave the memory
+                # of ids ahead of the log (the message is decided and appended, or neither).
+                await asyncio.shield(self._message(request, tally))
+        except Refusal as refusal:
+            await context.abort_with_status(refusal.status)
+        return mediator_pb2.PublishReply(accepted=tally.accepted, dead_lettered=tally.dead,
+                                         dead_letters=tally.letters or [])
+
+    async def _message(self, request: Any, tally: _Tally) -> None:
+        async with self._order:
+            lines: list[str] = []
+            pairs: list[tuple[str, str]] = []
+            seen: set[tuple[str, str]] = set()  # this message's, until they are in the log
+            newest = self._newest_time()
+            for line in request.cloudevents:
+                accepted = self._judge(line, tally, newest, seen)
+                tally.index += 1
+                if accepted is not None:
+                    pair, when = accepted
+                    seen.add(pair)
+                    pairs.append(pair)
+                    lines.append(line.rstrip("\r\n"))
+                    newest = when if newest is None else max(newest, when)
+            if lines:
+                try:
+                    await asyncio.to_thread(self.store.append_events, lines)
+                except Exception as exc:
+                    log.exception("appending %d events failed", len(lines))
+                    raise Refusal(grpc.StatusCode.UNAVAILABLE,
+                                  f"the event log could not be written ({type(exc).__name__}); "
+                                  f"none of this message's {len(lines)} events was accepted, "
+                                  f"{tally.accepted} before it were: publish from there again"
+                                  ) from None
+                for pair in pairs:
+                    self.recent.add(pair)
+                    self.metrics.events_in.labels(pair[0]).inc()
+                self._newest = newest
+                tally.accepted += len(lines)
+                self.pipeline.wake()
+            if request.advance_to_us:
+                mark = request.advance_to_us
+                self._watermark = mark if self._watermark is None else max(self._watermark, mark)
+                await asyncio.to_thread(self.pipeline.advance, mark)
+
+    def _judge(self, line: str, tally: _Tally, newest: int | None,
+               seen: set[tuple[str, str]]) -> tuple[tuple[str, str], int] | None:
+        """The (source, id) and time of the event of ``line`` if it is accepted; else None,
+        and it is dead-lettered. ``seen``: this message's accepted pairs so far."""
+        try:
+            event = from_json_line(line, seq=tally.index)
+        except EventError as exc:
+            tally.refuse(_loose_id(line), "malformed", f"event {tally.index}: {exc}", self.metrics)
+            return None
+        except Exception as exc:  # whatever the line holds, only this event is refused
+            log.exception("event %d could not be read", tally.index)
+            tally.refuse(_loose_id(line), "malformed", f"event {tally.index}: could not be read "
+                         f"({type(exc).__name__})", self.metrics)
+            return None
+        pair = (event.source, event.id)
+        if pair in seen or pair in self.recent:
+            tally.refuse(event.id, "duplicate", f"an event with source "
+                         f"{brief_repr(event.source)} and id {brief_repr(event.id)} was already "
+                         "accepted", self.metrics)
+            return None
+        late = self.config.lateness
+        if self._watermark is not None and event.time <= self._watermark:
+            tally.refuse(event.id, "late", f"event time {format_time(event.time)} is at or "
+                         f"before the advance to {format_time(self._watermark)} (no event "
+                         "at or before it is taken any more)", self.metrics)
+            return None
+        if newest is not None and event.time < newest - late:
+            tally.refuse(event.id, "late", f"event time {format_time(event.time)} is before "
+                         f"the newest accepted, {format_time(newest)}"
+                         + (f", minus the lateness {format_span(late)}" if late else "")
+                         + " (events are taken in time order)", self.metrics)
+            return None
+        return pair, event.time
+
+
+def _loose_id(line: str) -> str:
+    """The id of a malformed event, when its JSON has one (for the dead letter)."""
+    try:
+        value = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return ""
+    ident = value.get("id") if isinstance(value, dict) else None
+    return ident[:200] if isinstance(ident, str) else ""
+
+
+def _check_name(name: str) -> None:
+    if len(name) > MAX_NAME or not name.isprintable() or name != name.strip():
+        raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
+                      f"found the subscription name {brief_repr(name)}, expected at most "
+                      f"{MAX_NAME} printable characters without surrounding spaces")
+
+
+def _longest_frame(expr: ast.Expr) -> int | None:
+    """The longest span of an operator in ``expr`` (None: an unbounded one; 0: none)."""
+    longest = 0
+    for node in ast.walk(expr):
+        if isinstance(node, (ast.Conjunction, ast.Sequence, ast.Negation)):
+            if node.span is None:
+                return None
+            longest = max(longest, node.span)
+    return longest
+
+
+def _planning_refusal(exc: Exception) -> Refusal:
+    """Why a profile could not be planned and subscribed, as a status."""
+    from adapters.federation import PushRefused
+
+    if isinstance(exc, PushRefused):
+        return Refusal(grpc.StatusCode.FAILED_PRECONDITION, f"the profile could not be "
+                       f"subscribed: {exc}")
+    if isinstance(exc, ValueError):
+        return Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"the profile cannot be planned: {exc}",
+                       violation(f"line 1, column 1: {exc}"))
+    if isinstance(exc, ConnectionError):
+        return Refusal(grpc.StatusCode.UNAVAILABLE, f"a service the profile needs is out of "
+                       f"reach: {exc}")
+    log.error("planning failed", exc_info=exc)
+    return Refusal(grpc.StatusCode.INTERNAL, f"planning failed: {type(exc).__name__}: "
+                   f"{str(exc)[:200]}")
+
+
+def _plan_summary(p: Plan) -> dict[str, Any]:
+    """What ProfileInfo.plans shows of a plan: its kind and the services it uses."""
+    services = [n.service or RESERVED_SERVICE for n in nodes(p.root) if isinstance(n, (Remote, Subscribe))]
+    return {"profile": p.profile.name, "kind": str(p.kind),
+            "services": list(dict.fromkeys(services))}
+
+
+@functools.cache
+def _language_name(group: str) -> str:
+    from adapters.backends.registry import language
+
+    return language(group).name
+
+
+def _service_info(service: ServiceStatus, address: str) -> Any:
+    info = service.info
+    return mediator_pb2.ServiceInfo(
+        name=info.name, group=info.group, language=_language_name(info.group), address=address,
+        sources=list(info.coverage.sources), types=list(info.coverage.types),
+        status=service.status, subscriptions=service.handles)
+
+
+__all__ = ["CLIENT", "MediatorService", "Pipeline", "RecentIds", "Refusal", "reason",
+           "violation"]

@@ -1,0 +1,138 @@
+"""The mediator's configuration (mediator/config.py): TOML, EVAMED_* variables over it, every
+key documented, and every bad value refused with where, what was found and what was expected."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mediator.config import Config, ConfigError, Limits, ServiceConfig, Tls, env_name, keys, load
+
+FULL = """
+listen = "0.0.0.0:7000"
+store = "redis://127.0.0.1:6379/2"
+composer = "spark"
+tick = "500ms"
+lateness = "2s"
+retention = 500
+metrics_port = 9464
+metrics_host = "0.0.0.0"
+log_json = true
+log_level = "debug"
+drain = "5s"
+
+[limits]
+profiles = 7
+depth = 4
+time_frame = "1h"
+rate = 2.5
+profile_bytes = 4096
+
+[tls]
+cert = "server.pem"
+key = "server.key"
+client_ca = "clients.pem"
+
+[[services]]
+name = "trucks"
+group = "cg2"
+address = "127.0.0.1:50051"
+sources = ["trucks/*"]
+
+[[services]]
+name = "orders"
+group = "cg3"
+types = ["order.*", "goods.*"]
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "mediator.toml"
+    path.write_text(text)
+    return path
+
+
+def test_no_file_and_no_variables_give_the_defaults() -> None:
+    assert load(None, {}) == Config()
+    assert Config().store == "sqlite://evamed.db" and Config().services == ()
+
+
+def test_a_file_sets_every_key(tmp_path: Path) -> None:
+    config = load(write(tmp_path, FULL), {})
+    assert config == Config(
+        listen="0.0.0.0:7000", store="redis://127.0.0.1:6379/2", composer="spark", tick=500_000,
+        lateness=2_000_000, retention=500, metrics_port=9464, metrics_host="0.0.0.0",
+        log_json=True, log_level="DEBUG", drain=5_000_000,
+        limits=Limits(profiles=7, depth=4, time_frame=3_600_000_000, rate=2.5, profile_bytes=4096),
+        tls=Tls("server.pem", "server.key", "clients.pem"),
+        services=(ServiceConfig("trucks", "cg2", "127.0.0.1:50051", ("trucks/*",), ("*",)),
+                  ServiceConfig("orders", "cg3", "embedded", ("*",), ("order.*", "goods.*"))))
+
+
+def test_environment_variables_override_the_file(tmp_path: Path) -> None:
+    env = {"EVAMED_LISTEN": "127.0.0.1:0", "EVAMED_LIMITS_RATE": "0", "EVAMED_LOG_JSON": "no",
+           "EVAMED_TICK": "1s", "EVAMED_LIMITS_TIME_FRAME": "inf", "EVAMED_TLS_CLIENT_CA": "",
+           "EVAMED_SERVICES": json.dumps([{"name": "x", "group": "cg1", "sources": ["a"]}]),
+           "EVAMED_SERVER": "ignored: the client's variable", "EVAMED_TOKEN": "evm_ignored"}
+    config = load(write(tmp_path, FULL), env)
+    assert (config.listen, config.limits.rate, config.log_json, config.tick) == (
+        "127.0.0.1:0", 0.0, False, 1_000_000)
+    assert config.limits.time_frame is None and config.limits.profiles == 7
+    assert config.tls.client_ca == "" and config.tls.cert == "server.pem"
+    assert config.services == (ServiceConfig("x", "cg1", sources=("a",)),)
+    assert load(None, {"EVAMED_RETENTION": "12"}).retention == 12
+
+
+@pytest.mark.parametrize(("text", "env", "message"), [
+    ("listne = 'x'", {}, "unknown key listne; expected one of: listen"),
+    ("[limits]\nprofile = 3", {}, "unknown key limits.profile; expected one of: limits.profiles"),
+    ("retention = 0", {}, "retention: found 0, expected a whole number ≥ 1"),
+    ("", {"EVAMED_RETENTION": "ten"}, "EVAMED_RETENTION: found 'ten', expected a whole number"),
+    ("tick = 1000", {}, "tick: found 1000, expected a span with a unit"),
+    ("tick = '1 parsec'", {}, "tick: found '1 parsec', expected digits and a unit"),
+    ("tick = '0s'", {}, "tick: found '0s', expected at least 1us"),
+    ("lateness = 'inf'", {}, "lateness: found \"inf\", expected a finite span"),
+    ("composer = 'flink'", {}, "composer: found 'flink', expected one of: inprocess, spark"),
+    ("listen = 'localhost'", {}, "listen: found 'localhost', expected host:port"),
+    ("log_json = 'maybe'", {}, "log_json: found 'maybe', expected true or false"),
+    ("store = 'ftp://x'", {}, "store: the store URL 'ftp'://"),
+    ("[limits]\nrate = -1", {}, "limits.rate: found -1, expected a number ≥ 0"),
+    ("[tls]\ncert = 'a.pem'", {}, "tls.cert and tls.key go together"),
+    ("[tls]\nclient_ca = 'ca.pem'", {}, "tls.client_ca needs tls.cert and tls.key"),
+    ("limits = 3", {}, "limits: found 3, expected a table [limits]"),
+    ("[[services]]\nname = 'a'", {}, "services[1]: missing group"),
+    ("[[services]]\nname = 'a'\ngroup = 'cg9'", {}, "services[1].group: found 'cg9', expected "
+     "one of: cg0"),
+    ("[[services]]\nname = 'mediator'\ngroup = 'cg1'", {}, "services[1].name: found 'mediator'"),
+    ("[[services]]\nname = 'a'\ngroup = 'cg1'\n[[services]]\nname = 'a'\ngroup = 'cg2'", {},
+     "services[2].name: 'a' is taken"),
+    ("[[services]]\nname = 'a'\ngroup = 'cg1'\nsources = []", {},
+     "services[1].sources: found [], expected a non-empty list of patterns"),
+    ("[[services]]\nname = 'a'\ngroup = 'cg1'\naddress = 'nowhere'", {},
+     "services[1].address: found 'nowhere', expected host:port"),
+    ("", {"EVAMED_SERVICES": "[{"}, "EVAMED_SERVICES: not JSON"),
+    ("listen = ", {}, "not TOML: "),
+])
+def test_a_bad_value_says_where_what_and_what_was_expected(tmp_path: Path, text: str,
+                                                          env: dict[str, str],
+                                                          message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load(write(tmp_path, text), env)
+    assert message in str(caught.value)
+    where = next(iter(env)) if env else str(tmp_path / "mediator.toml")
+    assert str(caught.value).startswith(where), str(caught.value)
+
+
+def test_a_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"cannot read the configuration .*nothing\.toml"):
+        load(tmp_path / "nothing.toml", {})
+
+
+def test_every_key_and_variable_is_documented() -> None:
+    doc = Path(__file__).resolve().parent.parent.joinpath("docs", "operations.md").read_text()
+    for key in keys():
+        assert f"`{key}`" in doc, key
+        if not key.startswith("services[]"):
+            assert f"`{env_name(*key.split('.'))}`" in doc, key
