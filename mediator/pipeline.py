@@ -86,7 +86,8 @@ class _Subscription:
     record: SubscriptionRecord
     doc: ast.Document
     plans: list[Plan]
-    federation: Federation | None  # None: no profile is composed in a runner
+    federations: list[Federation]  # one per profile composed in a runner: a profile whose
+    # answers wait long (a wide frame) holds back none of the others'
     types: frozenset[str] | None  # the event types its classes can match (None: any)
     horizon: int | None  # how long a composite may name an event after it (None: unbounded)
     composed: list[str] = field(default_factory=list)  # profiles the Spark composer composes
@@ -97,9 +98,9 @@ class _Subscription:
         return (self.record.owner, self.record.name)
 
     def handles(self) -> set[tuple[str, Handle]]:
-        if self.federation is None:
+        if not self.federations:
             return set()
-        return {(link, h) for link, hs in self.federation.handles.items() for h in hs}
+        return {(link, h) for f in self.federations for link, hs in f.handles.items() for h in hs}
 
 
 def whole_at_mediator(p: Plan) -> bool:
@@ -372,8 +373,8 @@ class Pipeline:
             self._wakeup.set()
         with self._lock:
             for sub in self._subs.values():
-                if sub.federation is not None:
-                    sub.federation.unsubscribe()
+                for federation in sub.federations:
+                    federation.unsubscribe()
             self._subs.clear()
             self._handles = dict.fromkeys(self.links, 0)
             if self._sparks is not None:
@@ -434,18 +435,25 @@ class Pipeline:
                 record = stamped
                 if self.store.subscription(record.owner, record.name) is not None:
                     self.store.put_subscription(record)
-            plans = [plan_federated(p, doc, infos) for p in doc.profiles]
+            plans = [plan_federated(p, doc, infos, live=True) for p in doc.profiles]
             sparked = [p for p in plans if self._composer(p) == "spark"]
             ran = [p for p in plans if p not in sparked]
-            federation = Federation(doc, ran, self.links, tick=self.tick,
-                                    start=record.start_time) if ran else None
-            sub = _Subscription(record, doc, plans, federation, _types(doc),
+            federations: list[Federation] = []
+            try:
+                for p in ran:
+                    federations.append(Federation(doc, [p], self.links, tick=self.tick,
+                                                  start=record.start_time))
+            except BaseException:
+                for federation in federations:
+                    federation.unsubscribe()
+                raise
+            sub = _Subscription(record, doc, plans, federations, _types(doc),
                                 _horizon(doc, self.tick), [p.profile.name for p in sparked])
             if sparked and self._sparks is not None:
                 try:
                     sub.slot = self._sparks.register(key, doc, sub.composed, record.start_time)
                 except BaseException:
-                    if federation is not None:
+                    for federation in federations:
                         federation.unsubscribe()
                     raise
             self._subs[key] = sub
@@ -455,8 +463,8 @@ class Pipeline:
 
     def _count(self, sub: _Subscription, sign: int) -> None:
         """Count a subscription's handles in (1) or out (-1) of their links'."""
-        if sub.federation is not None:
-            for name, handles in sub.federation.handles.items():
+        for federation in sub.federations:
+            for name, handles in federation.handles.items():
                 self._handles[name] += sign * len(handles)
 
     def remove(self, owner: str, name: str) -> bool:
@@ -466,8 +474,8 @@ class Pipeline:
             if sub is None:
                 return False
             self._count(sub, -1)
-            if sub.federation is not None:
-                sub.federation.unsubscribe()
+            for federation in sub.federations:
+                federation.unsubscribe()
             if sub.composed and self._sparks is not None:
                 self._sparks.remove(sub.slot, sub.composed)
             self._retarget()
@@ -497,7 +505,7 @@ class Pipeline:
         from rich.console import Console
 
         infos = [link.info for link in self.links.values()]
-        plans = [plan_federated(p, doc, infos) for p in doc.profiles]
+        plans = [plan_federated(p, doc, infos, live=True) for p in doc.profiles]
         render = service_renderer(((i.name, i.group) for i in infos), doc)
         console = Console(record=True, width=120, file=io.StringIO())
         out = []
@@ -590,7 +598,7 @@ class Pipeline:
         """Every federation over the shared links: the batch (or, with ``until`` and no
         events, a watermark) published to each link with subscriptions once, with the ticks
         every federation asks of it; then each decides up to ``newest - 1``."""
-        feds = [(s, s.federation) for s in self._subs.values() if s.federation is not None]
+        feds = [(s, f) for s in self._subs.values() for f in s.federations]
         ticks: dict[str, list[Event]] = {}
         for _, fed in feds:
             for name, asked in fed.begin(events, until).items():
@@ -603,8 +611,13 @@ class Pipeline:
             count = sum(len(v) for v in found.values())
             if self.metrics and count:
                 self.metrics.notifications_in.labels(name).inc(count)
+        decided: dict[Key, list[Notification]] = {}
         for sub, fed in feds:
-            self._append(sub, fed.finish(detections, newest))
+            decided.setdefault(sub.key, []).extend(fed.finish(detections, newest))
+        for key, notes in decided.items():
+            # One runner per profile: merged in detection order, as one runner would report.
+            notes.sort(key=lambda n: n.emitted)
+            self._append(self._subs[key], notes)
 
     def _watermark(self) -> None:
         """Apply the watermarks whose events are all evaluated: a round without events."""

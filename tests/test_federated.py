@@ -375,3 +375,19 @@ def test_a_link_has_reported_every_instant_before_its_batchs_newest(group: str) 
                 assert so_far[h][:len(before[h2])] == before[h2], (group, newest)
 
     prop()
+
+
+def test_a_live_plan_pushes_nothing_the_mediator_could_decide_only_at_the_end() -> None:
+    """A running mediator's input has no end: a subtree whose answers could name an event at
+    any later time (an _inf frame at set semantics) is composed at the mediator instead; a
+    bounded one is still pushed."""
+    everything = [service("sql", "cg3")]
+    unbounded = doc_of("((all_dup(A), all_dup(B))_inf)_all_pairs")
+    bounded = doc_of("((all_dup(A), all_dup(B))_5s)_all_pairs")
+    assert isinstance(plan_federated(unbounded.profiles[0], unbounded, everything).root, Remote)
+    live = plan_federated(unbounded.profiles[0], unbounded, everything, live=True)
+    assert isinstance(live.root, Local)
+    assert "nothing would be decided before the input ends" in live.root.why
+    assert set(assigned(live).values()) == {"sql"}  # its operands still come from the service
+    pushed = plan_federated(bounded.profiles[0], bounded, everything, live=True)
+    assert isinstance(pushed.root, Remote) and pushed.root.service == "sql"

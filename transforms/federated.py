@@ -19,7 +19,9 @@ from fnmatch import fnmatchcase
 from eva import ast
 from eva.classes import required_types, required_values
 from eva.events import Event
+from eva.retention import reach
 from transforms.capability import Capability
+from transforms.dialects import dialect
 from transforms.planner import plan_expr, planning_capability, push
 from transforms.plans import Kind, Plan, Remote
 
@@ -89,14 +91,20 @@ def _matched(patterns: tuple[str, ...], values: frozenset[str] | None) -> bool:
 
 
 def plan_federated(profile: ast.Profile, doc: ast.Document,
-                   services: Sequence[ServiceInfo]) -> Plan:
+                   services: Sequence[ServiceInfo], *, live: bool = False) -> Plan:
     """The profile over ``services`` (in the configured order): top-down, a subtree goes whole
     to the best covering service that evaluates it — equivalent or transferring before
     positive; ties to the fewer post-filters and auxiliary streams, then to the earlier
     service — else its operator is evaluated at the mediator and each operand planned the
     same way. A primitive class no service covers (and evaluates) is the mediator's own feed
     (:data:`MEDIATOR`): the events published to it. ``per`` profiles at a service without
-    partitions: set semantics only, as :func:`transforms.planner.plan` does."""
+    partitions: set semantics only, as :func:`transforms.planner.plan` does.
+
+    ``live`` (a running mediator, whose input has no end): a subtree is not pushed where the
+    mediator could decide what the service's answers make visible only at the end of the input
+    — a target with no bound on how long after an event the service may still name it (an
+    ``_inf`` frame evaluated at set semantics, :func:`~eva.retention.reach`); it is composed at
+    the mediator instead, which decides as the trace goes."""
     names = [s.name for s in services]
     if MEDIATOR in names or len(set(names)) != len(names):
         raise ValueError(f"service names must be unique and not empty, got {names}")
@@ -104,7 +112,7 @@ def plan_federated(profile: ast.Profile, doc: ast.Document,
     sites = [(info, planning_capability(info.capability, profile)) for info in services]
 
     def assign(expr: ast.Expr) -> Remote | str:
-        return _assign(expr, profile, classes, sites)
+        return _assign(expr, profile, classes, sites, live)
 
     return Plan(profile, FEDERATED, plan_expr(profile.expr, classes, assign),
                 tuple((s.name, s.group) for s in services))
@@ -115,7 +123,7 @@ _HOW = {Kind.EQUIVALENT: "equivalently", Kind.TRANSFERRING: "transferring (with 
 
 
 def _assign(expr: ast.Expr, profile: ast.Profile, classes: dict[str, ast.ClassDef],
-            sites: list[tuple[ServiceInfo, Capability]]) -> Remote | str:
+            sites: list[tuple[ServiceInfo, Capability]], live: bool = False) -> Remote | str:
     """The subtree at the best service that covers and evaluates it, or why there is none."""
     used = sorted({n.name for n in ast.walk(expr) if isinstance(n, ast.Prim)
                    and not isinstance(classes[n.name].body, ast.Every)})  # those cover all
@@ -136,6 +144,10 @@ def _assign(expr: ast.Expr, profile: ast.Profile, classes: dict[str, ast.ClassDe
         remote = push(expr, classes, cap)
         if remote is None:
             refusals.append(f"{info.name}: cannot evaluate it{whole}")
+            continue
+        if live and reach(remote.target) is None and not dialect(info.group).takes_over(remote):
+            refusals.append(f"{info.name}: its answers to it could name an event at any later "
+                            "time, so nothing would be decided before the input ends")
             continue
         extras = (1 if remote.post_filter else 0) + len(remote.auxiliary)
         options.append(((remote.kind is Kind.POSITIVE, extras, order), info, remote))
