@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +85,35 @@ def logistics_day() -> tuple[str, list[dict[str, Any]], list[str]]:
     notes = [n for e in trace for n in engine.push(e)]
     notes += engine.close(parse_time(SENTINEL["time"]))
     return text, events, [composite_line(n)[1] for n in notes]
+
+
+class Reader:
+    """A mediator subscription (``MediatorClient.subscribe``) read in a thread, as a user's loop
+    would: what it received so far, or the error that ended it."""
+
+    def __init__(self, notes: Iterator[Any]) -> None:
+        import threading
+
+        self.got: list[Any] = []
+        self.error: BaseException | None = None
+        self._notes = notes
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            for note in self._notes:
+                self.got.append(note)
+        except BaseException as exc:
+            self.error = exc
+
+    def wait_for(self, count: int, seconds: float = 30.0) -> list[Any]:
+        """What was received once there are ``count`` (fails after ``seconds``, or on an error)."""
+        import time
+
+        deadline = time.monotonic() + seconds
+        while len(self.got) < count and self.error is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert self.error is None, self.error
+        assert len(self.got) >= count, f"received {len(self.got)} of {count} in {seconds} s"
+        return self.got

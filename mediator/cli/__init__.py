@@ -15,7 +15,18 @@ from typing import Annotated
 
 import typer
 
-from mediator.cli import check, compose, explain, replay, services
+from mediator.cli import (
+    check,
+    clients,
+    compose,
+    explain,
+    profile,
+    publish,
+    replay,
+    serve,
+    services,
+    subscribe,
+)
 from mediator.cli.common import fail
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -51,6 +62,12 @@ app.command()(replay.replay)
 app.command()(explain.explain)
 app.command()(compose.compose)
 app.command("base-service")(services.base_service)
+app.command()(serve.serve)
+app.add_typer(profile.app, name="profile")
+app.command()(subscribe.subscribe)
+app.command()(publish.publish)
+app.add_typer(services.app, name="services")
+app.add_typer(clients.app, name="clients")
 
 
 def main() -> None:

@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 err = Console(stderr=True)
 
 
-def fail(message: str, *, one_line: bool = False, plain: bool = False) -> NoReturn:
-    """Exit 2 with ``error: message`` on stderr: a user error, never a traceback. ``one_line``:
+def fail(message: str, *, one_line: bool = False, plain: bool = False, code: int = 2) -> NoReturn:
+    """Exit 2 with ``error: message`` on stderr: a user error, never a traceback (``code`` 1:
+    the mediator refused a call or could not be reached, mediator/cli/remote.py). ``one_line``:
     not wrapped at the terminal's width (messages that name a path or a command to run).
     ``plain``: the message as given, neither prefixed nor wrapped nor read as markup — the
     parsers' messages, which carry their own position and caret."""
@@ -32,7 +33,7 @@ def fail(message: str, *, one_line: bool = False, plain: bool = False) -> NoRetu
         print(message, file=sys.stderr)
     else:
         err.print(f"[red]error:[/] {message}", soft_wrap=one_line)
-    raise typer.Exit(2) from None
+    raise typer.Exit(code) from None
 
 
 def read_head(path: Path, limit: int) -> bytes:

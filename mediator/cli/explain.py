@@ -4,26 +4,50 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from mediator.cli.common import fail, known_profiles, load
-
-if TYPE_CHECKING:
-    pass
+from mediator.cli.remote import Output, TlsCa, Token, connected, read_text
 
 
 def explain(
-    profiles: Annotated[Path, typer.Option(help="Profile file.")],
+    profiles: Annotated[Path | None, typer.Option(
+        help="Profile file (with --server: instead of --name).", show_default=False)] = None,
     profile: Annotated[list[str] | None, typer.Option(help="Only this profile (repeatable).")] = None,
     group: Annotated[list[str] | None, typer.Option(
         help="Language group cg0 … cg5 (repeatable); default: all groups.")] = None,
     all_groups: Annotated[bool, typer.Option(help="Every group (the default).")] = False,
-    format: Annotated[str, typer.Option(help="text or json.")] = "text",
+    format: Annotated[Output, typer.Option(help="Text, or JSON.")] = Output.text,
+    server: Annotated[str | None, typer.Option(
+        help="Ask the mediator at host:port instead: the plan over the services it is "
+             "connected to (EVAMED_SERVER is not read here, so explain stays offline unless "
+             "asked).", show_default=False)] = None,
+    name: Annotated[str | None, typer.Option(
+        help="With --server: a subscription registered before.", show_default=False)] = None,
+    token: Token = None, tls_ca: TlsCa = None,
 ) -> None:
     """Show how each profile is planned for each language group: rules, kinds, post-filters,
-    and what runs at the mediator."""
+    and what runs at the mediator.
+
+    With --server: how the running mediator plans it over the services it is connected to —
+    which service evaluates which subtree, and why.
+
+    Example: evamed explain --profiles examples/logistics/profiles.eva --profile P1 --group cg2
+
+    Example: evamed explain --server 127.0.0.1:50060 --name P1
+    """
+    if server is not None:
+        if group or all_groups or profile:
+            fail("--group, --all-groups and --profile are for explaining offline; with --server "
+                 "the mediator plans the whole document over its services")
+        _explain_at(server, profiles, name, format, token, tls_ca)
+        return
+    if profiles is None:
+        fail("give --profiles (or --server with --profiles or --name)")
+    if name is not None:
+        fail("--name names a subscription at a mediator: give --server too")
     from rich.console import Console
 
     from transforms.capability import PRESETS
@@ -35,14 +59,12 @@ def explain(
     for g in group or []:
         if g not in PRESETS:
             fail(f"no group {g!r}; expected one of: {', '.join(PRESETS)}")
-    if format not in ("text", "json"):
-        fail(f"--format {format!r}: expected text or json")
     if group and all_groups:
         fail("--group and --all-groups exclude each other")
     groups = group or list(PRESETS)
     plans = [(g, plan(p, doc, PRESETS[g])) for p in doc.profiles
              if not profile or p.name in profile for g in groups]
-    if format == "json":
+    if format is Output.json:
         print(json.dumps([as_json(p, renderer(g, doc)) for g, p in plans], indent=2,
                          ensure_ascii=False))
         return
@@ -50,3 +72,16 @@ def explain(
     for g, p in plans:
         console.print(explain(p, renderer(g, doc)))
 
+
+def _explain_at(server: str, profiles: Path | None, name: str | None, format: Output,
+                token: str | None, tls_ca: Path | None) -> None:
+    """``explain --server``: the running mediator's plan over its services."""
+    if (profiles is None) == (name is None):
+        fail("with --server give --profiles FILE or --name SUBSCRIPTION (one of them)")
+    text = read_text(profiles) if profiles is not None else None
+    with connected(server, token, tls_ca, document=profiles) as client:
+        explanation = client.explain(profile_text=text, name=name)
+    if format is Output.json:
+        print(json.dumps(explanation.json, indent=2, ensure_ascii=False))
+    else:
+        print(explanation.text, end="" if explanation.text.endswith("\n") else "\n")

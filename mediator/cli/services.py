@@ -1,4 +1,5 @@
-"""``evamed base-service``: run the reference base service of a language group."""
+"""``evamed base-service``: run the reference base service of a language group;
+``evamed services list``: the services a running mediator is connected to."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Annotated
 import typer
 
 from mediator.cli.common import fail, group_option, span_option
+from mediator.cli.remote import DEFAULT_SERVER, Listing, Server, TlsCa, Token, connected
 
 
 def base_service(
@@ -39,3 +41,44 @@ def base_service(
                         stall_timeout=(span_option(stall_timeout, "stall-timeout") or 1) / 1e6))
     except (OSError, RuntimeError) as exc:  # the port is taken (no sharing) or not ours
         fail(str(exc))
+
+
+app = typer.Typer(no_args_is_help=True, help=(
+    "The services a running mediator is connected to (address and token: --server/--token "
+    "or EVAMED_SERVER/EVAMED_TOKEN)."))
+
+
+@app.command("list")
+def list_(
+    format: Annotated[Listing, typer.Option(help="A table, or JSON.")] = Listing.table,
+    server: Server = DEFAULT_SERVER, token: Token = None, tls_ca: TlsCa = None,
+) -> None:
+    """List the services the mediator plans over.
+
+    Each with its group, address, coverage (the sources and types it observes), state, and
+    how many native queries are subscribed there.
+
+    Example: evamed services list --server mediator.example:50060
+    """
+    import json
+    from dataclasses import asdict
+
+    from rich.console import Console
+    from rich.table import Table
+
+    with connected(server, token, tls_ca) as client:
+        services = client.services()
+    if format is Listing.json:
+        print(json.dumps([asdict(s) for s in services], indent=2, ensure_ascii=False))
+        return
+    if not services:
+        print("no services configured: every profile is evaluated at the mediator, over the "
+              "events published to it")
+        return
+    table = Table("name", "group", "language", "address", "sources", "types", "status",
+                  "queries")
+    for s in services:
+        colour = "green" if s.status == "SERVING" else "yellow"
+        table.add_row(s.name, s.group, s.language, s.address, "\n".join(s.sources),
+                      "\n".join(s.types), f"[{colour}]{s.status}[/]", str(s.subscriptions))
+    Console().print(table)

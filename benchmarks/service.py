@@ -1,0 +1,220 @@
+"""The mediator service end to end, through its gRPC API and the public client
+(mediator/client.py) against a mediator in this process (mediator.server.serve, SQLite store in
+a temporary directory unless --store, embedded services):
+
+* **subscribe**: the time to register N profiles (AddProfile: parse, check, plan over the
+  services, subscribe the native queries, store) with S services connected, each profile a
+  sequence of two classes of types that S services cover in turn (so most are cross-service);
+* **latency**: publish → client, p50/p99, at a fixed rate of events/s (batches every 10 ms,
+  event times the wall clock), one subscription notified of one event in ten, the in-process
+  composer;
+* **publish**: sustained events/s through Publish, by batch size: accepted (durably in the
+  event log) and evaluated (the pipeline done with the last one: its composite received).
+
+    .venv/bin/python benchmarks/service.py [--part subscribe|latency|publish|all] [--quick]
+        [--profiles 10,100,1000,10000] [--services 1,3,6] [--rates 1000,10000] [--store URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
+
+from mediator.client import MediatorClient
+from mediator.config import Config, Limits, ServiceConfig
+from mediator.security import add_client
+from mediator.server import Running, serve
+
+GROUPS = ("cg2", "cg3", "cg4", "cg5", "cg2", "cg3")
+"""The groups of the services, in order (those that evaluate a sequence natively)."""
+TYPES = 6
+
+
+PER_CLIENT = 100
+"""Profiles per client: the default ``limits.profiles`` (N profiles come from N / 100 clients)."""
+
+
+@contextmanager
+def mediator(services: int, store: str | None) -> Iterator[tuple[Running, MediatorClient]]:
+    """A mediator with ``services`` embedded services — service j observes the types t<k> with
+    k mod services = j — and a client of it."""
+    with tempfile.TemporaryDirectory() as directory:
+        config = Config(
+            listen="127.0.0.1:0", store=store or f"sqlite:///{directory}/bench.db",
+            limits=Limits(profiles=PER_CLIENT, rate=0), log_level="WARNING",
+            services=tuple(ServiceConfig(f"s{j}", GROUPS[j], "embedded", ("*",),
+                                         tuple(f"t{k}" for k in range(TYPES) if k % services == j))
+                           for j in range(services)))
+        running = serve(config)
+        try:
+            with client_of(running) as client:
+                yield running, client
+        finally:
+            running.stop(1.0)
+
+
+def client_of(running: Running) -> MediatorClient:
+    token = add_client(running.served.store, f"bench{time.monotonic_ns()}")
+    return MediatorClient(f"127.0.0.1:{running.port}", token, timeout=120)
+
+
+def profile(i: int) -> str:
+    a, b = i % TYPES, (i // TYPES + 1 + i) % TYPES
+    return (f'class X = type == "t{a}" and data.k == {i}\nclass Y = type == "t{b}"\n'
+            f"profile P{i} = ((all_dup(X); all_dup(Y))_10s)_all_pairs\n")
+
+
+def subscribe(sizes: list[int], services: list[int], store: str | None) -> None:
+    print(f"subscription time: AddProfile × N from N / {PER_CLIENT} clients, S embedded services")
+    print(f"{'services':>8} {'profiles':>9} {'total s':>9} {'per profile ms':>15} {'profiles/s':>11}")
+    for s in services:
+        for n in sizes:
+            with mediator(s, store) as (running, first):
+                clients = [first] + [client_of(running) for _ in range((n - 1) // PER_CLIENT)]
+                texts = [profile(i) for i in range(n)]
+                started = time.perf_counter()
+                for i, text in enumerate(texts):
+                    clients[i // PER_CLIENT].add_profile(text, name=f"p{i}")
+                elapsed = time.perf_counter() - started
+                for client in clients[1:]:
+                    client.close()
+            print(f"{s:>8} {n:>9,} {elapsed:>9.2f} {elapsed / n * 1e3:>15.2f} {n / elapsed:>11,.0f}",
+                  flush=True)
+
+
+def event(i: int, when: int, kind: str) -> str:
+    seconds, micros = divmod(when, 1_000_000)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{micros:06d}Z"
+    return json.dumps({"specversion": "1.0", "id": f"e{i}", "source": "bench", "type": kind,
+                       "time": stamp})
+
+
+def latency(rates: list[int], seconds: float, store: str | None) -> None:
+    print(f"publish → client latency, in-process composer, {seconds:g} s per rate, batches every "
+          "10 ms, one event in ten notified")
+    print(f"{'events/s':>9} {'sent/s':>9} {'notified':>9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    for rate in rates:
+        sent_rate, delays = latency_at(rate, seconds, store)
+        ms = sorted(d * 1e3 for d in delays)
+        q = statistics.quantiles(ms, n=100, method="inclusive")
+        print(f"{rate:>9,} {sent_rate:>9,.0f} {len(ms):>9,} {q[49]:>8.1f} {q[98]:>8.1f} "
+              f"{ms[-1]:>8.1f}", flush=True)
+
+
+def latency_at(rate: int, seconds: float, store: str | None) -> tuple[float, list[float]]:
+    """Events/s sent, and each notified event's delay (s) from its batch's Publish call to
+    its notification at the client."""
+    total = int(rate * seconds)
+    per_batch = max(1, rate // 100)
+    sent: dict[str, float] = {}  # id of a notified event → when its batch was sent
+    delays: list[float] = []
+    done = threading.Event()
+    with mediator(0, store) as (_, client):
+        client.add_profile('class A = type == "a"\nprofile P = A\n')
+
+        def read() -> None:
+            for note in client.subscribe(name="P"):
+                ident = note.cloudevent["data"]["constituents"][0]
+                delays.append(time.perf_counter() - sent[ident])
+                if len(delays) >= (total + 9) // 10:
+                    done.set()
+                    return
+
+        threading.Thread(target=read, daemon=True).start()
+        time.sleep(0.2)  # the stream is open
+        newest = 0
+        started = time.perf_counter()
+        for b in range(0, total, per_batch):  # one call per batch: a publisher as events come
+            pause = started + b / rate - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+            lines = []
+            for i in range(b, min(total, b + per_batch)):
+                newest = max(newest + 1, time.time_ns() // 1000)
+                kind = "a" if i % 10 == 0 else "b"
+                lines.append(event(i, newest, kind))
+            now = time.perf_counter()
+            sent.update((f"e{i}", now) for i in range(b, b + len(lines)) if i % 10 == 0)
+            client.publish(lines)
+        sent_rate = total / (time.perf_counter() - started)
+        client.publish([], advance_to=newest + 1)
+        done.wait(60)
+    return sent_rate, delays
+
+
+def publish(count: int, batches: list[int], store: str | None) -> None:
+    print(f"Publish throughput: {count:,} events in one call per row, one subscription")
+    print(f"{'batch':>7} {'accepted/s':>11} {'evaluated/s':>12}")
+    for size in batches:
+        accepted, evaluated = publish_at(count, size, store)
+        print(f"{size:>7,} {count / accepted:>11,.0f} {count / evaluated:>12,.0f}", flush=True)
+
+
+def publish_at(count: int, size: int, store: str | None) -> tuple[float, float]:
+    """Seconds until Publish returned (every event durably logged), and until the pipeline
+    had evaluated the last event (its composite received)."""
+    base = 1_767_225_600_000_000  # 2026-01-01
+    lines = [event(i, base + i * 1000, "b") for i in range(count)]
+    lines.append(event(count, base + count * 1000, "end"))
+    done = threading.Event()
+    with mediator(0, store) as (_, client):
+        client.add_profile('class Z = type == "end"\nprofile P = Z\n')
+
+        def read() -> None:
+            for _ in client.subscribe(name="P"):
+                done.set()
+                return
+
+        threading.Thread(target=read, daemon=True).start()
+        time.sleep(0.2)
+        started = time.perf_counter()
+        result = client.publish(lines, batch=size, advance_to=base + (count + 1) * 1000)
+        accepted = time.perf_counter() - started
+        done.wait(600)
+        evaluated = time.perf_counter() - started
+    assert result.accepted == count + 1, result
+    return accepted, evaluated
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=("subscribe", "latency", "publish", "all"),
+                        default="all")
+    parser.add_argument("--quick", action="store_true", help="Small sizes (a smoke run).")
+    parser.add_argument("--profiles", default="10,100,1000,10000")
+    parser.add_argument("--services", default="1,3,6")
+    parser.add_argument("--rates", default="1000,10000")
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--batches", default="100,500,2000")
+    parser.add_argument("--store", default=None, help="A store URL (default: SQLite in a "
+                                                      "temporary directory).")
+    args = parser.parse_args()
+    sizes = [int(n) for n in args.profiles.split(",")]
+    services = [int(n) for n in args.services.split(",")]
+    rates = [int(n) for n in args.rates.split(",")]
+    if args.quick:
+        sizes, services, rates = [10, 100], [1, 6], [1000]
+        args.seconds, args.events = 2.0, 10_000
+    if args.part in ("subscribe", "all"):
+        subscribe(sizes, services, args.store)
+    if args.part in ("latency", "all"):
+        latency(rates, args.seconds, args.store)
+    if args.part in ("publish", "all"):
+        publish(args.events, [int(n) for n in args.batches.split(",")], args.store)
+
+
+if __name__ == "__main__":
+    main()
+
+

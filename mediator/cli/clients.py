@@ -1,0 +1,132 @@
+"""``evamed clients add|list|revoke``: the operator's bootstrap of trust.
+
+These commands open the mediator's store directly (``--store URL``, or the ``store`` of a
+``--config`` file, or ``EVAMED_STORE``) rather than calling the mediator: a token is what any
+call needs, so the first one cannot be asked for over the API. Whoever can write the store is
+the operator. They work while the mediator runs (both stores take concurrent writers); a token
+is usable at once and a revoked one is refused at its next call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from mediator.cli.common import err, fail
+from mediator.cli.remote import Listing, when
+
+if TYPE_CHECKING:
+    from mediator.store.base import Store
+
+app = typer.Typer(no_args_is_help=True, help=(
+    "Issue, list and revoke the bearer tokens of subscription clients (opens the store "
+    "directly: --store URL, --config FILE or EVAMED_STORE)."))
+
+StoreUrl = Annotated[str | None, typer.Option(
+    "--store", show_default=False,
+    help="The store URL (sqlite:///abs/path.db, redis://host:port/0).")]
+ConfigFile = Annotated[Path | None, typer.Option(
+    "--config", show_default=False, help="The mediator's TOML file: use its store.")]
+
+
+@contextmanager
+def _opened(store: str | None, config: Path | None) -> Iterator[Store]:
+    """The store named by --store, else --config's (with EVAMED_* over it), else EVAMED_STORE
+    or the default ./evamed.db — the one `evamed serve` would open."""
+    from mediator.config import ConfigError, load
+    from mediator.store import StoreError, open_store
+
+    if store is not None and config is not None:
+        fail("--store and --config exclude each other")
+    if store is None:
+        try:
+            store = load(config).store
+        except ConfigError as exc:
+            fail(str(exc), one_line=True)
+    try:
+        opened = open_store(store)
+    except (ValueError, StoreError) as exc:
+        fail(str(exc), code=1, one_line=True)
+    try:
+        yield opened
+    except StoreError as exc:
+        fail(str(exc), code=1, one_line=True)
+    finally:
+        opened.close()
+
+
+@app.command()
+def add(
+    name: Annotated[str, typer.Argument(help="The client's name (letters, digits, . _ @ -).",
+                                        show_default=False)],
+    store: StoreUrl = None, config: ConfigFile = None,
+) -> None:
+    """Register a client and print its bearer token, once.
+
+    Only the token's hash is stored. Give the token to the client (EVAMED_TOKEN, or
+    MediatorClient(address, token)).
+
+    Example: TOKEN=$(evamed clients add alice --store sqlite:///var/lib/evamed/evamed.db)
+    """
+    from mediator.security import add_client
+
+    with _opened(store, config) as opened:
+        try:
+            token = add_client(opened, name)
+        except ValueError as exc:
+            fail(str(exc), code=1, one_line=True)
+    err.print(f"client {name} added; its token (shown only now):")
+    print(token)
+
+
+@app.command("list")
+def list_(
+    format: Annotated[Listing, typer.Option(help="A table, or JSON.")] = Listing.table,
+    store: StoreUrl = None, config: ConfigFile = None,
+) -> None:
+    """List the clients: name, when added, whether revoked.
+
+    Never a token: none is stored.
+
+    Example: evamed clients list --config mediator.toml
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    with _opened(store, config) as opened:
+        records = opened.clients()
+    if format is Listing.json:
+        print(json.dumps([{k: v for k, v in asdict(r).items() if k != "token_hash"}
+                          for r in records], indent=2))
+        return
+    table = Table("name", "added", "state")
+    for record in records:
+        table.add_row(record.name, when(record.created_us),
+                      "[red]revoked[/]" if record.revoked else "active")
+    Console().print(table)
+
+
+@app.command()
+def revoke(
+    name: Annotated[str, typer.Argument(help="The client's name.", show_default=False)],
+    store: StoreUrl = None, config: ConfigFile = None,
+) -> None:
+    """Revoke a client's token: its next call is refused.
+
+    Its calls get UNAUTHENTICATED; its subscriptions stay until removed. `evamed clients add
+    NAME` again issues a new token.
+
+    Example: evamed clients revoke alice --store redis://127.0.0.1:6379/0
+    """
+    from mediator.security import revoke_client
+
+    with _opened(store, config) as opened:
+        if not revoke_client(opened, name):
+            fail(f"no active client {name!r} in the store", code=1)
+    print(f"revoked {name}")

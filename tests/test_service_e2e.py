@@ -1,0 +1,223 @@
+"""The mediator end to end with real processes (issue 13, item 9): ``evamed serve`` over a real
+redis-server, two base services over different sources — traffic at a cg2 service, trucks at a
+cg3 service (examples/logistics/generate.py names each event's source after its type) — and a
+subscription client.
+
+One scenario, in order, because each step starts from what the one before left:
+
+1. a client subscribes P1 of the paper (a jam in area A and a truck there within 5 min: one
+   operand at each service, composed at the mediator) and the logistics day is published; the
+   client receives exactly what ``evamed replay`` prints for the day;
+2. the mediator is SIGKILLed after some of the day's composites were delivered and before the
+   rest of the day was published, then started again: the client resumes — nothing lost,
+   nothing twice;
+3. the trucks' service is SIGKILLed and started again on its port: the mediator resubscribes,
+   and of a second day published afterwards it misses nothing;
+4. a second client cannot list, read, explain, tail or cancel the first client's profile.
+
+Serial (xdist group "service"): processes and ports, a few seconds each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from examples.logistics.generate import day
+from mediator.client import MediatorClient, MediatorError, Notification
+from tests.helpers import Reader
+from tests.servers import RedisServer, free_port
+
+pytestmark = pytest.mark.xdist_group("service")
+
+EVAMED = str(Path(sys.executable).with_name("evamed"))
+ROOT = Path(__file__).resolve().parent.parent
+PROFILES = ROOT / "examples/logistics/profiles.eva"
+
+
+def p1_document() -> str:
+    """P1 of the paper with the classes it names (the whole file would subscribe P1–P7)."""
+    lines = PROFILES.read_text().splitlines()
+    return "\n".join(line for line in lines
+                     if line.startswith(("class Jam ", "class TruckA ", "profile P1 "))) + "\n"
+
+
+def second_day() -> list[dict[str, Any]]:
+    """Another day (seed 8, the next date), its ids made unique against the first."""
+    return [{**e, "id": "d2-" + e["id"]} for e in day(8, "2026-03-03")]
+
+
+class Process:
+    """An ``evamed`` command that prints "serving … on HOST:PORT" once it answers; it can be
+    killed and started again with the same arguments."""
+
+    def __init__(self, *args: str) -> None:
+        self.args = [EVAMED, *args]
+        self.proc: subprocess.Popen[str] | None = None
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith("serving "):
+            self.proc.kill()
+            _, stderr = self.proc.communicate(timeout=10)
+            pytest.fail(f"{' '.join(self.args[1:3])} did not start: {line}{stderr}")
+        self.address = line.split()[-1]
+        if "--listen" in self.args:  # started again on the same port
+            self.args[self.args.index("--listen") + 1] = self.address
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if os.environ.get("E2E_DEBUG") and self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            print(self.args[1:3], self.proc.communicate(timeout=20)[1][-5000:])
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def replay(events: list[dict[str, Any]], tmp_path: Path) -> list[dict[str, Any]]:
+    """What ``evamed replay`` prints for P1 over ``events`` (the reference)."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(e) + "\n" for e in events))
+    out = subprocess.run([EVAMED, "replay", "--profiles", str(PROFILES), "--events", str(trace),
+                          "--profile", "P1"], capture_output=True, text=True, timeout=60,
+                         check=True)
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def cli(*args: str) -> str:
+    out = subprocess.run([EVAMED, *args], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+@pytest.fixture
+def system(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """Redis, the two base services and the mediator, its configuration naming them."""
+    redis = RedisServer(tmp_path)
+    started: list[Process] = []
+    try:
+        traffic = Process("base-service", "--group", "cg2", "--listen", "127.0.0.1:0")
+        started.append(traffic)
+        trucks = Process("base-service", "--group", "cg3", "--listen", "127.0.0.1:0")
+        started.append(trucks)
+        config = tmp_path / "mediator.toml"
+        config.write_text(f"""
+listen = "127.0.0.1:{free_port()}"
+store = "{redis.url}/0"
+log_level = "WARNING"
+
+[limits]
+rate = 0
+
+[[services]]
+name = "traffic"
+group = "cg2"
+address = "{traffic.address}"
+types = ["traffic.*"]
+
+[[services]]
+name = "trucks"
+group = "cg3"
+address = "{trucks.address}"
+types = ["truck.*"]
+""")
+        tokens = {name: cli("clients", "add", name, "--config", str(config)).strip()
+                  for name in ("alice", "bob")}
+        mediator = Process("serve", "--config", str(config))
+        started.append(mediator)
+        yield {"mediator": mediator, "trucks": trucks, "tokens": tokens}
+    finally:
+        for process in reversed(started):
+            process.stop()
+        redis.stop()
+
+
+def composites(notes: list[Notification]) -> list[dict[str, Any]]:
+    return [n.cloudevent for n in notes]
+
+
+def test_p1_across_two_services_survives_a_mediator_and_a_service_crash(
+        system: dict[str, Any], tmp_path: Path) -> None:
+    mediator, trucks, tokens = system["mediator"], system["trucks"], system["tokens"]
+    first = day(7)
+    expected = replay(first, tmp_path)
+    assert len(expected) >= 4  # the day has composites on both sides of the cut below
+    alice = MediatorClient(mediator.address, tokens["alice"], backoff=(0.05, 0.5))
+    bob = MediatorClient(mediator.address, tokens["bob"])
+    try:
+        plans = alice.add_profile(p1_document()).plans
+        assert plans == ("P1: decompose, traffic, trucks",), plans
+        reader = Reader(alice.subscribe(name="P1"))
+
+        # 1-2. Half the day; some composites delivered; the mediator crashes and comes back.
+        cut = next(i for i, e in enumerate(first)
+                   if e["id"] == expected[2]["data"]["constituents"][-1]) + 1
+        assert alice.publish(first[:cut]).accepted == cut
+        reader.wait_for(2)
+        mediator.kill()
+        mediator.start()
+        end = "2026-03-03T00:00:00Z"
+        with MediatorClient(mediator.address, tokens["alice"]) as publisher:
+            result = publisher.publish(first[cut:], advance_to=_us(end))
+        assert (result.accepted, result.dead_lettered) == (len(first) - cut, 0)
+        reader.wait_for(len(expected))
+        time.sleep(0.5)  # nothing more comes
+        assert composites(reader.got) == expected  # nothing lost, nothing twice, in order
+
+        # 3. The trucks' service crashes and comes back on its port; a second day follows.
+        trucks.kill()
+        trucks.start()
+        second = second_day()
+        both = replay(first + second, tmp_path)
+        assert len(both) > len(expected)
+        with MediatorClient(mediator.address, tokens["alice"]) as publisher:
+            result = publisher.publish(second, advance_to=_us("2026-03-04T00:00:00Z"))
+        assert result.accepted == len(second)
+        reader.wait_for(len(both))
+        time.sleep(0.5)
+        assert composites(reader.got) == both
+
+        # 4. Bob sees nothing of Alice's.
+        assert bob.profiles() == []
+        for call in (lambda: bob.profile("P1"), lambda: bob.explain(name="P1"),
+                     lambda: next(bob.subscribe(name="P1"))):
+            with pytest.raises(MediatorError) as refused:
+                call()
+            assert refused.value.code == grpc.StatusCode.NOT_FOUND
+        assert bob.unsubscribe("P1") is False
+        assert [p.name for p in alice.profiles()] == ["P1"]
+        services = {s.name: (s.status, s.subscriptions) for s in alice.services()}
+        assert services == {"traffic": ("SERVING", 1), "trucks": ("SERVING", 1)}
+    finally:
+        alice.close()
+        bob.close()
+
+
+def _us(text: str) -> int:
+    from eva.events import parse_time
+
+    return parse_time(text)
