@@ -328,6 +328,26 @@ def test_explain_shows_the_native_query_each_service_is_asked(files: tuple[Path,
     assert natives[1] == "andthen[a, b] within 5s"
 
 
+def test_explain_over_a_configuration_shows_which_service_evaluates_what(
+        files: tuple[Path, Path], tmp_path: Path) -> None:
+    """`explain --config`: the plan a mediator with these services would subscribe, offline —
+    S goes whole to the service that observes both types, each primitive of N to its own."""
+    profiles, _ = files
+    config = tmp_path / "m.toml"
+    config.write_text('[[services]]\nname = "as"\ngroup = "cg1"\ntypes = ["a"]\n\n'
+                      '[[services]]\nname = "both"\ngroup = "cg3"\ntypes = ["a", "b"]\n')
+    result = runner.invoke(app, ["explain", "--profiles", str(profiles), "--config", str(config),
+                                 "--format", "json"])
+    assert result.exit_code == 0, result.output
+    s, n = json.loads(result.stdout)
+    assert s["root"]["service"] == "both" and "covered by both" in s["root"]["why"]
+    text = runner.invoke(app, ["explain", "--profiles", str(profiles), "--config", str(config)])
+    assert "service both evaluates" in text.stdout
+    bad = runner.invoke(app, ["explain", "--profiles", str(profiles), "--config",
+                              str(tmp_path / "missing.toml")])
+    assert bad.exit_code == 2 and "missing.toml" in bad.output
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--spool", "s", "--out", "o"], "give --profiles or --table"),
     (["--profiles", "P", "--table", "t.json", "--spool", "s", "--out", "o"],

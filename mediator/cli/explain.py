@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -26,6 +26,10 @@ def explain(
              "asked).", show_default=False)] = None,
     name: Annotated[str | None, typer.Option(
         help="With --server: a subscription registered before.", show_default=False)] = None,
+    config: Annotated[Path | None, typer.Option(
+        help="Plan over the services of this mediator configuration (TOML), offline: which "
+             "service evaluates which subtree, and why — what `evamed serve --config` would "
+             "subscribe.", show_default=False)] = None,
     token: Token = None, tls_ca: TlsCa = None,
 ) -> None:
     """Show how each profile is planned for each language group: rules, kinds, post-filters,
@@ -37,7 +41,11 @@ def explain(
     Example: evamed explain --profiles examples/logistics/profiles.eva --profile P1 --group cg2
 
     Example: evamed explain --server 127.0.0.1:50060 --name P1
+
+    Example: evamed explain --profiles examples/logistics/profiles.eva --config mediator.toml
     """
+    if server is not None and config is not None:
+        fail("--server asks a running mediator, --config plans offline: give one of them")
     if server is not None:
         if group or all_groups or profile:
             fail("--group, --all-groups and --profile are for explaining offline; with --server "
@@ -56,6 +64,12 @@ def explain(
 
     doc = load(profiles)
     known_profiles(doc, profile, profiles)
+    if config is not None:
+        if group or all_groups:
+            fail("--group and --all-groups plan for one group; --config plans over the "
+                 "configured services")
+        _explain_over(config, doc, profile, format)
+        return
     for g in group or []:
         if g not in PRESETS:
             fail(f"no group {g!r}; expected one of: {', '.join(PRESETS)}")
@@ -85,3 +99,31 @@ def _explain_at(server: str, profiles: Path | None, name: str | None, format: Ou
         print(json.dumps(explanation.json, indent=2, ensure_ascii=False))
     else:
         print(explanation.text, end="" if explanation.text.endswith("\n") else "\n")
+
+
+def _explain_over(path: Path, doc: Any, only: list[str] | None, format: Output) -> None:
+    """``explain --config``: the federated plans over the configured services (as a running
+    mediator plans them: live, each subtree at a service that covers it)."""
+    from rich.console import Console
+
+    from mediator.config import ConfigError
+    from mediator.config import load as load_config
+    from mediator.server import service_info
+    from transforms.explanation import as_json, explain, service_renderer
+    from transforms.federated import plan_federated
+
+    try:
+        services = [service_info(s) for s in load_config(path).services]
+    except (ConfigError, OSError) as exc:
+        fail(str(exc))
+    plans = [plan_federated(p, doc, services, live=True) for p in doc.profiles
+             if not only or p.name in only]
+    render = service_renderer(((s.name, s.group) for s in services), doc)
+    if format is Output.json:
+        print(json.dumps([as_json(p, render) for p in plans], indent=2, ensure_ascii=False))
+        return
+    if not services:
+        print("no services configured: every profile is evaluated at the mediator")
+    console = Console()
+    for p in plans:
+        console.print(explain(p, render))
