@@ -223,12 +223,13 @@ def keyed(notes: list[Notification]) -> list[tuple[object, ...]]:
 
 
 def delivered(doc: ast.Document, services: list[ServiceInfo], trace: list[Event],
-              sizes: list[int] | None = None) -> list[Notification]:
-    """Every profile planned over ``services`` and run through in-process links: in batches
+              sizes: list[int] | None = None, live: bool = False) -> list[Notification]:
+    """Every profile planned over ``services`` (``live``: as a running mediator plans it) and
+    run through in-process links: in batches
     of ``sizes`` (cycled) the way the pipeline runs them — begin, publish once per link,
     finish — or, without ``sizes``, pushed one event at a time; then closed."""
     links = links_for(services)
-    plans = [plan_federated(p, doc, services) for p in doc.profiles]
+    plans = [plan_federated(p, doc, services, live=live) for p in doc.profiles]
     federation = Federation(doc, plans, links, tick=1)
     out: list[Notification] = []
     at, turn = 0, 0
@@ -267,19 +268,21 @@ def service_sets(draw: st.DrawFn) -> list[ServiceInfo]:
 
 SCENARIOS = {"doc": documents(3, FEDERATED_CLASSES, NAMES), "services": service_sets(),
              "trace": traces(20, sources=SOURCES),
-             "sizes": st.lists(st.integers(1, 8), min_size=1, max_size=4)}
-"""A profile, services of random groups and coverage, a merged trace, batch sizes."""
+             "sizes": st.lists(st.integers(1, 8), min_size=1, max_size=4),
+             "live": st.booleans()}
+"""A profile, services of random groups and coverage, a merged trace, batch sizes, and
+whether it is planned as a running mediator plans it."""
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 @given(**SCENARIOS)
 def test_delivery_through_random_services_equals_the_reference_on_the_merged_trace(
         doc: ast.Document, services: list[ServiceInfo], trace: list[Event],
-        sizes: list[int]) -> None:
+        sizes: list[int], live: bool) -> None:
     """Issue 13 item 1: services of random groups, each observing part of the events (by
     source and type); each link is published what its service observes, in batches of random
     sizes; the composites are the reference's over the merged trace — to the report key."""
-    got = delivered(doc, services, trace, sizes)
+    got = delivered(doc, services, trace, sizes, live)
     exact = keyed if any(s.group == "cg5" for s in services) else signature
     assert exact(got) == exact(evaluate(doc, trace, tick=1))
 
@@ -288,10 +291,11 @@ def test_delivery_through_random_services_equals_the_reference_on_the_merged_tra
 @given(**SCENARIOS)
 def test_batches_of_random_sizes_decide_what_event_by_event_decides(
         doc: ast.Document, services: list[ServiceInfo], trace: list[Event],
-        sizes: list[int]) -> None:
+        sizes: list[int], live: bool) -> None:
     """begin/publish/finish over batches (an instant may be split between two) gives the
     composites of pushing the events one at a time, in the same order."""
-    assert delivered(doc, services, trace, sizes) == delivered(doc, services, trace)
+    assert (delivered(doc, services, trace, sizes, live)
+            == delivered(doc, services, trace, live=live))
 
 
 def logistics_day() -> tuple[ast.Document, list[Event]]:
