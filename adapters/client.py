@@ -15,11 +15,13 @@
 from __future__ import annotations
 
 import json
+import math
 import re
-from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
+import orjson
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
@@ -28,7 +30,7 @@ from adapters.backends.native import EventRejected, Language, NativeQueryError, 
 from adapters.backends.registry import language
 from adapters.wire import SERVICE_NAME, base_pb2, base_pb2_grpc
 from eva import ast
-from eva.events import Event, from_cloudevent, to_cloudevent
+from eva.events import Event, from_json_line, to_cloudevent
 from transforms.capability import Capability
 from transforms.dialects import dialect
 from transforms.dialects.base import Detection, Reading, Scope
@@ -44,10 +46,47 @@ BATCH_BYTES = 1024 * 1024
 _POSITION = re.compile(r"line (\d+), column (\d+): (.*)", re.DOTALL)
 
 
-def detection(message: Any) -> Detection:
-    constituents = tuple(from_cloudevent(json.loads(c)) for c in message.constituents)
+def detection(message: Any, constituents: Sequence[Event] | None = None) -> Detection:
+    """A native notification (or a packed ``Detection``) as a detection; ``constituents``: its
+    events found otherwise (by reference) rather than read from its CloudEvents JSON."""
+    if constituents is None:
+        constituents = [from_json_line(c) for c in message.constituents]
     extra = json.loads(message.extra_json) if message.extra_json else {}
-    return Detection(message.time_us, constituents, message.text, extra)
+    return Detection(message.time_us, tuple(constituents), message.text, extra)
+
+
+_AS_JSON = (orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+            | orjson.OPT_PASSTHROUGH_SUBCLASS)
+"""What json does not write, orjson refuses too (to hand it to json)."""
+
+
+def cloudevent_json(event: Event) -> str:
+    """An event as CloudEvents JSON, as json would write it (orjson, which is several times
+    faster, where it agrees: json writes NaN and infinities, which orjson turns into null, and
+    takes what orjson refuses — integers beyond 64 bits, non-string keys, lone surrogates)."""
+    obj = to_cloudevent(event)
+    try:
+        text = orjson.dumps(obj, option=_AS_JSON)
+    except TypeError:  # orjson.JSONEncodeError
+        return json.dumps(obj)
+    if b"null" in text and _not_finite(obj):  # each NaN or infinity became a null
+        return json.dumps(obj)
+    return text.decode()
+
+
+def _not_finite(obj: Any) -> bool:
+    """Whether ``obj`` holds a float NaN or infinity (without recursing: nesting is bounded by
+    the events' own limit, not Python's stack)."""
+    stack = [obj]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list | tuple):
+            stack.extend(value)
+        elif isinstance(value, float) and not math.isfinite(value):
+            return True
+    return False
 
 
 def query_error(exc: grpc.RpcError, language: str, query: str) -> NativeQueryError:
@@ -100,28 +139,38 @@ def publish_requests(events: Iterable[Event], advance_to: int | None, limit: int
     between events itself, but moves its clock at most ``limit`` (its ``max_advance_us``; 0: no
     limit) per ``advance_to_us``: a longer final advance is sent as steps, counted from
     ``clock`` (the service's clock before these events, if known) or the newest event."""
-    pending: list[str] = []
+    return (request for _, request in publish_messages(events, advance_to, limit, batch, clock))
+
+
+def publish_messages(events: Iterable[Event], advance_to: int | None, limit: int,
+                     batch: int = 256, clock: int | None = None
+                     ) -> Iterator[tuple[list[Event], Any]]:
+    """:func:`publish_requests`, each message with the events it carries (in its order)."""
+    pending: list[Event] = []
+    texts: list[str] = []
     size = 0
     for e in events:
-        text = json.dumps(to_cloudevent(e))
-        if pending and size + len(text) > BATCH_BYTES:
-            yield base_pb2.PublishRequest(cloudevents=pending)
-            pending, size = [], 0
-        pending.append(text)
-        size += len(text)
-        if len(pending) >= batch:
-            yield base_pb2.PublishRequest(cloudevents=pending)
-            pending, size = [], 0
+        text = cloudevent_json(e)
+        length = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+        if texts and size + length > BATCH_BYTES:
+            yield pending, base_pb2.PublishRequest(cloudevents=texts)
+            pending, texts, size = [], [], 0
+        pending.append(e)
+        texts.append(text)
+        size += length
+        if len(texts) >= batch:
+            yield pending, base_pb2.PublishRequest(cloudevents=texts)
+            pending, texts, size = [], [], 0
         clock = e.time if clock is None else max(clock, e.time)
     if advance_to is not None and clock is not None and advance_to - clock > limit > 0:
-        if pending:
-            yield base_pb2.PublishRequest(cloudevents=pending)
-            pending = []
+        if texts:
+            yield pending, base_pb2.PublishRequest(cloudevents=texts)
+            pending, texts = [], []
         while advance_to - clock > limit:
             clock += limit
-            yield base_pb2.PublishRequest(advance_to_us=clock)
-    if pending or advance_to is not None:
-        yield base_pb2.PublishRequest(cloudevents=pending, advance_to_us=advance_to or 0)
+            yield [], base_pb2.PublishRequest(advance_to_us=clock)
+    if texts or advance_to is not None:
+        yield pending, base_pb2.PublishRequest(cloudevents=texts, advance_to_us=advance_to or 0)
 
 
 # ------------------------------------------------------------------ subscriptions, event by event
@@ -228,12 +277,15 @@ class BaseClient:
         assert self._max_advance is not None
         return self._max_advance
 
-    def subscribe(self, query: str, subscription_id: str = "", progress: bool = False) -> Any:
+    def subscribe(self, query: str, subscription_id: str = "", progress: bool = False,
+                  packed: bool = False, publisher: str = "") -> Any:
         """The stream of native notifications (an iterator that is also a gRPC call: ``cancel()``
         ends it); the first message says the query is registered. ``progress``: progress
-        markers too (``progress_batch`` set) after each numbered Publish message."""
+        markers too (``progress_batch`` set) after each numbered Publish message; ``packed``,
+        ``publisher``: packed detections, constituents by reference (``SubscribeRequest``)."""
         request = base_pb2.SubscribeRequest(query=query, subscription_id=subscription_id,
-                                            progress=progress)
+                                            progress=progress, packed=packed,
+                                            publisher=publisher)
         return self.stub.Subscribe(request)
 
     def unsubscribe(self, subscription_id: str) -> bool:

@@ -8,6 +8,16 @@ inbox until every handle's stream has delivered the progress marker of its last 
 service has then reported everything those events and that advance caused, so the answer is
 complete — what a live mediator needs to go on.
 
+Speed (docs/backends.md, "Remote links"): a batch goes out in messages of ``message_events``
+events, streamed as they are encoded, so the service evaluates one while the link encodes the
+next; each handle asks for packed notifications (``SubscribeRequest.packed``: a message's
+detections and its marker in one gRPC message, not one message per detection) and for
+constituents by reference (``SubscribeRequest.publisher``): the link keeps the messages of its
+latest ``KEEP`` events (and the batch in flight), and the service names a constituent
+among them by its place (batch, index) rather than sending its JSON back. A place the link
+does not hold is a broken promise of the service: ConnectionError, never a dropped constituent.
+A service that predates these options answers the old way, which the link reads too.
+
 Failures (docs/backends.md, "Remote links"): a stream that fails with a transient status
 (UNAVAILABLE: the service died or is going away) or ends unexpectedly makes the link
 reconnect — a fresh channel, back-off with jitter between attempts (tenacity), each attempt
@@ -38,10 +48,10 @@ import grpc
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_random_exponential
 
 from adapters.backends.registry import language
-from adapters.client import _check_group, detection, publish_requests, query_error
+from adapters.client import _check_group, detection, publish_messages, query_error
 from adapters.links import Handle, InProcessLink, Link
 from adapters.wire import base_pb2, base_pb2_grpc
-from eva.events import Event
+from eva.events import Event, EventError, from_json_line
 from transforms.dialects.base import Detection
 from transforms.federated import ServiceInfo
 
@@ -62,6 +72,14 @@ _OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_bac
 found within BACKOFF_MAX, not gRPC's default of up to two minutes."""
 _END = object()
 """A Subscribe stream ended without an error (the service ended it)."""
+KEEP = 4096
+"""The link keeps the Publish messages of its latest KEEP events (``PublishRequest.keep``), and
+those of the batch in flight, for the constituents the service names by reference. A
+constituent older than that comes as JSON: KEEP bounds memory (the service's too), not
+exactness."""
+MESSAGE_EVENTS = 500
+"""Events per Publish message: small enough that the service starts on a batch while the link
+still encodes it, large enough that a message's fixed cost is shared (benchmarks/links.py)."""
 
 
 class _Lost(Exception):
@@ -96,14 +114,22 @@ class RemoteLink:
     """A base service at ``address`` (host:port) for the service ``info`` describes. It connects
     in the background at once; calls wait for the connection. ``timeout``: seconds a connection
     attempt and a unary call may take; ``patience``: seconds the link keeps trying to reach the
-    service before a call raises ConnectionError (None: for as long as it lives)."""
+    service before a call raises ConnectionError (None: for as long as it lives). ``packed``,
+    ``by_reference``, ``keep`` and ``message_events``: how it talks to the service (the module's
+    docstring; with ``packed=False`` it asks for one message per detection with its
+    constituents in JSON, as before packing)."""
 
     def __init__(self, info: ServiceInfo, address: str, *, timeout: float = 10.0,
-                 patience: float | None = None) -> None:
+                 patience: float | None = None, packed: bool = True, by_reference: bool = True,
+                 keep: int = KEEP, message_events: int = MESSAGE_EVENTS) -> None:
         self.info = info
         self.address = address
         self.timeout = timeout
         self.patience = patience
+        self.packed = packed  # the options of docs/backends.md ("Remote links"); off: the old way
+        self.by_reference = packed and by_reference
+        self.keep = max(1, keep)
+        self.message_events = max(1, message_events)
         self._lock = threading.RLock()  # one call at a time: the pipeline's and the API's threads
         self._inbox: queue.Queue[tuple[int, Handle | None, Any]] = queue.Queue()
         self._queries: dict[Handle, str] = {}
@@ -115,6 +141,9 @@ class RemoteLink:
         self._limit = 0  # the service's max_advance_us
         self._clock: int | None = None  # what the service's clock has reached (our messages)
         self._tag = secrets.token_hex(3)  # handle names unique among the service's clients
+        self._publisher = ""  # the publisher's name at the service (a fresh one per connection)
+        self._sent: dict[int, list[Event]] = {}  # batch → its events, for references (by age)
+        self._held = 0  # events in _sent
         self._ids = itertools.count(1)
         # Batch numbers unique among the service's publishers: a subscription sees the markers
         # of every publisher's messages, so a number another publisher may use is useless.
@@ -159,12 +188,10 @@ class RemoteLink:
             if until is not None:
                 newest = until if newest is None else max(newest, until)
             while self._queries:
-                requests = list(publish_requests(events, until, self._limit,
-                                                 batch=max(1, len(events)), clock=self._clock))
-                if not requests:
-                    break
+                messages = publish_messages(events, until, self._limit,
+                                            batch=self.message_events, clock=self._clock)
                 try:
-                    out = self._exchange(conn, requests)
+                    out = self._exchange(conn, messages)
                 except _Lost as exc:
                     conn = self._reconnect(str(exc))  # fresh subscriptions: the batch again
                     continue
@@ -187,15 +214,25 @@ class RemoteLink:
 
     # ---------------------------------------------------------------- publishing
 
-    def _exchange(self, conn: _Connection, requests: list[Any]) -> dict[Handle, list[Detection]]:
-        """Send the messages, numbered; read every handle's stream up to the marker of the last.
-        _Lost if the connection fails on the way."""
-        for request in requests:
-            request.batch = next(self._batches)
+    def _exchange(self, conn: _Connection, messages: Iterator[tuple[list[Event], Any]]
+                  ) -> dict[Handle, list[Detection]]:
+        """Send the messages, numbered, as they are encoded; read every handle's stream up to
+        the marker of the last. _Lost if the connection fails on the way."""
+        while self._sent:  # as the service counts (PublishRequest.keep), from the oldest
+            oldest = next(iter(self._sent))  # (dicts keep insertion order)
+            if self._held - len(self._sent[oldest]) < self.keep:
+                break
+            self._held -= len(self._sent.pop(oldest))
+        last = 0
+        for events, request in messages:
+            request.batch = last = next(self._batches)
+            if self.by_reference:
+                request.publisher, request.keep = self._publisher, self.keep
+                self._sent[last] = events
+                self._held += len(events)
             conn.requests.put(request)
-        last = requests[-1].batch
         out: dict[Handle, list[Detection]] = {h: [] for h in self._queries}
-        waiting = set(out)
+        waiting = set(out) if last else set()
         while waiting:
             generation, handle, item = self._inbox.get()
             if self._closing.is_set():
@@ -206,12 +243,46 @@ class RemoteLink:
                 raise self._failure("its Publish stream", item.exception())
             if item is _END or isinstance(item, grpc.RpcError):
                 raise self._failure(f"subscription {handle}", None if item is _END else item)
-            if item.progress_batch:
-                if item.progress_batch == last:
-                    waiting.discard(handle)
-            else:
-                out[handle].append(detection(item))
+            try:
+                if item.detections:  # packed
+                    out[handle] += [self._detection(handle, d) for d in item.detections]
+                elif not item.progress_batch:  # one detection per message
+                    out[handle].append(detection(item))
+            except EventError as exc:
+                raise self._broken_word(handle, f"a constituent that is not a CloudEvent: {exc}"
+                                        ) from None
+            if item.progress_batch == last:
+                waiting.discard(handle)
         return out
+
+    def _detection(self, handle: Handle, message: Any) -> Detection:
+        """A packed detection, its constituents named by reference found among the events the
+        link sent (ConnectionError for a place it does not hold: the service broke its word)."""
+        refs = message.refs
+        if not refs:
+            return detection(message)
+        inline = list(message.constituents)
+        if len(refs) % 2 or refs[::2].count(0) != len(inline):
+            raise self._broken_word(handle, f"{len(refs)} reference numbers (two per "
+                                    f"constituent) for {len(inline)} constituents in JSON")
+        found: list[Event] = []
+        given = iter(inline)
+        for batch, index in zip(refs[::2], refs[1::2], strict=True):
+            if batch == 0:
+                found.append(from_json_line(next(given)))
+                continue
+            sent = self._sent.get(batch)
+            if sent is None or not 0 <= index < len(sent):
+                raise self._broken_word(handle, f"constituent {index} of message {batch}, which "
+                                        f"this link did not send or no longer keeps (it keeps the "
+                                        f"messages of its latest {self.keep} events)")
+            found.append(sent[index])
+        return detection(message, found)
+
+    def _broken_word(self, handle: Handle, what: str) -> ConnectionError:
+        self._broken = True  # the next call starts a fresh connection
+        return ConnectionError(f"{self._where()}: subscription {handle} sent a detection that "
+                               f"names {what}")
 
     def _failure(self, what: str, error: Any) -> Exception:
         """_Lost for a stream that ended or failed transiently; ConnectionError otherwise (the
@@ -289,6 +360,11 @@ class RemoteLink:
         """One attempt: a channel, the service's group checked, every handle re-subscribed,
         the Publish stream opened. _Lost if the service cannot be reached."""
         self._generation += 1
+        # A new name: the service refers only to what this connection sends (what it saw of the
+        # last one may be more or less than what the link sent, and is gone with its stream).
+        self._publisher = f"evamed-{secrets.token_hex(8)}"
+        self._sent.clear()
+        self._held = 0
         channel = grpc.insecure_channel(self.address, options=_OPTIONS)
         conn = _Connection(self._generation, channel, base_pb2_grpc.BaseServiceStub(channel))
         try:
@@ -325,7 +401,8 @@ class RemoteLink:
         """Subscribe ``text`` as ``handle`` on ``conn`` and read its stream in a thread once the
         service says it is registered (NativeQueryError if refused, _Lost if gone)."""
         call = conn.stub.Subscribe(base_pb2.SubscribeRequest(
-            query=text, subscription_id=handle, progress=True))
+            query=text, subscription_id=handle, progress=True, packed=self.packed,
+            publisher=self._publisher if self.by_reference else ""))
         try:
             first = next(call)
         except grpc.RpcError as exc:

@@ -1,8 +1,12 @@
 """Links: events/s and the per-batch round trip of a RemoteLink to a running base service (a
 process of its own, as deployed), against the in-process link on the same batches. Each
-publish returns once the service's progress markers say the batch is answered.
+publish returns once the service's progress markers say the batch is answered. Rows: the
+remote link as configured by default (packed notifications, constituents by reference), the
+same link talking as before packing (``packed=False``: one message per detection, its
+constituents in JSON; one message per batch), and the in-process link. Each figure is the
+median of ``--runs`` runs, with their range.
 
-    .venv/bin/python benchmarks/links.py [--group cg3] [--events 50000] [--batch 500]
+    .venv/bin/python benchmarks/links.py [--group cg3] [--events 50000] [--batch 500] [--runs 3]
 """
 
 from __future__ import annotations
@@ -44,11 +48,19 @@ def percentile(values: list[float], p: float) -> float:
         values) > 1 else values[0]
 
 
+def spread(values: list[float], scale: float = 1.0, digits: int = 0) -> str:
+    """The median of ``values`` and their range, e.g. ``34,484 (33,907–34,888)``."""
+    low, mid, high = (f"{v * scale:,.{digits}f}" for v in (min(values), statistics.median(values),
+                                                           max(values)))
+    return f"{mid} ({low}–{high})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--group", default="cg3", choices=sorted(QUERIES))
     parser.add_argument("--events", type=int, default=50_000)
     parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     query = QUERIES[args.group]
     events = stream(args.events)
@@ -59,23 +71,34 @@ def main() -> None:
     address = proc.stdout.readline().split()[-1]
     info = ServiceInfo("bench", args.group, language(args.group).capability)
     remote = RemoteLink(info, address, patience=10)
+    before = RemoteLink(info, address, patience=10, packed=False, message_events=args.batch)
     try:
-        run(remote, query, stream(2_000, seed=2), args.batch)  # warm-up: connections, imports
-        print(f"{args.group}, one query, {args.events:,} events in batches of {args.batch}:")
-        print(f"{'link':<10} {'events/s':>10} {'batch p50':>10} {'batch p99':>10} {'found':>8}")
+        links: list[tuple[str, Link]] = [
+            ("remote", remote), ("unpacked", before),
+            ("in-process", InProcessLink(info, language(args.group)))]
+        for _, link in links:  # warm-up: connections, imports, the service's caches
+            run(link, query, stream(5_000, seed=2), args.batch)
+        print(f"{args.group}, one query, {args.events:,} events in batches of {args.batch}; "
+              f"median of {args.runs} runs (range):")
+        print(f"{'link':<10} {'events/s':>26} {'batch p50 (ms)':>20} {'batch p99 (ms)':>20} "
+              f"{'found':>8}")
         found = {}
-        links: list[tuple[str, Link]] = [("remote", remote), ("in-process", InProcessLink(
-            info, language(args.group)))]
         for name, link in links:
-            rate, rounds, found[name] = run(link, query, events, args.batch)
-            print(f"{name:<10} {rate:>10,.0f} {percentile(rounds, 50) * 1e3:>8.2f}ms "
-                  f"{percentile(rounds, 99) * 1e3:>8.2f}ms {found[name]:>8,}")
-        assert found["remote"] == found["in-process"], found
+            rates, p50, p99 = [], [], []
+            for _ in range(args.runs):
+                rate, rounds, found[name] = run(link, query, events, args.batch)
+                rates.append(rate)
+                p50.append(percentile(rounds, 50))
+                p99.append(percentile(rounds, 99))
+            print(f"{name:<10} {spread(rates):>26} {spread(p50, 1e3, 1):>20} "
+                  f"{spread(p99, 1e3, 1):>20} {found[name]:>8,}")
+        assert found["remote"] == found["unpacked"] == found["in-process"], found
         rate, rounds, _ = run(remote, query, stream(2_000, seed=3), 1)
         print(f"round trip of a one-event batch (remote): p50 {percentile(rounds, 50) * 1e3:.2f} "
               f"ms, p99 {percentile(rounds, 99) * 1e3:.2f} ms ({rate:,.0f} events/s)")
     finally:
         remote.close()
+        before.close()
         proc.terminate()
         proc.wait(timeout=10)
 

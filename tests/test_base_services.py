@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -235,3 +236,72 @@ def test_progress_markers_follow_each_numbered_messages_detections(cg1: Running)
     assert seen == {"pairs": ["a1+b1", "progress 7 at 2", "a2+b1", "progress 9 at 10"],
                     "a": ["a1", "progress 7 at 2", "a2", "progress 9 at 10"],
                     "plain": ["a1", "a2"]}
+
+
+def test_packed_notifications_carry_a_messages_detections_its_marker_and_references(
+        cg1: Running) -> None:
+    """Packed: one notification per message that caused detections or is numbered, with its
+    detections and (if asked) its marker. With a publisher: a constituent from a message that
+    publisher keeps is its (batch, index) — the index counts a malformed entry too; one from an
+    unnumbered message, one the publisher no longer keeps (PublishRequest.keep, in events), and
+    one sent by another publisher or after the publisher's call ended are JSON. An unpacked
+    subscription beside them is served as before."""
+    from adapters.wire import base_pb2
+
+    def message(events: str, batch: int = 0, keep: int = 2, publisher: str = "p") -> object:
+        return base_pb2.PublishRequest(
+            cloudevents=["not json", *(json.dumps(to_cloudevent(e)) for e in trace_of(events))],
+            batch=batch, publisher=publisher, keep=keep)
+
+    def shown(m: Any) -> list[Any]:
+        packs = [(d.time_us, list(d.refs), [json.loads(c)["id"] for c in d.constituents])
+                 for d in m.detections]
+        return [*packs, f"progress {m.progress_batch}"] if m.progress_batch else packs
+
+    pairs = 'AND([type = "a"], [type = "b"])'
+    with BaseClient(f"127.0.0.1:{cg1.port}") as client:
+        streams = {"refs": client.subscribe(pairs, "refs", True, packed=True, publisher="p"),
+                   "quiet": client.subscribe('[type = "b"]', "quiet", packed=True),
+                   "plain": client.subscribe(pairs, "plain", True)}
+        assert all(next(s).ready for s in streams.values())
+        reply = client.stub.Publish(iter([
+            message("a1@1 b1@2", batch=5), message("a2@3"), message("b3@4", batch=6),
+            message("a4@5", batch=7, keep=1)]))
+        assert (reply.accepted, reply.rejected) == (5, 4)
+        client.stub.Publish(iter([message("b5@6", batch=8, publisher="q")]))
+        for name in streams:
+            client.unsubscribe(name)
+        seen = {name: [shown(m) if name != "plain" else
+                       f"progress {m.progress_batch}" if m.progress_batch else
+                       "+".join(json.loads(c)["id"] for c in m.constituents) for m in stream]
+                for name, stream in streams.items()}
+    assert seen == {  # keep counts entries: message 6 (two) is enough for keep=2, so 5 goes
+        "refs": [[(2, [5, 1, 5, 2], []), "progress 5"],
+                 [(3, [0, 0, 5, 2], ["a2"])],
+                 [(4, [0, 0, 6, 1], ["a1"]), (4, [0, 0, 6, 1], ["a2"]), "progress 6"],
+                 [(5, [7, 1, 0, 0], ["b1"]), (5, [7, 1, 0, 0], ["b3"]), "progress 7"],
+                 [(6, [], ["a1", "b5"]), (6, [], ["a2", "b5"]), (6, [], ["a4", "b5"]),
+                  "progress 8"]],
+        "quiet": [[(2, [], ["b1"])], [(4, [], ["b3"])], [(6, [], ["b5"])]],
+        "plain": ["a1+b1", "progress 5", "a2+b1", "a1+b3", "a2+b3", "progress 6", "a4+b1",
+                  "a4+b3", "progress 7", "a1+b5", "a2+b5", "a4+b5", "progress 8"]}
+
+
+def test_a_pack_is_split_at_its_bound_and_the_marker_comes_with_the_last_part(
+        cg1: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A message whose detections outnumber PACK_DETECTIONS goes out in several packs, in
+    order, the marker with the last."""
+    from adapters.backends import service
+    from adapters.wire import base_pb2
+
+    monkeypatch.setattr(service, "PACK_DETECTIONS", 2)
+    with BaseClient(f"127.0.0.1:{cg1.port}") as client:
+        stream = client.subscribe('[type = "a"]', "a", True, packed=True)
+        assert next(stream).ready
+        client.stub.Publish(iter([base_pb2.PublishRequest(cloudevents=[
+            json.dumps(to_cloudevent(e)) for e in trace_of("a1@1 a2@2 a3@3 a4@4 a5@5")],
+            batch=3)]))
+        client.unsubscribe("a")
+        got = [([json.loads(d.constituents[0])["id"] for d in m.detections], m.progress_batch)
+               for m in stream]
+    assert got == [(["a1", "a2"], 0), (["a3", "a4"], 0), (["a5"], 3)]

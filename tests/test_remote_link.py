@@ -4,6 +4,7 @@ markers), and through a service killed and restarted on the same port."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import socket
@@ -30,6 +31,14 @@ from transforms.dialects.base import Detection
 from transforms.federated import ServiceInfo
 
 PAIRS = 'AND([type = "a"], [type = "b"])'
+MODES: dict[str, dict[str, Any]] = {
+    "packed, by reference": {},
+    "by reference, one event per message, one kept": {"keep": 1, "message_events": 1},
+    "unpacked (before packing)": {"packed": False},
+}
+"""How a RemoteLink may talk to the service (docs/backends.md, "Remote links"): the defaults;
+references to the messages of the last event only, so constituents of earlier publish calls
+come as JSON, mixed with references within one detection; one message per detection."""
 
 
 class Service:
@@ -113,8 +122,10 @@ def test_remote_link_answers_as_the_in_process_link(services: dict[str, Service]
                                                      group: str) -> None:
     """Random profiles rendered in the group's dialect, random traces cut into random
     batches (some with a final clock advance): per publish, the detections of every query at
-    the running service equal those of the in-process link."""
+    the running service equal those of the in-process link, in each of the link's MODES (in
+    turn); by reference, the constituents are the very events published."""
     address = service(services, group).address
+    modes = itertools.cycle(MODES.values())
 
     @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
     @given(documents(max_depth=2), traces(max_size=16), st.data())
@@ -131,7 +142,8 @@ def test_remote_link_answers_as_the_in_process_link(services: dict[str, Service]
                 if bound >= part[-1].time:
                     until = data.draw(st.integers(part[-1].time, bound))
             chunks.append((part, until))
-        remote = RemoteLink(info(group), address, patience=10)
+        mode = next(modes)
+        remote = RemoteLink(info(group), address, patience=10, **mode)
         try:
             assert answers(remote, texts, chunks) == answers(
                 InProcessLink(info(group), language(group)), texts, chunks)
@@ -153,6 +165,40 @@ def test_a_refused_query_is_a_native_query_error_and_the_link_goes_on(
         got = link.publish(trace_of("a1@1 b1@2"))
         assert shape(got[handle]) == [(2, ("a1", "b1"), got[handle][0].text, "{}")]
         assert link.status() == "SERVING"
+    finally:
+        link.close()
+
+
+def test_constituents_by_reference_are_the_events_published_and_a_lost_one_is_an_error(
+        services: dict[str, Service]) -> None:
+    """Packed and by reference, a constituent published in a kept message is that very Event
+    object; one published before the link's `keep` comes as JSON (an equal event); and a
+    reference to a message the link no longer holds is a ConnectionError naming it — never a
+    constituent dropped — after which the link reconnects and answers again."""
+    address = service(services, "cg1").address
+    link = RemoteLink(info("cg1"), address, patience=10, keep=1)
+    try:
+        handle = link.subscribe(PAIRS)
+        first, second = trace_of("a1@1 b1@2")
+        [found] = link.publish([first, second])[handle]
+        assert found.constituents[0] is first and found.constituents[1] is second
+        late = trace_of("b2@3")[0]
+        [found] = link.publish([late])[handle]  # pairs with a1, whose message is let go
+        assert found.constituents[1] is late and found.constituents[0] is not first
+        again = found.constituents[0]  # read back from JSON: the same event
+        assert (again.id, again.source, again.type, again.time, again.data) == (
+            first.id, first.source, first.type, first.time, first.data)
+    finally:
+        link.close()
+    link = RemoteLink(info("cg1"), address, patience=10)
+    try:
+        handle = link.subscribe(PAIRS)
+        link.publish(trace_of("a1@1"))
+        link._sent.clear()  # as if the link had let go of a message the service still names
+        with pytest.raises(ConnectionError, match=r"names constituent 0 of message \d+, which "
+                           "this link did not send or no longer keeps"):
+            link.publish(trace_of("b1@2"))
+        assert [d.time for d in link.publish(trace_of("a4@5 b4@6"))[handle]] == [6]
     finally:
         link.close()
 

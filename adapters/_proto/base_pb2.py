@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x65va/base/v1/base.proto\x12\x0b\x65va.base.v1\"\x15\n\x13\x43\x61pabilitiesRequest\"\x99\x01\n\x11\x43\x61pabilitiesReply\x12\r\n\x05group\x18\x01 \x01(\t\x12\x10\n\x08language\x18\x02 \x01(\t\x12\x17\n\x0f\x63\x61pability_json\x18\x03 \x01(\t\x12\x16\n\x0emax_advance_us\x18\x04 \x01(\x03\x12\x17\n\x0fmax_query_bytes\x18\x05 \x01(\x03\x12\x19\n\x11max_message_bytes\x18\x06 \x01(\x03\"L\n\x10SubscribeRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\x17\n\x0fsubscription_id\x18\x02 \x01(\t\x12\x10\n\x08progress\x18\x03 \x01(\x08\"\xb2\x01\n\x12NativeNotification\x12\x17\n\x0fsubscription_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07time_us\x18\x03 \x01(\x03\x12\x14\n\x0c\x63onstituents\x18\x04 \x03(\t\x12\x12\n\nextra_json\x18\x05 \x01(\t\x12\r\n\x05ready\x18\x06 \x01(\x08\x12\x16\n\x0eprogress_batch\x18\x07 \x01(\x03\x12\x13\n\x0bprogress_us\x18\x08 \x01(\x03\"-\n\x12UnsubscribeRequest\x12\x17\n\x0fsubscription_id\x18\x01 \x01(\t\"!\n\x10UnsubscribeReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"K\n\x0ePublishRequest\x12\x13\n\x0b\x63loudevents\x18\x01 \x03(\t\x12\x15\n\radvance_to_us\x18\x02 \x01(\x03\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\x03\"B\n\x0cPublishReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x03\x12\x10\n\x08rejected\x18\x02 \x01(\x03\x12\x0e\n\x06\x65rrors\x18\x03 \x03(\t2\xc2\x02\n\x0b\x42\x61seService\x12P\n\x0c\x43\x61pabilities\x12 .eva.base.v1.CapabilitiesRequest\x1a\x1e.eva.base.v1.CapabilitiesReply\x12M\n\tSubscribe\x12\x1d.eva.base.v1.SubscribeRequest\x1a\x1f.eva.base.v1.NativeNotification0\x01\x12M\n\x0bUnsubscribe\x12\x1f.eva.base.v1.UnsubscribeRequest\x1a\x1d.eva.base.v1.UnsubscribeReply\x12\x43\n\x07Publish\x12\x1b.eva.base.v1.PublishRequest\x1a\x19.eva.base.v1.PublishReply(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x65va/base/v1/base.proto\x12\x0b\x65va.base.v1\"\x15\n\x13\x43\x61pabilitiesRequest\"\x99\x01\n\x11\x43\x61pabilitiesReply\x12\r\n\x05group\x18\x01 \x01(\t\x12\x10\n\x08language\x18\x02 \x01(\t\x12\x17\n\x0f\x63\x61pability_json\x18\x03 \x01(\t\x12\x16\n\x0emax_advance_us\x18\x04 \x01(\x03\x12\x17\n\x0fmax_query_bytes\x18\x05 \x01(\x03\x12\x19\n\x11max_message_bytes\x18\x06 \x01(\x03\"o\n\x10SubscribeRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\x17\n\x0fsubscription_id\x18\x02 \x01(\t\x12\x10\n\x08progress\x18\x03 \x01(\x08\x12\x0e\n\x06packed\x18\x04 \x01(\x08\x12\x11\n\tpublisher\x18\x05 \x01(\t\"b\n\tDetection\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0f\n\x07time_us\x18\x02 \x01(\x03\x12\x0c\n\x04refs\x18\x03 \x03(\x03\x12\x14\n\x0c\x63onstituents\x18\x04 \x03(\t\x12\x12\n\nextra_json\x18\x05 \x01(\t\"\xde\x01\n\x12NativeNotification\x12\x17\n\x0fsubscription_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07time_us\x18\x03 \x01(\x03\x12\x14\n\x0c\x63onstituents\x18\x04 \x03(\t\x12\x12\n\nextra_json\x18\x05 \x01(\t\x12\r\n\x05ready\x18\x06 \x01(\x08\x12\x16\n\x0eprogress_batch\x18\x07 \x01(\x03\x12\x13\n\x0bprogress_us\x18\x08 \x01(\x03\x12*\n\ndetections\x18\t \x03(\x0b\x32\x16.eva.base.v1.Detection\"-\n\x12UnsubscribeRequest\x12\x17\n\x0fsubscription_id\x18\x01 \x01(\t\"!\n\x10UnsubscribeReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"l\n\x0ePublishRequest\x12\x13\n\x0b\x63loudevents\x18\x01 \x03(\t\x12\x15\n\radvance_to_us\x18\x02 \x01(\x03\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\x03\x12\x11\n\tpublisher\x18\x04 \x01(\t\x12\x0c\n\x04keep\x18\x05 \x01(\x05\"B\n\x0cPublishReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x03\x12\x10\n\x08rejected\x18\x02 \x01(\x03\x12\x0e\n\x06\x65rrors\x18\x03 \x03(\t2\xc2\x02\n\x0b\x42\x61seService\x12P\n\x0c\x43\x61pabilities\x12 .eva.base.v1.CapabilitiesRequest\x1a\x1e.eva.base.v1.CapabilitiesReply\x12M\n\tSubscribe\x12\x1d.eva.base.v1.SubscribeRequest\x1a\x1f.eva.base.v1.NativeNotification0\x01\x12M\n\x0bUnsubscribe\x12\x1f.eva.base.v1.UnsubscribeRequest\x1a\x1d.eva.base.v1.UnsubscribeReply\x12\x43\n\x07Publish\x12\x1b.eva.base.v1.PublishRequest\x1a\x19.eva.base.v1.PublishReply(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,17 +36,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CAPABILITIESREPLY']._serialized_start=63
   _globals['_CAPABILITIESREPLY']._serialized_end=216
   _globals['_SUBSCRIBEREQUEST']._serialized_start=218
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=294
-  _globals['_NATIVENOTIFICATION']._serialized_start=297
-  _globals['_NATIVENOTIFICATION']._serialized_end=475
-  _globals['_UNSUBSCRIBEREQUEST']._serialized_start=477
-  _globals['_UNSUBSCRIBEREQUEST']._serialized_end=522
-  _globals['_UNSUBSCRIBEREPLY']._serialized_start=524
-  _globals['_UNSUBSCRIBEREPLY']._serialized_end=557
-  _globals['_PUBLISHREQUEST']._serialized_start=559
-  _globals['_PUBLISHREQUEST']._serialized_end=634
-  _globals['_PUBLISHREPLY']._serialized_start=636
-  _globals['_PUBLISHREPLY']._serialized_end=702
-  _globals['_BASESERVICE']._serialized_start=705
-  _globals['_BASESERVICE']._serialized_end=1027
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=329
+  _globals['_DETECTION']._serialized_start=331
+  _globals['_DETECTION']._serialized_end=429
+  _globals['_NATIVENOTIFICATION']._serialized_start=432
+  _globals['_NATIVENOTIFICATION']._serialized_end=654
+  _globals['_UNSUBSCRIBEREQUEST']._serialized_start=656
+  _globals['_UNSUBSCRIBEREQUEST']._serialized_end=701
+  _globals['_UNSUBSCRIBEREPLY']._serialized_start=703
+  _globals['_UNSUBSCRIBEREPLY']._serialized_end=736
+  _globals['_PUBLISHREQUEST']._serialized_start=738
+  _globals['_PUBLISHREQUEST']._serialized_end=846
+  _globals['_PUBLISHREPLY']._serialized_start=848
+  _globals['_PUBLISHREPLY']._serialized_end=914
+  _globals['_BASESERVICE']._serialized_start=917
+  _globals['_BASESERVICE']._serialized_end=1239
 # @@protoc_insertion_point(module_scope)
