@@ -47,7 +47,7 @@ from transforms.dialects import dialect
 from transforms.dialects.base import Detection, Dialect
 from transforms.federated import ServiceInfo, plan_federated
 from transforms.plans import Plan
-from transforms.runner import Leaf, Runner
+from transforms.runner import Leaf, Runner, RunnerStats
 
 TICK_SEQ = 2**40
 """Ticks published to a service are numbered after any event of the trace."""
@@ -180,6 +180,15 @@ class Federation:
             return []
         self._notify(publish(self.links, [], self._ticks_until(end), until=end))
         return self.runner.close(end)
+
+    def stats(self) -> RunnerStats:
+        """What its runner holds (the mediator's state-size gauge)."""
+        return self.runner.stats()
+
+    def take_drops(self) -> dict[str, int]:
+        """The services' answers its post-filters dropped since the last call, per link name
+        (:meth:`Runner.take_drops`)."""
+        return self.runner.take_drops()
 
     def unsubscribe(self) -> None:
         """Every handle, at its link."""

@@ -22,6 +22,12 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 up to seconds (docs/performance.md)."""
 
 
+STATE_PARTS = ("held", "visible", "known", "readings", "checks", "partitions", "engines",
+               "origins")
+"""The ``part`` label of ``evamed_state_size`` (docs/operations.md, Monitor): the fields of
+transforms.runner.RunnerStats summed over the runners, and the pipeline's index of origins."""
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -36,9 +42,9 @@ class Metrics:
             "evamed_notifications_in", "Native notifications (detections) received from the "
             "services, by service.", ["service"], registry=r)
         self.post_filter_drops = Counter(
-            "evamed_post_filter_drops", "Native notifications the mediator's post-filter "
-            "dropped (a relaxed query's answers that are not EVA answers), by service.",
-            ["service"], registry=r)
+            "evamed_post_filter_drops", "Answers of a relaxed query (a positive rule's target) "
+            "the mediator's post-filter dropped: the re-run of the original put their events "
+            "in no composite of their own. By service.", ["service"], registry=r)
         self.composites_out = Counter(
             "evamed_composites_out", "Composites appended to the subscriptions' notification "
             "logs (each once: a composite reported again is skipped by its id).", registry=r)
@@ -54,8 +60,11 @@ class Metrics:
             "(every subscription's federation, the services' answers included).",
             buckets=LATENCY_BUCKETS, registry=r)
         self.state_size = Gauge(
-            "evamed_state_size", "Events held in the mediator's evaluation state over all "
-            "subscriptions, as last measured by the pipeline.", registry=r)
+            "evamed_state_size", "The in-process evaluation state over all subscriptions, by "
+            "part (STATE_PARTS), as the pipeline measured it after its last batch.", ["part"],
+            registry=r)
+        for part in STATE_PARTS:  # scraped as 0 before the first batch
+            self.state_size.labels(part)
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -84,4 +93,4 @@ class Metrics:
             self._thread = None
 
 
-__all__ = ["LATENCY_BUCKETS", "Metrics"]
+__all__ = ["LATENCY_BUCKETS", "STATE_PARTS", "Metrics"]

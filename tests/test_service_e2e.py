@@ -15,7 +15,11 @@ One scenario, in order, because each step starts from what the one before left:
    and of a second day published afterwards it misses nothing;
 4. a second client cannot list, read, explain, tail or cancel the first client's profile.
 
-Serial (xdist group "service"): processes and ports, a few seconds each.
+And the same path once with the Spark composer: ``evamed serve`` with ``composer = "spark"``
+over a SQLite store, P1 at the mediator alone (no services), composed by the Spark job.
+
+Serial (xdist group "service"; the Spark one in the "spark" group, with the other Spark
+tests): processes and ports, a few seconds each.
 """
 
 from __future__ import annotations
@@ -37,8 +41,6 @@ from examples.logistics.generate import day
 from mediator.client import MediatorClient, MediatorError, Notification
 from tests.helpers import Reader
 from tests.servers import RedisServer, free_port
-
-pytestmark = pytest.mark.xdist_group("service")
 
 EVAMED = str(Path(sys.executable).with_name("evamed"))
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,6 +162,7 @@ def composites(notes: list[Notification]) -> list[dict[str, Any]]:
     return [n.cloudevent for n in notes]
 
 
+@pytest.mark.xdist_group("service")
 def test_p1_across_two_services_survives_a_mediator_and_a_service_crash(
         system: dict[str, Any], tmp_path: Path) -> None:
     mediator, trucks, tokens = system["mediator"], system["trucks"], system["tokens"]
@@ -221,3 +224,44 @@ def _us(text: str) -> int:
     from eva.events import parse_time
 
     return parse_time(text)
+
+
+# The worker that runs tests/test_spark.py (one JVM at a time). Only the one mark: xdist
+# groups a test by all its marks joined ("service_spark" would be a group of its own).
+@pytest.mark.xdist_group("spark")
+def test_p1_through_a_served_spark_composer_is_what_replay_gives(tmp_path: Path) -> None:
+    """``evamed serve`` with ``composer = "spark"`` and no services: P1 is the mediator's own
+    (no service covers its classes), composed by the Spark composer (its streaming job, local
+    mode, in the mediator's process). The client receives what ``evamed replay`` prints for
+    the logistics day — compared as a multiset: the Spark composer hands each batch's
+    composites over in its own order within the batch, and the log keeps that order."""
+    config = tmp_path / "mediator.toml"
+    config.write_text(f"""
+listen = "127.0.0.1:{free_port()}"
+store = "sqlite:///{tmp_path / 'mediator.db'}"
+composer = "spark"
+log_level = "WARNING"
+
+[limits]
+rate = 0
+""")
+    token = cli("clients", "add", "alice", "--config", str(config)).strip()
+    events = day(7)
+    expected = replay(events, tmp_path)
+    mediator = Process("serve", "--config", str(config))
+    alice = MediatorClient(mediator.address, token)
+    try:
+        assert alice.add_profile(p1_document()).plans == ("P1: decompose, mediator",)
+        assert alice.explain(name="P1").json[0]["composer"] == "spark"
+        reader = Reader(alice.subscribe(name="P1"))
+        result = alice.publish(events, advance_to=_us("2026-03-03T00:00:00Z"))
+        assert (result.accepted, result.dead_lettered) == (len(events), 0)
+        reader.wait_for(len(expected), seconds=60)
+        time.sleep(0.5)  # nothing more comes
+        got = composites(reader.got)
+        assert sorted(got, key=json.dumps) == sorted(expected, key=json.dumps)
+        assert len({n.id for n in reader.got}) == len(got)  # each once
+        assert {n.services for n in reader.got} == {("mediator",)}
+    finally:
+        alice.close()
+        mediator.stop()

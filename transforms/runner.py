@@ -40,7 +40,9 @@ name any more (docs/transformations.md, "Bounded state").
 The API is the engine's, per event: ``push`` (an admitted event, in time order), ``notify``
 (a service's notification for a leaf), ``advance`` (the services have reported every instant up
 to a time), ``close`` (end of input). :mod:`adapters.federation` connects the leaves to the
-services (batches of events, each link published once per batch).
+services (batches of events, each link published once per batch). For the mediator's metrics:
+``stats`` (what the runner holds, a few counts) and ``take_drops`` (the relaxed answers the
+post-filters dropped; docs/operations.md, Monitor).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, replace
 from typing import Any, Protocol
 
 from eva import ast
@@ -156,6 +158,69 @@ def retagged(ident: Hashable, tags: dict[str, str]) -> Hashable:
     if isinstance(head, str) and isinstance(ident[1], tuple):  # (tag, left, right)
         return (tags.get(head, head), retagged(ident[1], tags), retagged(ident[2], tags))
     return ident
+
+
+@dataclass(frozen=True)
+class RunnerStats:
+    """What a runner holds, counted without walking its engines (cheap enough after every
+    batch): the evaluation state that grows with the input if anything does."""
+
+    held: int = 0        # events awaiting final visibility (the services' progress)
+    visible: int = 0     # ids of events the services made visible, not yet released
+    known: int = 0       # events kept for taken-over answers to name
+    readings: int = 0    # taken-over answers waiting for their report time
+    checks: int = 0      # relaxed answers awaiting the post-filter's verdict
+    partitions: int = 0  # partitions open
+    engines: int = 0     # their outer and re-run engines
+
+    def __add__(self, other: RunnerStats) -> RunnerStats:
+        return RunnerStats(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+
+class _Verdicts:
+    """A relaxed query's answers (a positive rule's target; the re-run of the original is its
+    post-filter) awaiting the post-filter's verdict. An answer is kept when the re-run reports
+    a composite of exactly its events (at set semantics an EVA answer is one of the target's,
+    the same events); it is dropped once the re-run can no longer report one: ``horizon``
+    (the re-run's :func:`lag`) after the answer's earliest event, or at the end of the input.
+    The service reports an answer before the runner releases its events to the re-run, so the
+    verdict never precedes the answer."""
+
+    def __init__(self, horizon: int) -> None:
+        self.horizon = horizon
+        self.waiting: dict[frozenset[str], int] = {}  # an answer's event ids → answers so
+        self._due: list[tuple[int, int, frozenset[str]]] = []  # (verdict time, entry, ids)
+        self._entries = 0
+
+    def wait(self, events: Sequence[Event]) -> None:
+        if not events:
+            return
+        ids = frozenset(e.id for e in events)
+        count = self.waiting.get(ids, 0)
+        self.waiting[ids] = count + 1
+        if count == 0:
+            self._entries += 1
+            heapq.heappush(self._due, (min(e.time for e in events) + self.horizon,
+                                       self._entries, ids))
+
+    def kept(self, notes: Iterable[Notification]) -> None:
+        for n in notes:
+            self.waiting.pop(frozenset(n.occ.events), None)
+
+    def expire(self, bound: int | None) -> int:
+        """Decide the answers the re-run has had every chance to report by ``bound`` (None:
+        all of them, the input has ended); how many were dropped. (A stale entry — an answer
+        kept meanwhile — finds nothing waiting.)"""
+        if bound is None:
+            dropped = sum(self.waiting.values())
+            self.waiting.clear()
+            self._due.clear()
+            return dropped
+        dropped = 0
+        due = self._due
+        while due and due[0][0] <= bound:
+            dropped += self.waiting.pop(heapq.heappop(due)[2], 0)
+        return dropped
 
 
 def _bug(letter: DeadLetter) -> None:
@@ -323,6 +388,7 @@ class _Profile:
         """How long after a partition's latest input its engines may still hold anything, or
         a service may still report a composite of its events (None: no bound)."""
         self.takes_over = any(leaf.taken for leaf in leaves)
+        self.engines = (1 if self.root is None else 0) + len(self.horizons)  # per partition
         # As the engine drops a ``per`` partition (Engine._sweep): one at rest answers as the
         # one a new event of its key would create, unless clock-driven (it acts without
         # events, from its creation). A partition fed by a service is kept while the service
@@ -376,6 +442,13 @@ class Runner:
         self._lag: int | None = None
         if None not in delays:
             self._lag = max((d for d in delays if d is not None), default=0)
+        # The post-filters of the leaves re-run by engines of their own (positive rules), where
+        # the runner decides as the trace goes: decided only at the end of the input, a
+        # verdict would keep every answer until then (a live plan has none such).
+        self._verdicts = {index: _Verdicts(horizon) for index in self._visible
+                          if self._lag is not None
+                          and (horizon := self._of[index].horizons[index]) is not None}
+        self._drops: dict[str, int] = {}  # answers they dropped, per service, not yet taken
         self._done: int | None = None  # every instant ≤ this is decided
         # What a round settles: the partitions given input since the last (by their order),
         # and those whose engines have work due (a heap of (instant, order, entry number)).
@@ -478,6 +551,9 @@ class Runner:
             ids = {(e.source, e.id) for e in detection.constituents}
             if leaf.external:
                 self._visible[leaf.index] |= ids
+                verdicts = self._verdicts.get(leaf.index)
+                if verdicts is not None:
+                    verdicts.wait(detection.constituents)
             else:
                 p.visible |= ids
             return
@@ -516,6 +592,30 @@ class Runner:
         self.end = end
         return self._run(end, True)
 
+    # ---------------------------------------------------------------- statistics
+
+    def stats(self) -> RunnerStats:
+        """What the runner holds now (:class:`RunnerStats`): a few counts per profile."""
+        partitions = sum(len(p.partitions) for p in self.profiles)
+        return RunnerStats(
+            held=len(self._held),
+            visible=(sum(len(v) for v in self._visible.values())
+                     + sum(len(p.visible) for p in self.profiles)),
+            known=len(self._known),
+            readings=sum(len(r) for r in self._readings.values()),
+            checks=sum(len(v.waiting) for v in self._verdicts.values()),
+            partitions=partitions,
+            engines=sum(len(p.partitions) * p.engines for p in self.profiles))
+
+    def take_drops(self) -> dict[str, int]:
+        """The answers of relaxed queries the post-filters dropped since the last call, per
+        service (the leaf's ``service``): an answer whose events the re-run of the original
+        put in no composite of its own (:class:`_Verdicts`). Counted for the remotes re-run
+        by engines of their own: a positive rule's, except on a disjunction (the outer
+        engine re-runs that one with the rest of the profile, and drops nothing apart)."""
+        out, self._drops = self._drops, {}
+        return out
+
     # ---------------------------------------------------------------- deciding
 
     def _run(self, bound: int, final: bool) -> list[Notification]:
@@ -537,6 +637,11 @@ class Runner:
                 partition.due = None  # its entries in the wake-up heap are stale
             else:
                 self._sleep(p, partition, bound)
+        for index, verdicts in self._verdicts.items():
+            dropped = verdicts.expire(None if final else bound)
+            if dropped:
+                service = self.leaves[index].node.service
+                self._drops[service] = self._drops.get(service, 0) + dropped
         self._done = bound
         self._forget(bound)
         out.sort(key=lambda n: n.emitted)  # stable: profiles, partitions, reports in order
@@ -675,6 +780,9 @@ class Runner:
     def _pending(self, p: _Profile, partition: _Partition, leaf: Leaf,
                  notes: list[Notification]) -> None:
         """A composite leaf's occurrences, for the outer engine (or the answer, at the root)."""
+        verdicts = self._verdicts.get(leaf.index)
+        if verdicts is not None:
+            verdicts.kept(notes)
         position = p.externals.get(leaf.external, 0)
         pending = partition.pending
         pending.extend((n.emitted, position, len(pending), (leaf.external, n.occ)) for n in notes)
@@ -710,4 +818,4 @@ def _engines(partition: _Partition) -> list[_Keyed]:
     return [*partition.rerun.values(), *([partition.outer] if partition.outer else [])]
 
 
-__all__ = ["Leaf", "Runner", "trace_key"]
+__all__ = ["Leaf", "Runner", "RunnerStats", "trace_key"]
