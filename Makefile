@@ -46,12 +46,15 @@ demo: native
 	cmp build/demo-plain.jsonl build/demo-via-cg3.jsonl && \
 		echo "replay --via cg3 (plan, SQL, native evaluation, post-filter): the same $$(wc -l < build/demo-plain.jsonl) composites"
 
-# The Debian servers the integration tests start for real (redis-server).
+# The Debian servers the integration tests start for real (redis-server; mosquitto, whose
+# daemon is in /usr/sbin, mosquitto-clients for mosquitto_sub, openssl for its test TLS CA).
 servers:
-	@command -v redis-server >/dev/null 2>&1 || { \
+	@{ command -v redis-server && { command -v mosquitto || [ -x /usr/sbin/mosquitto ]; } && \
+		command -v mosquitto_sub && command -v openssl; } >/dev/null 2>&1 || { \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server >/dev/null; }
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server mosquitto \
+			mosquitto-clients openssl >/dev/null; }
 
 test: native servers
 	$(BIN)/ruff check .

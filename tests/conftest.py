@@ -1,6 +1,6 @@
 """Hypothesis profiles: CI runs are derandomized (reproducible); ``HYPOTHESIS_PROFILE=explore``
 searches further with fresh randomness. Fixtures every test file may use: ``redis_server`` /
-``redis_url``, a real redis-server (tests/servers.py)."""
+``redis_url``, a real redis-server; ``mosquitto``, a real MQTT broker (tests/servers.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from eva import native
-from tests.servers import RedisServer
+from tests.servers import MosquittoServer, RedisServer
 
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
@@ -32,6 +32,14 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 @pytest.fixture
 def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
+
+
+@pytest.fixture
+def mosquitto(tmp_path: Path) -> Iterator[MosquittoServer]:
+    """A real mosquitto on a free loopback port with persistence; stopped after the test."""
+    server = MosquittoServer(tmp_path)
+    yield server
+    server.stop()
 
 
 def pytest_report_header() -> str:

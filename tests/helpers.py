@@ -117,3 +117,59 @@ class Reader:
         assert self.error is None, self.error
         assert len(self.got) >= count, f"received {len(self.got)} of {count} in {seconds} s"
         return self.got
+
+
+class LogIngest:
+    """The mediator's side of a broker source's ``ingest(lines, ack)`` (adapters/mqtt_source.py,
+    adapters/redis_source.py): drop a (source, id) already taken, as Publish drops a duplicate,
+    append the rest durably to a real store's event log, then acknowledge. ``delay``: seconds
+    between the append and the ack (a kill lands there); ``fail``: calls that raise before
+    appending; ``ack``: False leaves every call unacknowledged (the mediator died first)."""
+
+    def __init__(self, store: Any, *, delay: float = 0.0, fail: int = 0, ack: bool = True) -> None:
+        import threading
+
+        self.store = store
+        self.delay = delay
+        self.fail = fail
+        self.acks = ack
+        self.seen = {(e.source, e.id) for e in logged(store)}  # as Publish seeds its memory
+        self.duplicates = 0
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, lines: list[str], ack: Any) -> None:
+        import time
+
+        from eva.events import from_json_line
+
+        with self._lock:
+            self.calls += 1
+            if self.fail:
+                self.fail -= 1
+                raise OSError("the event log could not be written (test)")
+            fresh = []
+            for line in lines:
+                event = from_json_line(line)
+                if (event.source, event.id) in self.seen:
+                    self.duplicates += 1
+                    continue
+                self.seen.add((event.source, event.id))
+                fresh.append(line)
+            if fresh:
+                self.store.append_events(fresh)
+        time.sleep(self.delay)
+        if self.acks:
+            ack()
+
+
+def logged(store: Any) -> list[Event]:
+    """Every event in a store's event log, in order."""
+    from eva.events import from_json_line
+
+    out: list[Event] = []
+    after = 0
+    while batch := store.read_events(after, 1000):
+        out.extend(from_json_line(item.line) for item in batch)
+        after = batch[-1].position
+    return out
