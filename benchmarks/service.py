@@ -12,7 +12,8 @@ a temporary directory unless --store, embedded services):
   event log) and evaluated (the pipeline done with the last one: its composite received).
 
     .venv/bin/python benchmarks/service.py [--part subscribe|latency|publish|all] [--quick]
-        [--profiles 10,100,1000,10000] [--services 1,3,6] [--rates 1000,10000] [--store URL]
+        [--profiles 10,100,1000,10000] [--services 1,3,6] [--per-client 100]
+        [--rates 1000,10000] [--store URL]
 """
 
 from __future__ import annotations
@@ -41,17 +42,19 @@ TYPES = 6
 
 
 PER_CLIENT = 100
-"""Profiles per client: the default ``limits.profiles`` (N profiles come from N / 100 clients)."""
+"""Profiles per client: the default ``limits.profiles`` (N profiles come from N / 100 clients;
+``--per-client``: the limit and the profiles per client, e.g. 10000 from one client)."""
 
 
 @contextmanager
-def mediator(services: int, store: str | None) -> Iterator[tuple[Running, MediatorClient]]:
+def mediator(services: int, store: str | None, per_client: int = PER_CLIENT
+             ) -> Iterator[tuple[Running, MediatorClient]]:
     """A mediator with ``services`` embedded services — service j observes the types t<k> with
     k mod services = j — and a client of it."""
     with tempfile.TemporaryDirectory() as directory:
         config = Config(
             listen="127.0.0.1:0", store=store or f"sqlite:///{directory}/bench.db",
-            limits=Limits(profiles=PER_CLIENT, rate=0), log_level="WARNING",
+            limits=Limits(profiles=per_client, rate=0), log_level="WARNING",
             services=tuple(ServiceConfig(f"s{j}", GROUPS[j], "embedded", ("*",),
                                          tuple(f"t{k}" for k in range(TYPES) if k % services == j))
                            for j in range(services)))
@@ -74,17 +77,18 @@ def profile(i: int) -> str:
             f"profile P{i} = ((all_dup(X); all_dup(Y))_10s)_all_pairs\n")
 
 
-def subscribe(sizes: list[int], services: list[int], store: str | None) -> None:
-    print(f"subscription time: AddProfile × N from N / {PER_CLIENT} clients, S embedded services")
+def subscribe(sizes: list[int], services: list[int], store: str | None,
+              per_client: int = PER_CLIENT) -> None:
+    print(f"subscription time: AddProfile × N from N / {per_client} clients, S embedded services")
     print(f"{'services':>8} {'profiles':>9} {'total s':>9} {'per profile ms':>15} {'profiles/s':>11}")
     for s in services:
         for n in sizes:
-            with mediator(s, store) as (running, first):
-                clients = [first] + [client_of(running) for _ in range((n - 1) // PER_CLIENT)]
+            with mediator(s, store, per_client) as (running, first):
+                clients = [first] + [client_of(running) for _ in range((n - 1) // per_client)]
                 texts = [profile(i) for i in range(n)]
                 started = time.perf_counter()
                 for i, text in enumerate(texts):
-                    clients[i // PER_CLIENT].add_profile(text, name=f"p{i}")
+                    clients[i // per_client].add_profile(text, name=f"p{i}")
                 elapsed = time.perf_counter() - started
                 for client in clients[1:]:
                     client.close()
@@ -193,6 +197,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="Small sizes (a smoke run).")
     parser.add_argument("--profiles", default="10,100,1000,10000")
     parser.add_argument("--services", default="1,3,6")
+    parser.add_argument("--per-client", type=int, default=PER_CLIENT,
+                        help="Profiles per client (and the limit per client).")
     parser.add_argument("--rates", default="1000,10000")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--events", type=int, default=100_000)
@@ -207,7 +213,7 @@ def main() -> None:
         sizes, services, rates = [10, 100], [1, 6], [1000]
         args.seconds, args.events = 2.0, 10_000
     if args.part in ("subscribe", "all"):
-        subscribe(sizes, services, args.store)
+        subscribe(sizes, services, args.store, args.per_client)
     if args.part in ("latency", "all"):
         latency(rates, args.seconds, args.store)
     if args.part in ("publish", "all"):

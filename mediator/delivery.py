@@ -191,6 +191,10 @@ class Dispatcher:
         wake = asyncio.Event()
         self._waiters.setdefault(key, set()).add(wake)
         state = self._logs.setdefault(key, _Log())
+        # A client resuming after ``after`` has everything up to it: after a restart, an
+        # up-to-date client shows no lag before the next notification.
+        state.delivered = max(state.delivered, after)
+        self._lag(key, state)
         try:
             while True:
                 if self._closing:

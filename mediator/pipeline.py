@@ -35,8 +35,8 @@ import shutil
 import tempfile
 import threading
 import time as clock
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from adapters.federation import Federation, publish
@@ -55,7 +55,7 @@ from transforms.dialects.base import Detection
 from transforms.explanation import as_json, explain, service_renderer
 from transforms.federated import MEDIATOR, ServiceInfo, plan_federated
 from transforms.plans import Plan, Remote, Subscribe, nodes
-from transforms.runner import lag
+from transforms.runner import RunnerStats, lag
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,40 @@ NEWEST_KEY = "pipeline.newest"
 """Store meta: the newest event time evaluated, kept across trims of the event log."""
 POLL = 1.0
 """Seconds the thread sleeps without a wake before it looks at the log again."""
+LOCK_SLICE = 0.1
+"""Seconds between looks, while waiting for the lock, whether the pipeline stops."""
+CUT = 1.0
+"""Seconds :meth:`Pipeline.stop` waits for what it cut short (the links closed) to end."""
+
+
+class Stopping(ConnectionError):
+    """The pipeline is stopping: a batch cut short decides nothing, a profile is not added."""
+
+
+def close_links(links: Iterable[Link], seconds: float) -> None:
+    """Close every link, each in a thread of its own, waiting ``seconds`` at most for them all.
+    Closing a link cuts short what waits on its service (a :class:`~adapters.remote_link.
+    RemoteLink` call raises ConnectionError), but its ``close`` may itself wait for that call
+    to notice, or for the service to answer its unsubscriptions: one still closing then is left
+    to finish alone (its threads are daemons), said in the log."""
+    closing = [threading.Thread(target=_close, args=(link,), daemon=True,
+                                name=f"evamed-close-{link.info.name}") for link in links]
+    for thread in closing:
+        thread.start()
+    deadline = clock.monotonic() + seconds
+    for thread in closing:
+        thread.join(max(0.0, deadline - clock.monotonic()))
+    late = [t.name.removeprefix("evamed-close-") for t in closing if t.is_alive()]
+    if late:
+        log.warning("links still closing after %.1f s, left to finish alone: %s", seconds,
+                    ", ".join(late))
+
+
+def _close(link: Link) -> None:
+    try:
+        link.close()
+    except Exception as exc:  # a service gone already: nothing to close there
+        log.debug("closing the link to %s: %s", link.info.name, exc)
 
 Key = tuple[str, str]
 """A subscription: (owner, name)."""
@@ -152,6 +186,10 @@ class _Origins:
         for t in types or ():
             self._by_type[t] = _longer(self._by_type.get(t, NOT_KEPT), horizon)
         self._longest = _longer(self._longest, horizon)
+
+    def __len__(self) -> int:
+        """The events it keeps."""
+        return len(self._source)
 
     def note(self, events: Iterable[Event]) -> None:
         for e in events:
@@ -245,15 +283,20 @@ class _Sparks:
         self.names[slot].update(dict.fromkeys(names, key))
         return slot
 
-    def _open(self) -> int:
-        from spark_jobs.composer import SparkComposer
+    def session(self) -> Any:
+        """The SparkSession, started (local mode) if none was given."""
         from spark_jobs.session import build_session
 
         if self.spark is None:
             self.spark = build_session()
+        return self.spark
+
+    def _open(self) -> int:
+        from spark_jobs.composer import SparkComposer
+
         workdir = tempfile.mkdtemp(prefix="evamed-composer-")
         self.dirs.append(workdir)
-        self.slots.append(SparkComposer(self.spark, workdir))
+        self.slots.append(SparkComposer(self.session(), workdir))
         self.names.append({})
         return len(self.slots) - 1
 
@@ -321,6 +364,7 @@ class Pipeline:
         self._thread: threading.Thread | None = None
         self._draining = False  # stop: evaluate what the log holds, then end
         self._halt = False      # stop now, after the batch in progress
+        self._cut_short = False  # the links were closed under a batch: it appends nothing
         self._position = 0      # the last event-log position evaluated
         self._newest: int | None = None  # the newest event time evaluated
         self._sealed = False  # the newest time is a watermark's: its instant is complete
@@ -337,6 +381,10 @@ class Pipeline:
         """Restore every stored subscription, then start the thread: each is re-planned and
         subscribed again at the services when the replay of the log reaches its start position;
         the thread replays the rest of the log with every federation, then follows it."""
+        if self._sparks is not None:
+            # The JVM starts now, before the service answers (and forks before its gRPC
+            # threads): not in the first AddProfile that needs it, seconds past its deadline.
+            self._sparks.session()
         records = sorted(self.store.subscriptions(), key=lambda r: r.start_position)
         head = self.store.event_head()
         self._position = records[0].start_position if records else head
@@ -358,30 +406,63 @@ class Pipeline:
         return max(found, default=None)
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Evaluate what the log holds (within ``timeout``; else stop after the batch in
-        progress), then unsubscribe every federation at its services."""
-        thread = self._thread
+        """Evaluate what the log holds, then unsubscribe every federation at its services —
+        within ``timeout`` whatever the services do. A batch still waiting on a service then
+        (one out of reach: its link reconnects without end) is cut short: the links are closed
+        (their calls raise ConnectionError, which the thread takes as the stop), nothing that
+        batch decided is appended, and it stays in the event log for the next start to
+        evaluate. The same for unsubscribing. Returns within about ``timeout + 3 * CUT``."""
+        deadline = clock.monotonic() + timeout
+        thread, self._thread = self._thread, None
+        self._draining = True
+        self._wakeup.set()
         if thread is not None:
-            self._draining = True
-            self._wakeup.set()
             thread.join(timeout)
             if thread.is_alive():
-                log.warning("the pipeline did not evaluate the whole event log within %.1f s; "
-                            "stopping at position %d (a restart replays the rest)",
-                            timeout, self._position)
-            self._halt = True
-            self._wakeup.set()
-        with self._lock:
-            for sub in self._subs.values():
-                for federation in sub.federations:
-                    federation.unsubscribe()
+                log.warning("the pipeline did not evaluate the event log within %.1f s (a "
+                            "service out of reach?); closing the links: the next start "
+                            "evaluates it from position %d", timeout, self._position)
+                self._cut()
+                thread.join(CUT)
+        self._halt = True
+        self._wakeup.set()
+        if not self._lock.acquire(timeout=max(deadline - clock.monotonic(), CUT)):
+            log.error("the pipeline thread did not stop; leaving it (the next start evaluates "
+                      "the event log from position %d)", self._position)
+            return
+        try:
+            unsubscribing = threading.Thread(target=self._unsubscribe_all, daemon=True,
+                                             name="evamed-pipeline-stop")
+            unsubscribing.start()
+            unsubscribing.join(max(deadline - clock.monotonic(), CUT))
+            if unsubscribing.is_alive():
+                log.warning("unsubscribing at the services did not end within %.1f s (a "
+                            "service out of reach?); closing the links", timeout)
+                self._cut()
+                unsubscribing.join(CUT)
             self._subs.clear()
             self._handles = dict.fromkeys(self.links, 0)
             if self._sparks is not None:
                 self._sparks.close()
             if self._newest is not None:
                 self.store.set_meta(NEWEST_KEY, str(self._newest))
-        self._thread = None
+        finally:
+            self._lock.release()
+
+    def _cut(self) -> None:
+        """Cut short whatever waits on a service: the links closed, the thread halted, and
+        nothing more appended (a batch whose answers a closed link cut may be incomplete)."""
+        self._cut_short = True
+        self._halt = True
+        close_links(self.links.values(), CUT)
+
+    def _unsubscribe_all(self) -> None:
+        for sub in list(self._subs.values()):
+            for federation in sub.federations:
+                try:
+                    federation.unsubscribe()
+                except Exception as exc:  # gone, or closed meanwhile: its service forgets it
+                    log.warning("unsubscribing %s/%s: %s", *sub.key, exc)
 
     @property
     def position(self) -> int:
@@ -422,7 +503,7 @@ class Pipeline:
              restoring: bool) -> list[Plan]:
         doc = doc if doc is not None else parse(record.text)
         infos = [link.info for link in self.links.values()]
-        with self._lock:
+        with self._locked():
             key = (record.owner, record.name)
             if key in self._subs:
                 raise ValueError(f"subscription {record.owner}/{record.name} is already live")
@@ -461,6 +542,21 @@ class Pipeline:
             self._origins.widen(sub.types, sub.horizon)
             return plans
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The lock, for adding and removing: waited for in slices, and given up (Stopping)
+        once the pipeline stops — a batch waiting on a service holds it until stop() cuts it
+        short, and what waits behind it must then end too."""
+        while not self._lock.acquire(timeout=LOCK_SLICE):
+            if self._halt:
+                raise Stopping("the mediator is stopping: try again once it is back")
+        try:
+            if self._halt:
+                raise Stopping("the mediator is stopping: try again once it is back")
+            yield
+        finally:
+            self._lock.release()
+
     def _count(self, sub: _Subscription, sign: int) -> None:
         """Count a subscription's handles in (1) or out (-1) of their links'."""
         for federation in sub.federations:
@@ -469,7 +565,7 @@ class Pipeline:
 
     def remove(self, owner: str, name: str) -> bool:
         """Unsubscribe a live subscription at its services and drop it."""
-        with self._lock:
+        with self._locked():
             sub = self._subs.pop((owner, name), None)
             if sub is None:
                 return False
@@ -537,6 +633,10 @@ class Pipeline:
                     return
                 self._wakeup.wait(POLL)
         except Exception as exc:  # a bug, or a service gone for good: say so, keep the log
+            if self._cut_short:  # stop() closed the links under the batch: the stop, said
+                log.info("the pipeline stopped at event-log position %d, its batch cut short "
+                         "(%s)", self._position, exc)
+                return
             self.error = exc
             log.exception("the pipeline stopped at event-log position %d", self._position)
 
@@ -553,6 +653,7 @@ class Pipeline:
             self._evaluate(events)
             if self.metrics:
                 self.metrics.composer_latency.observe(clock.perf_counter() - began)
+                self._measure(self.metrics)
         self._position = logged[-1].position
         self._batches += 1
         if self._batches % self.trim_every == 0:
@@ -619,6 +720,19 @@ class Pipeline:
             notes.sort(key=lambda n: n.emitted)
             self._append(self._subs[key], notes)
 
+    def _measure(self, metrics: Metrics) -> None:
+        """After a batch: what the runners hold, summed over every subscription per part (a
+        fixed label set however many subscriptions there are), with the pipeline's own index
+        of origins; and the services' answers the post-filters dropped, per service (those of
+        watermark rounds too)."""
+        held = RunnerStats()
+        for federation in (f for sub in self._subs.values() for f in sub.federations):
+            held += federation.stats()
+            for service, count in federation.take_drops().items():
+                metrics.post_filter_drops.labels(service).inc(count)
+        for part, value in [*asdict(held).items(), ("origins", len(self._origins))]:
+            metrics.state_size.labels(part).set(value)
+
     def _watermark(self) -> None:
         """Apply the watermarks whose events are all evaluated: a round without events."""
         with self._marks:
@@ -652,6 +766,8 @@ class Pipeline:
                                                 sources, services))])
 
     def _store_items(self, key: Key, items: list[tuple[str, bytes]]) -> None:
+        if self._cut_short:  # decided from answers a closed link may have cut: not kept
+            raise Stopping("the pipeline is stopping: the batch in progress was cut short")
         appended = self.store.append_notifications(key[0], key[1], items)
         if not appended:
             return

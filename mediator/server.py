@@ -13,16 +13,21 @@ Every call but health and reflection needs ``authorization: Bearer <token>``
 Shutdown (SIGTERM, SIGINT, :meth:`Served.stop`): health goes NOT_SERVING (watchers are told at
 once), the Subscribe streams end with UNAVAILABLE (clients resume elsewhere or later with their
 tokens), the server stops taking calls and gives those in flight ``drain`` to finish, the
-pipeline evaluates what was accepted (within the same bound) and stops; the store is closed
-last. A second signal skips the waiting.
+pipeline evaluates what was accepted within what is left of the same bound and stops — a batch
+still waiting on a service then (one out of reach) is cut short by closing the links, and the
+event log keeps it for the next start (:meth:`mediator.pipeline.Pipeline.stop`); the links are
+closed, the store last. All of it within about ``drain`` + 4 s whatever the services do. A
+second signal exits at once (status 128 + the signal's number): what was accepted is in the
+event log already, the next start evaluates it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import os
 import signal
+import sys
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -40,6 +45,7 @@ from adapters.remote_link import connect
 from mediator.config import Config, ServiceConfig
 from mediator.delivery import Dispatcher
 from mediator.metrics import Metrics
+from mediator.pipeline import CUT, close_links
 from mediator.security import authenticate
 from mediator.service import CLIENT, MediatorService
 from mediator.store import Store, open_store
@@ -59,6 +65,9 @@ OPEN_METHODS = (f"/{HEALTH_NAME}/", f"/{reflection.SERVICE_NAME}/",
 client's profiles or notifications hold)."""
 WATCH_SECONDS = 1.0
 """How often the server looks whether the pipeline thread is still running."""
+PIPELINE_MIN = 0.5
+"""Seconds the pipeline gets to finish its batch at shutdown when the calls in flight took the
+whole drain."""
 
 
 # ------------------------------------------------------------------ authentication
@@ -142,16 +151,18 @@ class Served:
         """Shut down gracefully (see the module docstring); ``drain``: seconds for calls in
         flight and the pipeline (default: the configuration's)."""
         seconds = self.config.drain / 1e6 if drain is None else drain
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
         log.info("shutting down: NOT_SERVING, %.1f s for calls in flight", seconds)
         if self.watch is not None:
             self.watch.cancel()
         await self.health.enter_graceful_shutdown()
         self.dispatcher.close()
         await self.server.stop(seconds)
-        await asyncio.to_thread(self.pipeline.stop, max(seconds, 0.1))
-        for link in self.links.values():
-            with contextlib.suppress(Exception):  # a service gone already: nothing to close
-                link.close()
+        # What is left of the drain (a moment at least): the pipeline cuts short a batch that
+        # waits on a service longer.
+        await asyncio.to_thread(self.pipeline.stop, max(deadline - loop.time(), PIPELINE_MIN))
+        await asyncio.to_thread(close_links, self.links.values(), CUT)
         self.metrics.close()
         if self.own_store:
             await asyncio.to_thread(self.store.close)
@@ -215,9 +226,7 @@ async def start(config: Config, *, store: Store | None = None,
     except BaseException:
         if running is not None:
             await asyncio.to_thread(running.stop, 0.1)
-        for link in links.values():
-            with contextlib.suppress(Exception):
-                link.close()
+        await asyncio.to_thread(close_links, links.values(), CUT)
         metrics.close()
         if own_store:
             opened.close()
@@ -266,8 +275,9 @@ async def _watch(served: Served) -> None:
 
 
 async def run(config: Config, ready: Callable[[Served], None] = lambda served: None) -> None:
-    """Serve until SIGTERM or SIGINT, then shut down gracefully; a second signal skips the
-    waiting. ``ready(served)`` is called once the mediator answers."""
+    """Serve until SIGTERM or SIGINT, then shut down gracefully; a second signal ends the
+    process at once (:func:`exit_now`). ``ready(served)`` is called once the mediator
+    answers."""
     served = await start(config)
     signals: asyncio.Queue[int] = asyncio.Queue()
     loop = asyncio.get_running_loop()
@@ -279,10 +289,20 @@ async def run(config: Config, ready: Callable[[Served], None] = lambda served: N
     second = asyncio.create_task(signals.get())
     await asyncio.wait({stopping, second}, return_when=asyncio.FIRST_COMPLETED)
     if not stopping.done():
-        log.warning("second signal: stopping without waiting")
-        await served.server.stop(0)
-        await stopping
+        exit_now(second.result())
     second.cancel()
+    await stopping
+
+
+def exit_now(sig: int) -> None:
+    """End the process at once, with status 128 + ``sig``: no thread is waited for (one may
+    wait on a service, or on the pipeline), nothing more is evaluated — what was accepted is in
+    the event log, and every acknowledged append is durable, so the next start evaluates it."""
+    log.warning("second signal: exiting at once; the next start evaluates what was accepted")
+    logging.shutdown()  # the handlers flushed
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(128 + sig)
 
 
 class Running:
@@ -324,4 +344,5 @@ def serve(config: Config, **options: Any) -> Running:
     return Running(config, **options)
 
 
-__all__ = ["Authenticator", "Running", "Served", "credentials", "run", "serve", "start"]
+__all__ = ["Authenticator", "Running", "Served", "credentials", "exit_now", "run", "serve",
+           "start"]

@@ -72,13 +72,17 @@ ERROR_DOMAIN = "evamed"
 class Pipeline(Protocol):
     """What the service asks of the pipeline (mediator/pipeline.py)."""
 
-    def add(self, record: SubscriptionRecord) -> list[Plan]: ...
+    def add(self, record: SubscriptionRecord, doc: ast.Document | None = None) -> list[Plan]: ...
     def remove(self, owner: str, name: str) -> bool: ...
     def wake(self) -> None: ...
     def advance(self, time: int) -> None: ...
     def explain(self, doc: ast.Document) -> tuple[str, str]: ...
     def newest(self) -> int | None: ...
     def services(self) -> list[ServiceStatus]: ...
+
+
+Owned = tuple[SubscriptionRecord, tuple[int, int]]
+"""A client's subscription record with its notification log's bounds (first kept, head)."""
 
 
 class Refusal(Exception):
@@ -202,10 +206,10 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
         try:
             owner = CLIENT.get()
             if request.profile_text:
-                record = await self._register(owner, request.profile_text, request.name)
+                record, bounds = await self._register(owner, request.profile_text, request.name)
             else:
-                record = await self._own(owner, request.name)
-            after = await self._resume_at(record, request.resume_token)
+                record, bounds = await self._own(owner, request.name)
+            after = self._resume_at(record, request.resume_token, bounds)
             yield mediator_pb2.Notification(subscription=record.name, ready=True)
             log.info("%s subscribed to %s from position %d", owner, record.name, after)
             async for message in self.dispatcher.stream(record, after):
@@ -224,8 +228,8 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
 
     @_answering
     async def AddProfile(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        record = await self._register(CLIENT.get(), request.profile_text, request.name)
-        return await self._info(record)
+        return _profile_info(*await self._register(CLIENT.get(), request.profile_text,
+                                                   request.name))
 
     @_answering
     async def Unsubscribe(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -241,20 +245,23 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
 
     @_answering
     async def ListProfiles(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        records = await asyncio.to_thread(self.store.subscriptions, CLIENT.get())
-        return mediator_pb2.ListProfilesReply(
-            profiles=[await self._info(r) for r in sorted(records, key=lambda r: r.name)])
+        owned = await asyncio.to_thread(self._listed, CLIENT.get())
+        return mediator_pb2.ListProfilesReply(profiles=[_profile_info(*o) for o in owned])
+
+    def _listed(self, owner: str) -> list[Owned]:
+        return [(r, self.store.notification_bounds(owner, r.name))
+                for r in sorted(self.store.subscriptions(owner), key=lambda r: r.name)]
 
     @_answering
     async def GetProfile(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._info(await self._own(CLIENT.get(), request.name))
+        return _profile_info(*await self._own(CLIENT.get(), request.name))
 
     @_answering
     async def Explain(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         if request.profile_text:
             doc = self._parse(request.profile_text)
         else:
-            doc = self._parse((await self._own(CLIENT.get(), request.name)).text)
+            doc = self._parse((await self._own(CLIENT.get(), request.name))[0].text)
         try:
             text, as_json = await asyncio.to_thread(self.pipeline.explain, doc)
         except ValueError as exc:
@@ -268,16 +275,19 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
             _service_info(s, addresses.get(s.info.name, EMBEDDED))
             for s in await asyncio.to_thread(self.pipeline.services)])
 
-    async def _own(self, owner: str, name: str) -> SubscriptionRecord:
+    async def _own(self, owner: str, name: str) -> Owned:
         if not name:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
                           "name a subscription, or give a profile document (profile_text)")
-        record = await asyncio.to_thread(self.store.subscription, owner, name)
+        return await asyncio.to_thread(self._own_now, owner, name)
+
+    def _own_now(self, owner: str, name: str) -> Owned:
+        record = self.store.subscription(owner, name)
         if record is None:  # another client's name reads exactly as one nobody registered
             raise Refusal(grpc.StatusCode.NOT_FOUND, f"you have no subscription named {name!r}")
-        return record
+        return record, self.store.notification_bounds(owner, name)
 
-    async def _register(self, owner: str, text: str, name: str) -> SubscriptionRecord:
+    async def _register(self, owner: str, text: str, name: str) -> Owned:
         """The subscription ``name`` (default: the document's first profile) of ``owner`` for
         the document ``text``: registered and planned now, or the one registered before with
         the same text; ALREADY_EXISTS with another text."""
@@ -291,40 +301,49 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
         self._check_shape(doc)
         # Shielded: a caller that goes away mid-registration leaves it complete (as AddProfile
         # would have), never planned at the services without its record or the reverse.
-        return await asyncio.shield(self._create(owner, name, text))
+        return await asyncio.shield(self._create(owner, name, text, doc))
 
-    async def _create(self, owner: str, name: str, text: str) -> SubscriptionRecord:
+    async def _create(self, owner: str, name: str, text: str, doc: ast.Document) -> Owned:
         async with self._registry:
-            existing = await asyncio.to_thread(self.store.subscription, owner, name)
-            if existing is not None:
-                if existing.text == text:
-                    return existing
-                raise Refusal(grpc.StatusCode.ALREADY_EXISTS,
-                              f"you have a subscription named {name!r} with another profile "
-                              "document; unsubscribe it first, or choose another name")
-            count = len(await asyncio.to_thread(self.store.subscriptions, owner))
-            if count >= self.limits.profiles:
-                raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                              f"you have {count} subscriptions, the limit per client is "
-                              f"{self.limits.profiles} (limits.profiles); unsubscribe one first",
-                              reason("TOO_MANY_PROFILES", self.limits.profiles, count))
-            record = SubscriptionRecord(
-                owner, name, text, time.time_ns() // 1000,
-                start_position=await asyncio.to_thread(self.store.event_head),
-                start_time=self._newest_time())
-            await asyncio.to_thread(self.store.put_subscription, record)
-            try:
-                plans = await asyncio.to_thread(self.pipeline.add, record)
-            except Exception as exc:
-                await asyncio.to_thread(self.store.delete_subscription, owner, name)
-                raise _planning_refusal(exc) from None
-            # Re-read: the pipeline may have moved the record's start to where it is.
-            stored = await asyncio.to_thread(self.store.subscription, owner, name)
-            record = replace(stored or record, plans=json.dumps(
-                [_plan_summary(p) for p in plans], ensure_ascii=False))
-            await asyncio.to_thread(self.store.put_subscription, record)
-        log.info("%s registered %s: %s", owner, name, ", ".join(p.profile.name for p in plans))
-        return record
+            # One hop off the loop for the whole registration: a hop costs more than a store
+            # call (docs/performance.md, "Registering profiles").
+            owned, plans = await asyncio.to_thread(self._create_now, owner, name, text, doc)
+        if plans is not None:
+            log.info("%s registered %s: %s", owner, name,
+                     ", ".join(p.profile.name for p in plans))
+        return owned
+
+    def _create_now(self, owner: str, name: str, text: str, doc: ast.Document
+                    ) -> tuple[Owned, list[Plan] | None]:
+        """:meth:`_create` in a worker thread: the record with its log's bounds, and its plans
+        (None: it was registered before with the same text)."""
+        existing = self.store.subscription(owner, name)
+        if existing is not None:
+            if existing.text == text:
+                return (existing, self.store.notification_bounds(owner, name)), None
+            raise Refusal(grpc.StatusCode.ALREADY_EXISTS,
+                          f"you have a subscription named {name!r} with another profile "
+                          "document; unsubscribe it first, or choose another name")
+        count = self.store.count_subscriptions(owner)
+        if count >= self.limits.profiles:
+            raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"you have {count} subscriptions, the limit per client is "
+                          f"{self.limits.profiles} (limits.profiles); unsubscribe one first",
+                          reason("TOO_MANY_PROFILES", self.limits.profiles, count))
+        record = SubscriptionRecord(owner, name, text, time.time_ns() // 1000,
+                                    start_position=self.store.event_head(),
+                                    start_time=self._newest_time())
+        self.store.put_subscription(record)  # first: what the pipeline appends needs it
+        try:
+            plans = self.pipeline.add(record, doc)
+        except Exception as exc:
+            self.store.delete_subscription(owner, name)
+            raise _planning_refusal(exc) from None
+        # Re-read: the pipeline may have moved the record's start to where it is.
+        record = replace(self.store.subscription(owner, name) or record, plans=json.dumps(
+            [_plan_summary(p) for p in plans], ensure_ascii=False))
+        self.store.put_subscription(record)
+        return (record, self.store.notification_bounds(owner, name)), plans
 
     def _parse(self, text: str) -> ast.Document:
         size = len(text.encode("utf-8", "surrogatepass"))
@@ -374,10 +393,10 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
                               reason("TIME_FRAME_TOO_LONG", format_span(frame),
                                      format_span(longest)))
 
-    async def _resume_at(self, record: SubscriptionRecord, token: str) -> int:
-        """The position to send after: the token's, or (none) before the oldest kept entry."""
-        first, head = await asyncio.to_thread(self.store.notification_bounds, record.owner,
-                                              record.name)
+    def _resume_at(self, record: SubscriptionRecord, token: str, bounds: tuple[int, int]) -> int:
+        """The position to send after: the token's, or (none) before the oldest kept entry
+        (``bounds``: the log's, first kept and head)."""
+        first, head = bounds
         if not token:
             return max(0, first - 1)
         try:
@@ -396,16 +415,6 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
                           f"{self.config.retention:,}); what followed it was trimmed — "
                           "subscribe without a token to start at the oldest kept")
         return position
-
-    async def _info(self, record: SubscriptionRecord) -> Any:
-        first, head = await asyncio.to_thread(self.store.notification_bounds, record.owner,
-                                              record.name)
-        summaries = json.loads(record.plans) if record.plans else []
-        return mediator_pb2.ProfileInfo(
-            name=record.name, text=record.text, owner=record.owner,
-            profiles=[s["profile"] for s in summaries], created_us=record.created_us,
-            log_first=first if first <= head else 0, log_head=head,
-            plans=[f"{s['profile']}: {s['kind']}, {', '.join(s['services'])}" for s in summaries])
 
     def _newest_time(self) -> int | None:
         newest = self.pipeline.newest()
@@ -499,6 +508,16 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
         return pair, event.time
 
 
+def _profile_info(record: SubscriptionRecord, bounds: tuple[int, int]) -> Any:
+    first, head = bounds
+    summaries = json.loads(record.plans) if record.plans else []
+    return mediator_pb2.ProfileInfo(
+        name=record.name, text=record.text, owner=record.owner,
+        profiles=[s["profile"] for s in summaries], created_us=record.created_us,
+        log_first=first if first <= head else 0, log_head=head,
+        plans=[f"{s['profile']}: {s['kind']}, {', '.join(s['services'])}" for s in summaries])
+
+
 def _loose_id(line: str) -> str:
     """The id of a malformed event, when its JSON has one (for the dead letter)."""
     try:
@@ -530,7 +549,10 @@ def _longest_frame(expr: ast.Expr) -> int | None:
 def _planning_refusal(exc: Exception) -> Refusal:
     """Why a profile could not be planned and subscribed, as a status."""
     from adapters.federation import PushRefused
+    from mediator.pipeline import Stopping
 
+    if isinstance(exc, Stopping):
+        return Refusal(grpc.StatusCode.UNAVAILABLE, str(exc))
     if isinstance(exc, PushRefused):
         return Refusal(grpc.StatusCode.FAILED_PRECONDITION, f"the profile could not be "
                        f"subscribed: {exc}")

@@ -24,7 +24,7 @@ from eva.notify import composite_line
 from eva.parser import parse
 from eva.printer import to_text
 from examples.logistics.generate import day
-from mediator.metrics import Metrics
+from mediator.metrics import STATE_PARTS, Metrics
 from mediator.pipeline import OWN_FEED, Pipeline
 from mediator.store.base import Store, SubscriptionRecord
 from mediator.store.sqlite import SqliteStore
@@ -392,3 +392,112 @@ def test_a_failing_service_stops_the_thread_and_says_why(store: Store) -> None:
         time.sleep(0.01)
     assert isinstance(pipeline.error, ConnectionError) and pipeline.position == 0
     pipeline.stop()
+
+
+class Unreachable(InProcessLink):
+    """A service out of reach: publish waits until the link is closed (as a RemoteLink
+    reconnecting without end does), or — ``deaf`` — for good."""
+
+    def __init__(self, info: ServiceInfo, *, deaf: bool = False) -> None:
+        super().__init__(info, language("cg2"))
+        self.deaf = deaf
+        self.closed = threading.Event()
+        self.waiting = threading.Event()
+
+    def publish(self, events: Any, until: int | None = None) -> Any:
+        self.waiting.set()
+        if self.deaf:
+            threading.Event().wait()
+        self.closed.wait()
+        raise ConnectionError("the link to the jams service was closed")
+
+    def close(self) -> None:
+        self.closed.set()
+        super().close()
+
+
+@pytest.mark.parametrize("deaf", [False, True])
+def test_stop_cuts_short_a_batch_waiting_on_a_service_and_a_restart_evaluates_it(
+        store: Store, deaf: bool) -> None:
+    """stop() within its bound whatever the service does: the batch waiting on it is cut short
+    by closing the links (a stop, not a failure; nothing appended), an add waiting behind it
+    is refused, and the event log keeps the batch for the next start — which evaluates it."""
+    text = document("P1")
+    stuck = links()
+    stuck["jams"] = Unreachable(stuck["jams"].info, deaf=deaf)
+    pipeline = Pipeline(store, stuck)
+    pipeline.start()
+    subscribe(pipeline, store, "s", text)
+    store.append_events(lines(DAY))
+    pipeline.wake()
+    assert stuck["jams"].waiting.wait(30)  # type: ignore[attr-defined]
+    refused: list[BaseException] = []
+
+    def add() -> None:
+        try:
+            subscribe(pipeline, store, "late", text)
+        except ConnectionError as exc:
+            refused.append(exc)
+
+    adding = threading.Thread(target=add)
+    adding.start()
+    started = time.monotonic()
+    pipeline.stop(timeout=0.5)
+    assert time.monotonic() - started < 0.5 + 3 * 1.0 + 1  # timeout + 3 CUTs, and slack
+    adding.join(5)
+    assert refused and "stopping" in str(refused[0])
+    assert pipeline.error is None and pipeline.position == 0
+    assert logged(store, "alice", "s") == []
+    again = Pipeline(store, links())
+    again.start()
+    again.stop(timeout=60)
+    assert logged(store, "alice", "s") == replayed(text, DAY)
+
+
+def at_second(ident: str, kind: str, second: int) -> dict[str, Any]:
+    from datetime import UTC, datetime, timedelta
+
+    when = datetime(2026, 3, 2, tzinfo=UTC) + timedelta(seconds=second)
+    return {"specversion": "1.0", "id": ident, "source": "s", "type": kind,
+            "time": when.isoformat().replace("+00:00", "Z")}
+
+
+def measured(root: Path, triples: int) -> tuple[float | None, float | None, dict[str, float]]:
+    """A SQL service observing everything, one relaxed profile (SQL has no 2_dup: every (A; B)
+    within 3 s is its answer, the post-filter keeps the second B's), ``triples`` of a, b, b a
+    second apart, closed by an event much later: (composites out, post-filter drops, the peak
+    of each part of the state gauge as read after each chunk of the trace)."""
+    root.mkdir()
+    store = SqliteStore(root / "evamed.db")
+    metrics = Metrics()
+    sql = InProcessLink(ServiceInfo("sql", "cg3", PRESETS["cg3"], Coverage()), language("cg3"))
+    pipeline = Pipeline(store, {"sql": sql}, metrics=metrics, batch=30)
+    pipeline.start()
+    subscribe(pipeline, store, "q", 'class A = type == "a"\nclass B = type == "b"\n'
+              "profile Q = ((all_dup(A); 2_dup(B))_3s)_all_pairs\n")
+    events = [at_second(f"e{i}", "abb"[i % 3], i) for i in range(3 * triples)]
+    events.append(at_second("end", "c", 3 * triples + 1000))
+    peak: dict[str, float] = {}
+    sample = metrics.registry.get_sample_value
+    for at in range(0, len(events), 30):
+        store.append_events(lines(events[at:at + 30]))
+        pipeline.wake()
+        settle(pipeline, store)
+        for part in STATE_PARTS:
+            peak[part] = max(peak.get(part, 0.0), sample("evamed_state_size", {"part": part})
+                             or 0.0)
+    pipeline.stop()
+    store.close()
+    return (sample("evamed_composites_out_total"),
+            sample("evamed_post_filter_drops_total", {"service": "sql"}), peak)
+
+
+def test_the_post_filter_drops_and_the_state_gauge(tmp_path: Path) -> None:
+    """Each triple's (a, first b) is the one answer the post-filter drops: counted exactly,
+    under the service's name. The state gauge's peaks are the same for ten times the events
+    (a complexity check, not a timing)."""
+    small = measured(tmp_path / "small", 40)
+    large = measured(tmp_path / "large", 400)
+    assert small[:2] == (40, 40) and large[:2] == (400, 400)
+    assert large[2] == small[2], (small[2], large[2])
+    assert small[2]["checks"] >= 1 and small[2]["engines"] == 1, small[2]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -36,6 +37,7 @@ from adapters.federation import PushRefused
 from eva import ast
 from eva.parser import parse
 from mediator import logs
+from mediator.client import MediatorClient
 from mediator.config import Config, Limits, Tls
 from mediator.delivery import RateLimit, TokenError, resume_token, token_position
 from mediator.security import add_client, revoke_client
@@ -43,8 +45,9 @@ from mediator.server import Running, serve
 from mediator.store.base import Store, SubscriptionRecord
 from mediator.store.sqlite import SqliteStore
 from mediator.wire import SERVICE_NAME, mediator_pb2, mediator_pb2_grpc
-from tests.helpers import SENTINEL, logistics_day
+from tests.helpers import SENTINEL, Reader, logistics_day
 from tests.servers import free_port
+from tests.test_service_e2e import Process, cli
 from transforms.plans import Plan
 
 PROFILE = ('class A = type == "a"\nclass B = type == "b"\n'
@@ -68,8 +71,8 @@ class Pipeline:
     def start(self) -> None: ...
     def stop(self, timeout: float = 5.0) -> None: ...
 
-    def add(self, record: SubscriptionRecord) -> list[Plan]:
-        doc = parse(record.text)
+    def add(self, record: SubscriptionRecord, doc: ast.Document | None = None) -> list[Plan]:
+        doc = doc if doc is not None else parse(record.text)
         if any(p.name == "Refused" for p in doc.profiles):
             raise PushRefused("the service refused the query Refused")
         self.live[(record.owner, record.name)] = record
@@ -562,7 +565,7 @@ def test_metrics_endpoint_serves_the_counters(tmp_path: Path) -> None:
         assert samples[lag] == 0
         assert samples["evamed_notifications_delivered_total"] == 3
         for name in ("evamed_composites_out_total", "evamed_composer_batch_seconds_count",
-                     "evamed_state_size"):
+                     'evamed_state_size{part="held"}'):
             assert name in samples
     finally:
         m.close()
@@ -652,6 +655,72 @@ def test_health_goes_not_serving_when_the_mediator_stops(tmp_path: Path) -> None
     assert time.monotonic() - started < 5
     m.channel.close()
     m.store.close()
+
+
+def _signalled(process: Process, *gaps: float) -> tuple[int, float]:
+    """Send SIGTERM, then once more after each of ``gaps`` seconds; the exit status and the
+    seconds from the last signal to the exit."""
+    assert process.proc is not None
+    process.proc.send_signal(signal.SIGTERM)
+    for gap in gaps:
+        time.sleep(gap)
+        process.proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    status = process.proc.wait(timeout=30)
+    return status, time.monotonic() - sent
+
+
+@pytest.mark.xdist_group("service")
+def test_sigterm_stops_within_seconds_while_a_base_service_is_down(tmp_path: Path) -> None:
+    """``evamed serve`` over a real base service that is SIGKILLed, an event for it published:
+    the pipeline waits on the service (its link reconnects without end), yet SIGTERM stops the
+    mediator within a few seconds with status 0; a second signal ends it at once. The event log
+    kept what was accepted: with the service back, a restart evaluates it."""
+    service = Process("base-service", "--group", "cg2", "--listen", "127.0.0.1:0")
+    mediator: Process | None = None
+    try:
+        config = tmp_path / "mediator.toml"
+        config.write_text(f'listen = "127.0.0.1:{free_port()}"\n'
+                          f'store = "sqlite:///{tmp_path / "m.db"}"\nlog_level = "INFO"\n'
+                          f'[[services]]\nname = "traffic"\ngroup = "cg2"\n'
+                          f'address = "{service.address}"\ntypes = ["traffic.*"]\n')
+        token = cli("clients", "add", "alice", "--config", str(config)).strip()
+        mediator = Process("serve", "--config", str(config))
+
+        def publish_pair(jam: int) -> None:
+            """A jam, and a later event that completes its instant."""
+            sent = [event(f"j{jam}", jam, kind="traffic.jam"),
+                    event(f"f{jam}", jam + 1, kind="traffic.x")]
+            with MediatorClient(mediator.address, token) as client:
+                assert client.publish(sent).accepted == 2
+
+        with MediatorClient(mediator.address, token) as client:
+            assert client.add_profile('class J = type == "traffic.jam"\nprofile P = J\n'
+                                      ).plans == ("P: equivalent, traffic",)
+        service.kill()
+        publish_pair(1)
+        time.sleep(0.3)  # the pipeline waits on the service
+        status, seconds = _signalled(mediator)
+        assert (status, seconds < 5) == (0, True), seconds
+
+        service.start()  # on its port
+        mediator.start()
+        service.kill()
+        publish_pair(3)
+        time.sleep(0.3)
+        status, seconds = _signalled(mediator, 0.3)
+        assert (status, seconds < 1.5) == (128 + signal.SIGTERM, True), seconds
+
+        service.start()
+        mediator.start()
+        with MediatorClient(mediator.address, token) as client:
+            notes = Reader(client.subscribe(name="P")).wait_for(2)
+            time.sleep(0.3)  # nothing more comes
+            assert [n.cloudevent["data"]["constituents"] for n in notes] == [["j1"], ["j3"]]
+    finally:
+        for process in (mediator, service):
+            if process is not None:
+                process.stop()
 
 
 # ------------------------------------------------------------------ fuzz

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -197,6 +198,53 @@ def test_subscriptions_are_stored_listed_and_updated_without_losing_their_log(
     store.put_subscription(subscription(start=9))             # replanned: the log stays
     assert store.subscription("ann", "P1") == subscription(start=9)
     assert positions(store) == [1, 2]
+
+
+def test_count_subscriptions_counts_each_owners_once_and_follows_deletes(store: Store) -> None:
+    assert store.count_subscriptions("ann") == 0
+    for name in ("P1", "P2", "a:b%c"):
+        store.put_subscription(subscription("ann", name))
+    store.put_subscription(subscription("ann", "P1", start=5))   # replaced: counted once
+    store.put_subscription(subscription("a:b", "P1"))            # another owner, a ':' in it
+    assert store.count_subscriptions("ann") == 3 == len(store.subscriptions("ann"))
+    assert store.count_subscriptions("a:b") == 1 and store.count_subscriptions("a") == 0
+    assert store.delete_subscription("ann", "a:b%c") and not store.delete_subscription("ann", "x")
+    assert store.count_subscriptions("ann") == 2
+    assert [r.name for r in store.subscriptions("ann")] == ["P1", "P2"]
+
+
+def test_sqlite_counts_the_subscriptions_of_a_file_written_before_the_counts(
+        tmp_path: Path) -> None:
+    """A file whose layout predates the counts table gets it (filled) when opened."""
+    store = SqliteStore(tmp_path / "old.db")
+    for owner, name in (("ann", "P1"), ("ann", "P2"), ("bob", "P1")):
+        store.put_subscription(subscription(owner, name))
+    store.close()
+    db = sqlite3.connect(tmp_path / "old.db")
+    db.executescript("DROP TRIGGER owners_in; DROP TRIGGER owners_out; DROP TABLE owners;")
+    db.close()
+    store = SqliteStore(tmp_path / "old.db")
+    assert store.count_subscriptions("ann") == 2 and store.count_subscriptions("bob") == 1
+    store.put_subscription(subscription("bob", "P2"))
+    assert store.count_subscriptions("bob") == 2
+    store.close()
+
+
+def test_redis_counts_the_subscriptions_of_a_store_written_before_the_counts(
+        redis_url: str) -> None:
+    """A store whose layout predates the per-owner sets gets them when opened."""
+    store = RedisStore(redis_url)
+    for owner, name in (("ann", "P1"), ("ann", "P2"), ("b:o", "x:y")):
+        store.put_subscription(subscription(owner, name))
+    raw = redis.Redis.from_url(redis_url)
+    raw.delete(*raw.keys("evamed:owned:*"))
+    raw.hdel("evamed:meta", "store.owners-indexed")
+    store.close()
+    store = RedisStore(redis_url)
+    assert store.count_subscriptions("ann") == 2 and store.count_subscriptions("b:o") == 1
+    assert [r.name for r in store.subscriptions("b:o")] == ["x:y"]
+    store.close()
+    raw.close()
 
 
 def test_delete_subscription_removes_its_log_and_its_ids(store: Store) -> None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from mediator.cli.common import fail
+from mediator.cli.common import fail, require_java
 
 if TYPE_CHECKING:
     from mediator.server import Served
@@ -61,6 +61,8 @@ def serve(
         settings = load(config, options={k: v for k, v in options.items() if v is not None})
     except ConfigError as exc:
         fail(str(exc), one_line=True)
+    if settings.composer == "spark":
+        require_java()  # the pipeline starts Spark before it serves
     logs.setup(settings.log_json, settings.log_level)
 
     def ready(served: Served) -> None:

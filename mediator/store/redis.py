@@ -9,7 +9,9 @@ client or subscription name cannot run into the next part):
   replaced token finds nothing).
 * ``sub:<owner>:<name>`` — a hash per subscription record, plus ``head`` (the notification
   log's last position, never reset by trimming) and ``kept`` (the retention of the last trim);
-  ``subs`` — the set of ``<owner>:<name>``.
+  ``subs`` — the set of ``<owner>:<name>``; ``owned:<owner>`` — the set of the owner's
+  ``<name>`` s (its count is the limit per client's, SCARD; a store written before these sets
+  were kept gets them from ``subs`` when opened, once, as one script).
 * ``events`` — the event log, a stream with ids ``<position>-0``; ``events:head`` its counter.
 * ``log:<owner>:<name>`` — the notification log, a stream with ids ``<position>-0``;
   ``ids:<owner>:<name>`` — the set of its composite ids (the dedupe; not trimmed with the log).
@@ -78,6 +80,22 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], 'kept', ARGV[1])
 return redis.call('XTRIM', KEYS[2], 'MAXLEN', ARGV[1])
 """
+
+# KEYS: meta, subs. ARGV: the meta field marking it done, the prefix of the owned sets.
+# Fills the per-owner sets from `subs` once, atomically (a put or delete running meanwhile
+# waits). Members are <owner>:<name> percent-encoded, so the first ':' ends the owner.
+_INDEX_OWNERS = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
+local members = redis.call('SMEMBERS', KEYS[2])
+for _, member in ipairs(members) do
+  local colon = string.find(member, ':', 1, true)
+  redis.call('SADD', ARGV[2] .. string.sub(member, 1, colon - 1), string.sub(member, colon + 1))
+end
+redis.call('HSET', KEYS[1], ARGV[1], 1)
+return #members
+"""
+OWNERS_INDEXED = "store.owners-indexed"
+"""The ``meta`` field saying the ``owned:<owner>`` sets are complete."""
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -175,6 +193,13 @@ class RedisStore:
         self._append_events = self._redis.register_script(_APPEND_EVENTS)
         self._append_notifications = self._redis.register_script(_APPEND_NOTIFICATIONS)
         self._trim_notifications = self._redis.register_script(_TRIM_NOTIFICATIONS)
+        try:
+            self._redis.register_script(_INDEX_OWNERS)(
+                keys=[self._k("meta"), self._k("subs")], args=[OWNERS_INDEXED, self._k("owned:")])
+        except redis.RedisError as exc:
+            self._redis.close()
+            raise StoreError(f"cannot open the Redis store at {self.where} "
+                             f"(prefix {self.prefix!r}): {exc}") from None
 
     def _k(self, kind: str, *names: str) -> str:
         return self.prefix + kind + (":" + _names(*names) if names else "")
@@ -226,6 +251,7 @@ class RedisStore:
                 "start_time": "" if record.start_time is None else record.start_time,
                 "plans": record.plans})
             tx.sadd(self._k("subs"), _names(record.owner, record.name))
+            tx.sadd(self._k("owned", record.owner), _names(record.name))
             tx.execute()
 
     @_failures
@@ -240,10 +266,18 @@ class RedisStore:
 
     @_failures
     def subscriptions(self, owner: str | None = None) -> list[SubscriptionRecord]:
-        pairs = sorted(tuple(unquote(part) for part in _text(member).split(":"))
-                       for member in self._redis.smembers(self._k("subs")))
-        return [record for who, name in pairs if owner is None or who == owner
+        if owner is None:
+            pairs = sorted(tuple(unquote(part) for part in _text(member).split(":"))
+                           for member in self._redis.smembers(self._k("subs")))
+        else:
+            pairs = sorted((owner, unquote(_text(member)))
+                           for member in self._redis.smembers(self._k("owned", owner)))
+        return [record for who, name in pairs
                 if (record := self.subscription(who, name)) is not None]
+
+    @_failures
+    def count_subscriptions(self, owner: str) -> int:
+        return int(self._redis.scard(self._k("owned", owner)))
 
     @_failures
     def delete_subscription(self, owner: str, name: str) -> bool:
@@ -251,7 +285,8 @@ class RedisStore:
             tx.delete(self._k("sub", owner, name))
             tx.delete(self._k("log", owner, name), self._k("ids", owner, name))
             tx.srem(self._k("subs"), _names(owner, name))
-            deleted, _, _ = tx.execute()
+            tx.srem(self._k("owned", owner), _names(name))
+            deleted, *_ = tx.execute()
         return bool(deleted)
 
     # -- the event log

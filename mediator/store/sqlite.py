@@ -59,6 +59,18 @@ CREATE TABLE IF NOT EXISTS notification_ids (
     PRIMARY KEY (owner, name, composite_id)) WITHOUT ROWID;
 """
 
+# Each owner's count of subscriptions (the limit per client), kept by triggers, so any writer
+# (another process too) keeps it; a file written before it existed is counted once when opened.
+_COUNTS = (
+    "CREATE TABLE owners (owner TEXT PRIMARY KEY, subscriptions INTEGER NOT NULL)",
+    "INSERT INTO owners SELECT owner, COUNT(*) FROM subscriptions GROUP BY owner",
+    "CREATE TRIGGER owners_in AFTER INSERT ON subscriptions BEGIN INSERT INTO owners "
+    "VALUES (NEW.owner, 1) ON CONFLICT (owner) DO UPDATE SET subscriptions = subscriptions + 1; "
+    "END",
+    "CREATE TRIGGER owners_out AFTER DELETE ON subscriptions BEGIN UPDATE owners "
+    "SET subscriptions = subscriptions - 1 WHERE owner = OLD.owner; END",
+)
+
 _SUBSCRIPTION = "owner, name, text, created_us, start_position, start_time, plans"
 
 
@@ -86,6 +98,9 @@ class SqliteStore:
             with self._write() as db:
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
+                        db.execute(statement)
+                if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'owners'").fetchone():
+                    for statement in _COUNTS:
                         db.execute(statement)
                 row = db.execute("SELECT version FROM schema_version").fetchone()
                 if row is None:
@@ -167,6 +182,10 @@ class SqliteStore:
             rows = self._read(f"SELECT {_SUBSCRIPTION} FROM subscriptions WHERE owner = ? "
                               "ORDER BY name", (owner,))
         return [SubscriptionRecord(*row) for row in rows]
+
+    def count_subscriptions(self, owner: str) -> int:
+        rows = self._read("SELECT subscriptions FROM owners WHERE owner = ?", (owner,))
+        return int(rows[0][0]) if rows else 0
 
     def delete_subscription(self, owner: str, name: str) -> bool:
         with self._write() as db:
