@@ -331,7 +331,7 @@ def test_explain_shows_the_native_query_each_service_is_asked(files: tuple[Path,
 def test_explain_over_a_configuration_shows_which_service_evaluates_what(
         files: tuple[Path, Path], tmp_path: Path) -> None:
     """`explain --config`: the plan a mediator with these services would subscribe, offline —
-    S goes whole to the service that observes both types, each primitive of N to its own."""
+    S goes whole to the service that observes both types."""
     profiles, _ = files
     config = tmp_path / "m.toml"
     config.write_text('[[services]]\nname = "as"\ngroup = "cg1"\ntypes = ["a"]\n\n'
@@ -339,7 +339,7 @@ def test_explain_over_a_configuration_shows_which_service_evaluates_what(
     result = runner.invoke(app, ["explain", "--profiles", str(profiles), "--config", str(config),
                                  "--format", "json"])
     assert result.exit_code == 0, result.output
-    s, n = json.loads(result.stdout)
+    s = json.loads(result.stdout)[0]
     assert s["root"]["service"] == "both" and "covered by both" in s["root"]["why"]
     text = runner.invoke(app, ["explain", "--profiles", str(profiles), "--config", str(config)])
     assert "service both evaluates" in text.stdout
