@@ -20,8 +20,8 @@ from pathlib import Path
 
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine import keyed_trace, per_document  # a sibling script, not a package
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
+from benchmarks.engine import keyed_trace, per_document
 
 
 def _write_events(path: Path, n: int) -> None:
