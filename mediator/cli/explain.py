@@ -115,7 +115,7 @@ def _explain_over(path: Path, doc: Any, only: list[str] | None, format: Output) 
     try:
         services = [service_info(s) for s in load_config(path).services]
     except (ConfigError, OSError) as exc:
-        fail(str(exc))
+        fail(str(exc), one_line=True)
     plans = [plan_federated(p, doc, services, live=True) for p in doc.profiles
              if not only or p.name in only]
     render = service_renderer(((s.name, s.group) for s in services), doc)
