@@ -56,6 +56,24 @@ class SinkCounts:
     refused: int = 0    # not a composite CloudEvent (logged)
 
 
+def check_sink(topic: str, mode: str, protocol: str) -> None:
+    """ValueError unless ``topic`` is a template with ``{profile}`` and ``{partition}`` only and
+    no wildcard, and ``mode`` is one of :data:`MODES` that ``protocol`` can carry."""
+    if mode not in MODES:
+        raise ValueError(f"found mode {mode!r}, expected one of {', '.join(MODES)}")
+    if mode == "binary" and protocol != "5":
+        raise ValueError("the binary mode needs MQTT 5 (its attributes travel as user "
+                         f"properties, which MQTT {protocol} has not); use mode 'structured'")
+    try:
+        topic.format(profile="p", partition="q")
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(f"found topic template {topic!r}, expected text with {{profile}} "
+                         f"and {{partition}} only ({exc})") from None
+    if "+" in topic or "#" in topic:
+        raise ValueError(f"found topic template {topic!r}: a topic to publish to has no "
+                         "wildcard ('+', '#')")
+
+
 class MqttSink:
     """Publishes composite CloudEvents to a broker (see the module docstring).
 
@@ -66,20 +84,7 @@ class MqttSink:
                  topic: str = "evamed/{profile}/{partition}", mode: str = "structured",
                  profiles: Collection[str] | None = None, mediator: str = "evamed",
                  timeout: float = 30.0) -> None:
-        if mode not in MODES:
-            raise ValueError(f"found mode {mode!r}, expected one of {', '.join(MODES)}")
-        if mode == "binary" and settings.protocol != "5":
-            raise ValueError("the binary mode needs MQTT 5 (its attributes travel as user "
-                             f"properties, which MQTT {settings.protocol} has not); use "
-                             "mode 'structured'")
-        try:
-            topic.format(profile="p", partition="q")
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(f"found topic template {topic!r}, expected text with {{profile}} "
-                             f"and {{partition}} only ({exc})") from None
-        if "+" in topic or "#" in topic:
-            raise ValueError(f"found topic template {topic!r}: a topic to publish to has no "
-                             "wildcard ('+', '#')")
+        check_sink(topic, mode, settings.protocol)
         self.name = name
         self.topic = topic
         self.mode = mode
@@ -170,4 +175,4 @@ def _canonical(value: Any) -> str:
     return str(value)
 
 
-__all__ = ["MODES", "MqttSink", "SinkCounts", "topic_level"]
+__all__ = ["MODES", "MqttSink", "SinkCounts", "check_sink", "topic_level"]

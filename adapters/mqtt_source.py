@@ -110,6 +110,7 @@ class MqttSource(InProcessLink):
         self.remember = remember
         self.counts = SourceCounts()
         self._selections: dict[Handle, Selection] = {}
+        self._wants: dict[str, tuple[str, ...]] = {}  # want(): filters asked for others
         self._wanted: list[str] = []
         self._known: set[str] = set(known_filters)  # may be subscribed at the broker
         self._lock = threading.Lock()
@@ -130,9 +131,11 @@ class MqttSource(InProcessLink):
         self._worker.start()
         self.connection.start()
 
-    def close(self) -> None:
+    def stop(self) -> None:
         """Stop taking messages and disconnect; the broker keeps the session and its
-        subscriptions (for its expiry), so what is published meanwhile waits there."""
+        subscriptions (for its expiry), so what is published meanwhile waits there. The link
+        still evaluates (the mediator drains its pipeline after this); queries unsubscribed
+        from now on ask nothing of the broker."""
         with self._lock:
             self._closing = True
         self._stop.set()
@@ -140,6 +143,10 @@ class MqttSource(InProcessLink):
         self._queue.put(None)
         if self._worker.is_alive():
             self._worker.join(10)
+
+    def close(self) -> None:
+        """:meth:`stop`, and the link closed."""
+        self.stop()
         super().close()
 
     def status(self) -> str:
@@ -171,6 +178,17 @@ class MqttSource(InProcessLink):
         return (f"{self.info.name}: the broker filters topics {at_broker} ({chosen.why}); the "
                 f"mediator evaluates {text} on what arrives")
 
+    def want(self, key: str, filters: Sequence[str]) -> None:
+        """Ask the broker for ``filters`` on ``key``'s behalf too (empty: no longer): the topics
+        of classes this broker can feed that are evaluated elsewhere — at another link whose
+        coverage overlaps this one's, or at another service. The link evaluates nothing for
+        them; their events go to the event log, and from there wherever they are planned."""
+        if filters:
+            self._wants[key] = tuple(filters)
+        elif self._wants.pop(key, None) is None:
+            return
+        self._update()
+
     @property
     def topic_filters(self) -> list[str]:
         """What the broker is asked for (pairwise disjoint)."""
@@ -180,7 +198,8 @@ class MqttSource(InProcessLink):
         with self._lock:
             if self._closing:
                 return  # the broker keeps the subscriptions while the mediator is away
-            wanted = disjoint(f for s in self._selections.values() for f in s.filters)
+            wanted = disjoint([*(f for s in self._selections.values() for f in s.filters),
+                               *(f for fs in self._wants.values() for f in fs)])
             if wanted == self._wanted:
                 return
             added = [f for f in wanted if f not in self._wanted]

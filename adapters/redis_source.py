@@ -84,8 +84,9 @@ BACKOFF_MAX = 2.0
 """Seconds between reconnection attempts at most (exponential from 50 ms, with jitter)."""
 MAX_IN_FLIGHT = 10_000
 """Entries handed to ``ingest`` and not yet acknowledged at most: the reader waits beyond."""
-_KEYS = {"name", "kind", "url", "streams", "rules", "payload_field", "cloudevent_field", "group", "consumer",
+KEYS = {"name", "kind", "url", "streams", "rules", "payload_field", "cloudevent_field", "group", "consumer",
          "start", "count", "block", "claim_idle", "sources", "types"}
+"""The keys of a Redis source's table (mediator/config.py lists them in its documentation)."""
 
 
 @dataclass(frozen=True)
@@ -138,10 +139,10 @@ def parse_config(name: str, raw: Mapping[str, Any]) -> RedisSourceConfig:
 
     MappingConfigError names the source, the key, what was found and what is expected."""
     where = f"source {name!r}"
-    unknown = sorted(set(raw) - _KEYS)
+    unknown = sorted(set(raw) - KEYS)
     if unknown:
         raise MappingConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; a Redis source "
-                                 f"has {', '.join(sorted(_KEYS))}")
+                                 f"has {', '.join(sorted(KEYS))}")
     if raw.get("kind", "redis") != "redis":
         raise MappingConfigError(f"{where}: kind is {brief_repr(raw.get('kind'))}, expected "
                                  "'redis' for a Redis Streams source")
@@ -357,9 +358,15 @@ class RedisSource(InProcessLink):
         self._thread.start()
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop reading (within ``block`` seconds; acknowledgements given by then are sent) and
-        close the link. What was handed to ``ingest`` and not acknowledged stays pending: the
-        next start (or another consumer) takes it in again."""
+        """:meth:`stop`, and the link closed."""
+        self.stop(timeout)
+        super().close()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop reading (within ``block`` seconds; acknowledgements given by then are sent); the
+        link still evaluates (the mediator drains its pipeline after this). What was handed to
+        ``ingest`` and not acknowledged stays pending: the next start (or another consumer)
+        takes it in again."""
         self._stopping.set()
         with self._lock:
             self._lock.notify_all()
@@ -368,7 +375,6 @@ class RedisSource(InProcessLink):
             if self._thread.is_alive():
                 log.warning("Redis source %s: the reader did not stop within %g s",
                             self.info.name, timeout)
-        super().close()
 
     def status(self) -> str:
         return "SERVING" if self._connected.is_set() else "CONNECTING"

@@ -15,16 +15,26 @@ import json
 import os
 import re
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eva.units import format_span, parse_span
+
+if TYPE_CHECKING:
+    from adapters.mapping import Mapping as EventMapping
+    from adapters.mqtt import BrokerSettings
+    from adapters.mqtt import Tls as BrokerTls
+    from adapters.redis_source import RedisSourceConfig
+    from transforms.federated import Coverage, ServiceInfo
 
 DEFAULT_LISTEN = "127.0.0.1:50060"
 COMPOSERS = ("inprocess", "spark")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+SOURCE_KINDS = ("mqtt", "redis")
+SINK_MODES = ("structured", "binary")
+DEFAULT_SINK_TOPIC = "evamed/{profile}/{partition}"
 RESERVED_SERVICE = "mediator"
 """The name notifications give the mediator's own feed (Publish): no service may take it."""
 
@@ -67,6 +77,40 @@ class ServiceConfig:
 
 
 @dataclass(frozen=True)
+class MqttSourceConfig:
+    """An MQTT broker as a source (``[[sources]]`` with ``kind = "mqtt"``; docs/sources.md):
+    its broker settings, its mapping, the QoS of its subscriptions and, if the configuration
+    states one, its coverage (default: the mapping's)."""
+
+    name: str
+    broker: BrokerSettings
+    mapping: EventMapping
+    qos: int = 1
+    coverage: Coverage | None = None
+
+    def info(self) -> ServiceInfo:
+        """What the planner knows of it: a CG-0 service observing what its mapping produces
+        (or the coverage stated) — as :class:`adapters.mqtt_source.MqttSource` reports."""
+        from transforms.capability import CG0
+        from transforms.federated import ServiceInfo
+
+        return ServiceInfo(self.name, "cg0", CG0, self.coverage or self.mapping.coverage())
+
+
+@dataclass(frozen=True)
+class SinkConfig:
+    """Composites to an MQTT broker (``[[sinks]]``; docs/sources.md). ``profiles``: entries
+    ``owner/name`` (every composite of that subscription) or a profile's name (its composites
+    in every subscription); empty: every subscription's."""
+
+    name: str
+    broker: BrokerSettings
+    topic: str = DEFAULT_SINK_TOPIC
+    mode: str = "structured"
+    profiles: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Config:
     listen: str = DEFAULT_LISTEN
     store: str = "sqlite://evamed.db"
@@ -82,6 +126,8 @@ class Config:
     limits: Limits = field(default_factory=Limits)
     tls: Tls = field(default_factory=Tls)
     services: tuple[ServiceConfig, ...] = ()
+    sources: tuple[MqttSourceConfig | RedisSourceConfig, ...] = ()
+    sinks: tuple[SinkConfig, ...] = ()
 
 
 # ---------------------------------------------------------------- converters
@@ -179,6 +225,46 @@ def _patterns(value: Any, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _port(value: Any, where: str) -> int:
+    port: int = _whole(1)(value, where)
+    if port > 65535:
+        raise ConfigError(f"{where}: found {value!r}, expected a port from 1 to 65535")
+    return port
+
+
+def _protocol(value: Any, where: str) -> str:
+    """MQTT ``"5"`` or ``"3.1.1"`` (TOML may write the first as the number 5)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    text: str = _choice(("5", "3.1.1"))(value, where)
+    return text
+
+
+def _seconds(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e6:
+        raise ConfigError(f"{where}: found {value!r}, expected a number of seconds > 0")
+    return float(value)
+
+
+def _broker_tls(value: Any, where: str) -> BrokerTls:
+    from adapters.mqtt import Tls as BrokerTls
+
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: found {value!r}, expected a table {{ca_file = …, cert_file "
+                          "= …, key_file = …, insecure = false} ({}: TLS with the system's CAs)")
+    _known(value, ["ca_file", "cert_file", "key_file", "insecure"], where, "")
+    files = {k: _text(value[k], f"{where}.{k}") for k in ("ca_file", "cert_file", "key_file")
+             if k in value}
+    return BrokerTls(**files, insecure=_flag(value.get("insecure", False), f"{where}.insecure"))
+
+
+def _names(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(p, str) and p.strip() for p in value):
+        raise ConfigError(f"{where}: found {value!r}, expected a list of subscriptions "
+                          "(\"owner/name\") and profile names")
+    return tuple(value)
+
+
 # ---------------------------------------------------------------- the keys
 
 _TOP: dict[str, Convert] = {
@@ -195,6 +281,23 @@ _SECTIONS: dict[str, tuple[type, dict[str, Convert]]] = {
 }
 _SERVICE: dict[str, Convert] = {"name": _text, "group": _text, "address": _text,
                                 "sources": _patterns, "types": _patterns}
+_BROKER: dict[str, Convert] = {
+    "host": _text, "port": _port, "protocol": _protocol, "client_id": _text, "username": _text,
+    "password": _text, "tls": _broker_tls, "keepalive": _whole(1), "session_expiry": _whole(0),
+    "backoff_initial": _seconds, "backoff_max": _seconds, "connect_timeout": _seconds}
+"""An MQTT broker's settings (adapters.mqtt.BrokerSettings), in a source's or a sink's table."""
+_MQTT_SOURCE = ("name", "kind", "rules", "qos", "sources", "types", *_BROKER)
+"""The keys of an MQTT source's table (:func:`_mqtt_source` reads them)."""
+_SINK: dict[str, Convert] = {"name": _text, "kind": _choice(("mqtt",)), "topic": _text,
+                             "mode": _choice(SINK_MODES), "profiles": _names, **_BROKER}
+_LISTS = ("services", "sources", "sinks")
+
+
+def _source_keys() -> list[str]:
+    """The keys of a ``[[sources]]`` table of either kind (each kind then checks its own)."""
+    from adapters.redis_source import KEYS as REDIS_KEYS
+
+    return list(dict.fromkeys([*_MQTT_SOURCE, *sorted(REDIS_KEYS)]))
 
 
 def env_name(*path: str) -> str:
@@ -204,8 +307,10 @@ def env_name(*path: str) -> str:
 
 def keys() -> list[str]:
     """Every key as written in the file (``limits.rate``), for the docs and their test."""
+    lists = {"services": list(_SERVICE), "sources": _source_keys(), "sinks": list(_SINK)}
     return [*_TOP, *(f"{s}.{k}" for s, (_, table) in _SECTIONS.items() for k in table),
-            "services", *(f"services[].{k}" for k in _SERVICE)]
+            *(key for name, known in lists.items()
+              for key in (name, *(f"{name}[].{k}" for k in known)))]
 
 
 def load(path: Path | None = None, environ: Mapping[str, str] | None = None,
@@ -228,7 +333,7 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None,
                               "file") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: not TOML: {exc}") from None
-    _known(raw, [*_TOP, *_SECTIONS, "services"], origin, "")
+    _known(raw, [*_TOP, *_SECTIONS, *_LISTS], origin, "")
     values: dict[str, Any] = {}
     for key, convert in _TOP.items():
         value, where = _pick(raw, env, origin, key)
@@ -245,16 +350,10 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None,
             if value is not None:
                 parts[key] = convert(value, where)
         values[section] = kind(**parts)
-    services: Any = raw.get("services", [])
-    where = f"{origin}: services"
-    if env_name("services") in env:
-        where = env_name("services")
-        try:
-            services = json.loads(env[where])
-        except ValueError as exc:
-            raise ConfigError(f"{where}: not JSON ({exc}); expected a list of objects with "
-                              f"the keys {', '.join(_SERVICE)}") from None
-    values["services"] = _services(services, where)
+    values["services"] = _services(_tables(raw, env, origin, "services", list(_SERVICE)))
+    values["sources"] = _sources(_tables(raw, env, origin, "sources", _source_keys()),
+                                 values["services"])
+    values["sinks"] = _sinks(_tables(raw, env, origin, "sinks", list(_SINK)))
     config = Config(**values)
     _check_tls(config.tls, origin)
     return config
@@ -276,28 +375,43 @@ def _pick(table: Mapping[str, Any], env: Mapping[str, str], origin: str,
     return table.get(path[-1]), f"{origin}: {'.'.join(path)}"
 
 
-def _services(value: Any, where: str) -> tuple[ServiceConfig, ...]:
-    from transforms.capability import PRESETS
-
+def _tables(raw: Mapping[str, Any], env: Mapping[str, str], origin: str, key: str,
+            known: list[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The tables of a list key (``[[services]]``, ``[[sources]]``, ``[[sinks]]``) — from its
+    environment variable (a JSON list of objects) if set, else the file — each with where it
+    is (``FILE: sources[2]``), its keys checked against ``known``."""
+    value: Any = raw.get(key, [])
+    where = f"{origin}: {key}"
+    if env_name(key) in env:
+        where = env_name(key)
+        try:
+            value = json.loads(env[where])
+        except ValueError as exc:
+            raise ConfigError(f"{where}: not JSON ({exc}); expected a list of objects with "
+                              f"the keys {', '.join(known)}") from None
     if not isinstance(value, list):
-        raise ConfigError(f"{where}: found {value!r}, expected a list of services ([[services]])")
-    out: list[ServiceConfig] = []
+        raise ConfigError(f"{where}: found {value!r}, expected a list of tables ([[{key}]])")
     for number, item in enumerate(value, 1):
         here = f"{where}[{number}]"
         if not isinstance(item, dict):
             raise ConfigError(f"{here}: found {item!r}, expected a table with the keys "
-                              + ", ".join(_SERVICE))
-        _known(item, list(_SERVICE), here, "")
-        for key in ("name", "group"):
-            if key not in item:
-                raise ConfigError(f"{here}: missing {key}")
+                              + ", ".join(known))
+        _known(item, known, here, "")
+        if "name" not in item:
+            raise ConfigError(f"{here}: missing name")
+        yield here, item
+
+
+def _services(tables: Iterator[tuple[str, dict[str, Any]]]) -> tuple[ServiceConfig, ...]:
+    from transforms.capability import PRESETS
+
+    out: list[ServiceConfig] = []
+    for here, item in tables:
+        if "group" not in item:
+            raise ConfigError(f"{here}: missing group")
         parts = {k: _SERVICE[k](v, f"{here}.{k}") for k, v in item.items()}
         service = ServiceConfig(**parts)
-        if not service.name.strip() or service.name == RESERVED_SERVICE:
-            raise ConfigError(f"{here}.name: found {service.name!r}, expected a name other than "
-                              f"{RESERVED_SERVICE!r} (the mediator's own feed) and not empty")
-        if any(s.name == service.name for s in out):
-            raise ConfigError(f"{here}.name: {service.name!r} is taken by another service")
+        _unique(service.name, here, [s.name for s in out], "service")
         if service.group not in PRESETS:
             raise ConfigError(f"{here}.group: found {service.group!r}, expected one of: "
                               + ", ".join(PRESETS))
@@ -305,6 +419,84 @@ def _services(value: Any, where: str) -> tuple[ServiceConfig, ...]:
             _address(service.address, f"{here}.address")
         out.append(service)
     return tuple(out)
+
+
+def _unique(name: str, here: str, taken: Collection[str], what: str) -> None:
+    """A service's (or source's, sink's) name: not empty, not the mediator's, not taken."""
+    if not name.strip() or name == RESERVED_SERVICE:
+        raise ConfigError(f"{here}.name: found {name!r}, expected a name other than "
+                          f"{RESERVED_SERVICE!r} (the mediator's own feed) and not empty")
+    if name in taken:
+        raise ConfigError(f"{here}.name: {name!r} is taken by another {what}")
+
+
+def _sources(tables: Iterator[tuple[str, dict[str, Any]]],
+             services: tuple[ServiceConfig, ...]) -> tuple[MqttSourceConfig | RedisSourceConfig, ...]:
+    """The ``[[sources]]``: each a link of the pipeline, so its name is a service's name too."""
+    from adapters.mapping import MappingConfigError
+    from adapters.redis_source import parse_config
+
+    out: list[MqttSourceConfig | RedisSourceConfig] = []
+    for here, item in tables:
+        name = _text(item["name"], f"{here}.name")
+        _unique(name, here, [s.name for s in (*services, *out)], "service or source")
+        if "kind" not in item:
+            raise ConfigError(f"{here}: missing kind (one of: {', '.join(SOURCE_KINDS)})")
+        kind = _choice(SOURCE_KINDS)(item["kind"], f"{here}.kind")
+        try:
+            out.append(parse_config(name, item) if kind == "redis"
+                       else _mqtt_source(name, item, here))
+        except MappingConfigError as exc:  # it names the source, the rule, the key
+            raise ConfigError(f"{here}: {exc}") from None
+    return tuple(out)
+
+
+def _mqtt_source(name: str, item: dict[str, Any], here: str) -> MqttSourceConfig:
+    from adapters.mapping import parse_mapping
+    from transforms.federated import Coverage
+
+    _known(item, list(_MQTT_SOURCE), here, "")
+    if "rules" not in item:
+        raise ConfigError(f"{here}: missing rules (the mapping, [[sources.rules]] tables: "
+                          "topic, type, … — docs/sources.md)")
+    coverage = None
+    if "sources" in item or "types" in item:
+        coverage = Coverage(_patterns(item.get("sources", ["*"]), f"{here}.sources"),
+                            _patterns(item.get("types", ["*"]), f"{here}.types"))
+    qos = item.get("qos", 1)
+    if qos not in (0, 1) or isinstance(qos, bool):
+        raise ConfigError(f"{here}.qos: found {qos!r}, expected 1 (at least once) or 0 (at "
+                          "most once)")
+    return MqttSourceConfig(name, _broker(item, here), parse_mapping(name, item["rules"]), qos,
+                            coverage)
+
+
+def _sinks(tables: Iterator[tuple[str, dict[str, Any]]]) -> tuple[SinkConfig, ...]:
+    from adapters.mqtt_sink import check_sink
+
+    out: list[SinkConfig] = []
+    for here, item in tables:
+        parts = {k: _SINK[k](v, f"{here}.{k}") for k, v in item.items() if k not in _BROKER}
+        parts.pop("kind", None)
+        sink = SinkConfig(broker=_broker(item, here), **parts)
+        _unique(sink.name, here, [s.name for s in out], "sink")
+        try:
+            check_sink(sink.topic, sink.mode, sink.broker.protocol)
+        except ValueError as exc:
+            raise ConfigError(f"{here}: {exc}") from None
+        out.append(sink)
+    return tuple(out)
+
+
+def _broker(item: Mapping[str, Any], here: str) -> BrokerSettings:
+    """The broker settings of an MQTT source's or sink's table."""
+    from adapters.mqtt import BrokerSettings
+
+    parts = {k: convert(item[k], f"{here}.{k}") for k, convert in _BROKER.items() if k in item}
+    try:
+        return BrokerSettings(**parts)
+    except ValueError as exc:
+        raise ConfigError(f"{here}: {exc}") from None
 
 
 def _check_tls(tls: Tls, origin: str) -> None:
@@ -316,5 +508,5 @@ def _check_tls(tls: Tls, origin: str) -> None:
                           "certificates are checked over TLS)")
 
 
-__all__ = ["COMPOSERS", "DEFAULT_LISTEN", "Config", "ConfigError", "Limits", "ServiceConfig",
-           "Tls", "env_name", "keys", "load"]
+__all__ = ["COMPOSERS", "DEFAULT_LISTEN", "Config", "ConfigError", "Limits", "MqttSourceConfig",
+           "ServiceConfig", "SinkConfig", "Tls", "env_name", "keys", "load"]

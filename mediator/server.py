@@ -1,10 +1,11 @@
 """The mediator as a process: ``evamed serve`` (docs/operations.md, Run).
 
-:func:`start` opens the store, connects the configured services (links), starts the pipeline
-(which restores every stored subscription) and serves ``eva.mediator.v1.MediatorService``, the
-standard ``grpc.health.v1.Health`` and server reflection on one ``grpc.aio`` server — with TLS
-(and client certificates) when configured — and the Prometheus metrics on their own HTTP port
-when one is configured.
+:func:`start` opens the store, connects the configured services and builds the brokers' sources
+(links, all of them), starts the pipeline (which restores every stored subscription), then the
+sources (their events go through Publish's accept path) and sinks, and serves
+``eva.mediator.v1.MediatorService``, the standard ``grpc.health.v1.Health`` and server
+reflection on one ``grpc.aio`` server — with TLS (and client certificates) when configured —
+and the Prometheus metrics on their own HTTP port when one is configured.
 
 Every call but health and reflection needs ``authorization: Bearer <token>``
 (:class:`Authenticator`): refused with UNAUTHENTICATED otherwise, the client's name is put in
@@ -12,11 +13,12 @@ Every call but health and reflection needs ``authorization: Bearer <token>``
 
 Shutdown (SIGTERM, SIGINT, :meth:`Served.stop`): health goes NOT_SERVING (watchers are told at
 once), the Subscribe streams end with UNAVAILABLE (clients resume elsewhere or later with their
-tokens), the server stops taking calls and gives those in flight ``drain`` to finish, the
+tokens), the sources stop taking events in (what they took is in the event log, the rest waits
+at their brokers), the server stops taking calls and gives those in flight ``drain`` to finish, the
 pipeline evaluates what was accepted within what is left of the same bound and stops — a batch
 still waiting on a service then (one out of reach) is cut short by closing the links, and the
 event log keeps it for the next start (:meth:`mediator.pipeline.Pipeline.stop`); the links are
-closed, the store last. All of it within about ``drain`` + 4 s whatever the services do. A
+closed, then the sinks, the store last. All of it within about ``drain`` + 4 s whatever the services do. A
 second signal exits at once (status 128 + the signal's number): what was accepted is in the
 event log already, the next start evaluates it.
 """
@@ -42,6 +44,7 @@ from adapters.backends.service import MAX_MESSAGE_BYTES
 from adapters.backends.service import _bind_error as bind_error
 from adapters.links import Link
 from adapters.remote_link import connect
+from mediator.brokers import Accept, Brokers
 from mediator.config import Config, ServiceConfig
 from mediator.delivery import Dispatcher
 from mediator.metrics import Metrics
@@ -144,6 +147,7 @@ class Served:
     links: dict[str, Link]
     metrics: Metrics
     metrics_port: int
+    brokers: Brokers
     own_store: bool = True  # opened by start(): closed by stop()
     watch: asyncio.Task[None] | None = None
 
@@ -158,11 +162,15 @@ class Served:
             self.watch.cancel()
         await self.health.enter_graceful_shutdown()
         self.dispatcher.close()
+        # The brokers first: what they took is in the event log (or left at the broker),
+        # and the pipeline drains a log that no longer grows.
+        await asyncio.to_thread(self.brokers.stop)
         await self.server.stop(seconds)
         # What is left of the drain (a moment at least): the pipeline cuts short a batch that
         # waits on a service longer.
         await asyncio.to_thread(self.pipeline.stop, max(deadline - loop.time(), PIPELINE_MIN))
         await asyncio.to_thread(close_links, self.links.values(), CUT)
+        await asyncio.to_thread(self.brokers.close)
         self.metrics.close()
         if self.own_store:
             await asyncio.to_thread(self.store.close)
@@ -172,6 +180,11 @@ class Served:
 def service_info(service: ServiceConfig) -> ServiceInfo:
     return ServiceInfo(service.name, service.group, PRESETS[service.group],
                        Coverage(service.sources, service.types))
+
+
+def link_infos(config: Config) -> list[ServiceInfo]:
+    """What the planner is given, in the order of the links: the services, then the sources."""
+    return [*(service_info(s) for s in config.services), *(s.info() for s in config.sources)]
 
 
 def credentials(config: Config) -> grpc.ServerCredentials | None:
@@ -211,22 +224,32 @@ async def start(config: Config, *, store: Store | None = None,
     dispatcher.attach(asyncio.get_running_loop())
     links: dict[str, Link] = {}
     running: Pipeline | None = None
+    brokers: Brokers | None = None
     try:
         for s in config.services:
             links[s.name] = connect(service_info(s), s.address, tick=config.tick)
+        brokers = await asyncio.to_thread(Brokers, config, opened, metrics)
+        links.update(brokers.links)  # the sources: links the planner assigns classes to
         running = pipeline(opened, links, tick=config.tick, composer=config.composer,
-                           metrics=metrics, on_append=dispatcher.on_append)
+                           metrics=metrics, on_append=_appended(dispatcher, brokers))
         await asyncio.to_thread(running.start)
-        service = MediatorService(opened, running, config, metrics, dispatcher)
+        service = MediatorService(opened, running, config, metrics, dispatcher, brokers)
         await service.restore()
+        # Events come in from the brokers once the duplicate memory is seeded.
+        await asyncio.to_thread(brokers.start, _accepting(service, asyncio.get_running_loop()),
+                                opened.subscriptions())
         server, health_servicer, port = _server(config, opened, service, creds)
         metrics_port = (metrics.serve(config.metrics_port, config.metrics_host)
                         if config.metrics_port else 0)
         await server.start()
     except BaseException:
+        if brokers is not None:
+            await asyncio.to_thread(brokers.stop)
         if running is not None:
             await asyncio.to_thread(running.stop, 0.1)
         await asyncio.to_thread(close_links, links.values(), CUT)
+        if brokers is not None:
+            await asyncio.to_thread(brokers.close)
         metrics.close()
         if own_store:
             opened.close()
@@ -234,13 +257,32 @@ async def start(config: Config, *, store: Store | None = None,
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     served = Served(config, server, port, health_servicer, service, dispatcher, running, opened,
-                    links, metrics, metrics_port, own_store)
+                    links, metrics, metrics_port, brokers, own_store)
     served.watch = asyncio.create_task(_watch(served))
     log.info("serving %s on port %d (%s, %d services, composer %s)%s", SERVICE_NAME, port,
              "TLS" + (" with client certificates" if config.tls.client_ca else "")
              if creds is not None else "plaintext", len(links), config.composer,
              f"; metrics on port {metrics_port}" if metrics_port else "")
     return served
+
+
+def _appended(dispatcher: Dispatcher, brokers: Brokers) -> Callable[[str, str, int], None]:
+    """The pipeline's ``on_append``: the streams woken, and the sinks."""
+    if not brokers.sinks:
+        return dispatcher.on_append
+
+    def appended(owner: str, name: str, head: int) -> None:
+        dispatcher.on_append(owner, name, head)
+        brokers.on_append(owner, name, head)
+    return appended
+
+
+def _accepting(service: MediatorService, loop: asyncio.AbstractEventLoop) -> Accept:
+    """The sources' way into Publish's accept path: run on the server's loop (its order lock,
+    its duplicate memory), waited for in the source's thread."""
+    def accept(source: str, lines: list[str]) -> None:
+        asyncio.run_coroutine_threadsafe(service.ingest(source, lines), loop).result()
+    return accept
 
 
 def _server(config: Config, store: Store, service: MediatorService,

@@ -17,7 +17,8 @@ was wrong), checked against the recently accepted (source, id) pairs (``duplicat
 newest accepted time minus the lateness (``late``); the accepted lines are appended to the
 event log in one durable write per message, then the pipeline is woken. One message at a time
 decides and appends (a lock), so the event log's order — the trace's order — is the order the
-checks saw.
+checks saw. The brokers' sources (mediator/brokers.py) take the same path, under the same
+lock: :meth:`MediatorService.ingest`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import wraps
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -51,6 +52,7 @@ from mediator.wire import mediator_pb2, mediator_pb2_grpc
 from transforms.plans import Plan, Remote, Subscribe, nodes
 
 if TYPE_CHECKING:
+    from mediator.brokers import Brokers
     from mediator.pipeline import ServiceStatus
 
 log = logging.getLogger("evamed.service")
@@ -132,6 +134,14 @@ def _internal(call: str, exc: Exception) -> grpc.Status:
                    f"{str(exc)[:200]}").status
 
 
+class LogWriteError(OSError):
+    """The event log could not be written: none of ``count`` events was accepted."""
+
+    def __init__(self, count: int, message: str) -> None:
+        super().__init__(message)
+        self.count = count
+
+
 class RecentIds:
     """The (source, id) pairs of the newest accepted events, two generations of ``size``."""
 
@@ -168,8 +178,9 @@ class _Tally:
 
 class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignore[misc]
     def __init__(self, store: Store, pipeline: Pipeline, config: Config, metrics: Metrics,
-                 dispatcher: Dispatcher) -> None:
+                 dispatcher: Dispatcher, brokers: Brokers | None = None) -> None:
         self.store = store
+        self.brokers = brokers  # the sources are asked for what each subscription needs
         self.pipeline = pipeline
         self.config = config
         self.limits = config.limits
@@ -239,6 +250,8 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
                 return mediator_pb2.UnsubscribeReply(found=False)
             await asyncio.to_thread(self.pipeline.remove, owner, request.name)
             found = await asyncio.to_thread(self.store.delete_subscription, owner, request.name)
+            if self.brokers is not None:
+                await asyncio.to_thread(self.brokers.removed, (owner, request.name))
         self.dispatcher.forget(owner, request.name)
         log.info("%s unsubscribed %s", owner, request.name)
         return mediator_pb2.UnsubscribeReply(found=found)
@@ -266,11 +279,15 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
             text, as_json = await asyncio.to_thread(self.pipeline.explain, doc)
         except ValueError as exc:
             raise _planning_refusal(exc) from None
+        if self.brokers is not None and (brokers := self.brokers.explain(doc)):
+            text = f"{text.rstrip()}\n{brokers}\n"
         return mediator_pb2.ExplainReply(text=text, json=as_json)
 
     @_answering
     async def ListServices(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         addresses = {s.name: s.address for s in self.config.services}
+        if self.brokers is not None:
+            addresses.update(self.brokers.addresses())
         return mediator_pb2.ListServicesReply(services=[
             _service_info(s, addresses.get(s.info.name, EMBEDDED))
             for s in await asyncio.to_thread(self.pipeline.services)])
@@ -339,6 +356,8 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
         except Exception as exc:
             self.store.delete_subscription(owner, name)
             raise _planning_refusal(exc) from None
+        if self.brokers is not None:
+            self.brokers.added((owner, name), doc)
         # Re-read: the pipeline may have moved the record's start to where it is.
         record = replace(self.store.subscription(owner, name) or record, plans=json.dumps(
             [_plan_summary(p) for p in plans], ensure_ascii=False))
@@ -439,39 +458,62 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
 
     async def _message(self, request: Any, tally: _Tally) -> None:
         async with self._order:
-            lines: list[str] = []
-            pairs: list[tuple[str, str]] = []
-            seen: set[tuple[str, str]] = set()  # this message's, until they are in the log
-            newest = self._newest_time()
-            for line in request.cloudevents:
-                accepted = self._judge(line, tally, newest, seen)
-                tally.index += 1
-                if accepted is not None:
-                    pair, when = accepted
-                    seen.add(pair)
-                    pairs.append(pair)
-                    lines.append(line.rstrip("\r\n"))
-                    newest = when if newest is None else max(newest, when)
-            if lines:
-                try:
-                    await asyncio.to_thread(self.store.append_events, lines)
-                except Exception as exc:
-                    log.exception("appending %d events failed", len(lines))
-                    raise Refusal(grpc.StatusCode.UNAVAILABLE,
-                                  f"the event log could not be written ({type(exc).__name__}); "
-                                  f"none of this message's {len(lines)} events was accepted, "
-                                  f"{tally.accepted} before it were: publish from there again"
-                                  ) from None
-                for pair in pairs:
-                    self.recent.add(pair)
-                    self.metrics.events_in.labels(pair[0]).inc()
-                self._newest = newest
-                tally.accepted += len(lines)
-                self.pipeline.wake()
+            try:
+                await self._accept(request.cloudevents, tally)
+            except LogWriteError as exc:
+                raise Refusal(grpc.StatusCode.UNAVAILABLE,
+                              f"{exc}; none of this message's {exc.count} events was accepted, "
+                              f"{tally.accepted} before it were: publish from there again"
+                              ) from None
             if request.advance_to_us:
                 mark = request.advance_to_us
                 self._watermark = mark if self._watermark is None else max(self._watermark, mark)
                 await asyncio.to_thread(self.pipeline.advance, mark)
+
+    async def ingest(self, source: str, lines: list[str]) -> int:
+        """A broker source's events (mediator/brokers.py), taken as Publish takes a message's:
+        how many were accepted. LogWriteError when they could not be appended: the source does
+        not acknowledge them, and its broker sends them again."""
+        tally = _Tally()
+        async with self._order:
+            await self._accept(lines, tally)
+        if tally.letters:
+            log.info("source %s: %d of %d events dead-lettered: %s", source, tally.dead,
+                     len(lines), "; ".join(d.reason for d in tally.letters[:3]))
+        return tally.accepted
+
+    async def _accept(self, lines: Iterable[str], tally: _Tally) -> None:
+        """Publish's accept path, under ``_order``: each line decoded and checked (a malformed,
+        duplicate or late one dead-lettered in ``tally``), the accepted appended to the event
+        log in one durable write, then the pipeline woken. LogWriteError if the write failed:
+        nothing of ``lines`` was accepted."""
+        accepted: list[str] = []
+        pairs: list[tuple[str, str]] = []
+        seen: set[tuple[str, str]] = set()  # these lines', until they are in the log
+        newest = self._newest_time()
+        for line in lines:
+            judged = self._judge(line, tally, newest, seen)
+            tally.index += 1
+            if judged is not None:
+                pair, when = judged
+                seen.add(pair)
+                pairs.append(pair)
+                accepted.append(line.rstrip("\r\n"))
+                newest = when if newest is None else max(newest, when)
+        if not accepted:
+            return
+        try:
+            await asyncio.to_thread(self.store.append_events, accepted)
+        except Exception as exc:
+            log.exception("appending %d events failed", len(accepted))
+            raise LogWriteError(len(accepted), f"the event log could not be written "
+                                f"({type(exc).__name__})") from None
+        for pair in pairs:
+            self.recent.add(pair)
+            self.metrics.events_in.labels(pair[0]).inc()
+        self._newest = newest
+        tally.accepted += len(accepted)
+        self.pipeline.wake()
 
     def _judge(self, line: str, tally: _Tally, newest: int | None,
                seen: set[tuple[str, str]]) -> tuple[tuple[str, str], int] | None:
@@ -589,5 +631,5 @@ def _service_info(service: ServiceStatus, address: str) -> Any:
         status=service.status, subscriptions=service.handles)
 
 
-__all__ = ["CLIENT", "MediatorService", "Pipeline", "RecentIds", "Refusal", "reason",
-           "violation"]
+__all__ = ["CLIENT", "LogWriteError", "MediatorService", "Pipeline", "RecentIds", "Refusal",
+           "reason", "violation"]

@@ -113,6 +113,31 @@ def test_environment_variables_override_the_file(tmp_path: Path) -> None:
     ("[[services]]\nname = 'a'\ngroup = 'cg1'\naddress = 'nowhere'", {},
      "services[1].address: found 'nowhere', expected host:port"),
     ("", {"EVAMED_SERVICES": "[{"}, "EVAMED_SERVICES: not JSON"),
+    ("[[sources]]\nname = 'a'", {}, "sources[1]: missing kind (one of: mqtt, redis)"),
+    ("[[sources]]\nname = 'a'\nkind = 'kafka'", {}, "sources[1].kind: found 'kafka'"),
+    ("[[sources]]\nname = 'a'\nkind = 'mqtt'", {}, "sources[1]: missing rules"),
+    ("[[services]]\nname = 'a'\ngroup = 'cg1'\n[[sources]]\nname = 'a'\nkind = 'mqtt'", {},
+     "sources[1].name: 'a' is taken by another service or source"),
+    ("[[sources]]\nname = 'a'\nkind = 'mqtt'\nstreams = ['s']", {},
+     "sources[1]: unknown key streams; expected one of: name, kind, rules"),
+    ("[[sources]]\nname = 'a'\nkind = 'mqtt'\nport = 70000\n[[sources.rules]]\ntopic = 'a/+'"
+     "\ntype = 't'", {}, "sources[1].port: found 70000, expected a port from 1 to 65535"),
+    ("[[sources]]\nname = 'a'\nkind = 'mqtt'\nqos = 2\n[[sources.rules]]\ntopic = 'a/+'"
+     "\ntype = 't'", {}, "sources[1].qos: found 2, expected 1 (at least once) or 0"),
+    ("[[sources]]\nname = 'a'\nkind = 'mqtt'\n[[sources.rules]]\ntopic = 'a/+x/#y/z'"
+     "\ntype = 't'", {}, "sources[1]: source 'a', rule 1: topic 'a/+x/#y/z': '#' must be the "
+     "last level"),
+    ("[[sources]]\nname = 'a'\nkind = 'redis'\nurl = 'redis://h'\nstreams = []", {},
+     "sources[1]: source 'a': streams is [], expected a list of distinct stream names"),
+    ("[[sinks]]\nname = 's'\nmode = 'binary'\nprotocol = '3.1.1'", {},
+     "sinks[1]: the binary mode needs MQTT 5"),
+    ("[[sinks]]\nname = 's'\ntopic = 'out/#'", {}, "sinks[1]: found topic template 'out/#'"),
+    ("[[sinks]]\nname = 's'\ntls = {ca = 'x'}", {},
+     "sinks[1].tls: unknown key ca; expected one of: ca_file"),
+    ("[[sinks]]\nname = 's'\nprofiles = 'P1'", {}, "sinks[1].profiles: found 'P1', expected "
+     "a list of subscriptions"),
+    ("", {"EVAMED_SINKS": '[{"name": "s", "kind": "kafka"}]'},
+     "EVAMED_SINKS[1].kind: found 'kafka', expected one of: mqtt"),
     ("listen = ", {}, "not TOML: "),
 ])
 def test_a_bad_value_says_where_what_and_what_was_expected(tmp_path: Path, text: str,
@@ -125,6 +150,66 @@ def test_a_bad_value_says_where_what_and_what_was_expected(tmp_path: Path, text:
     assert str(caught.value).startswith(where), str(caught.value)
 
 
+BROKERS = """
+[[sources]]
+name = "plant"
+kind = "mqtt"
+host = "broker.example"
+port = 8883
+protocol = "3.1.1"
+username = "evamed"
+password = "s3cret"
+tls = {ca_file = "ca.pem", insecure = true}
+session_expiry = 3600
+backoff_max = 5
+qos = 0
+types = ["plant.*"]
+
+[[sources.rules]]
+topic = "plant/+line/temp"
+type = "plant.temp"
+
+[[sources]]
+name = "cellar"
+kind = "redis"
+url = "redis://127.0.0.1:6379/0"
+streams = ["cellar/temp"]
+
+[[sinks]]
+name = "legacy"
+port = 1884
+topic = "out/{profile}/{partition}"
+mode = "binary"
+profiles = ["alice/plant", "HotThenAlarm"]
+"""
+
+
+def test_sources_and_sinks_are_read_with_their_brokers_and_mappings(tmp_path: Path) -> None:
+    from adapters.mqtt import BrokerSettings
+    from adapters.mqtt import Tls as BrokerTls
+    from adapters.redis_source import RedisSourceConfig
+    from mediator.config import MqttSourceConfig, SinkConfig
+    from transforms.federated import Coverage
+
+    config = load(write(tmp_path, BROKERS), {})
+    plant, cellar = config.sources
+    assert isinstance(plant, MqttSourceConfig) and isinstance(cellar, RedisSourceConfig)
+    assert plant.broker == BrokerSettings(
+        "broker.example", 8883, "3.1.1", username="evamed", password="s3cret",
+        tls=BrokerTls(ca_file="ca.pem", insecure=True), session_expiry=3600, backoff_max=5.0)
+    assert (plant.qos, plant.coverage) == (0, Coverage(("*",), ("plant.*",)))
+    assert [r.pattern.text for r in plant.mapping.rules] == ["plant/+line/temp"]
+    assert "s3cret" not in repr(config)
+    assert (cellar.name, cellar.streams) == ("cellar", ("cellar/temp",))
+    assert config.sinks == (SinkConfig("legacy", BrokerSettings(port=1884),
+                                       "out/{profile}/{partition}", "binary",
+                                       ("alice/plant", "HotThenAlarm")),)
+    # The variable replaces the file's list, as EVAMED_SERVICES does.
+    env = {"EVAMED_SOURCES": json.dumps([{"name": "x", "kind": "mqtt", "protocol": 5, "rules": [
+        {"topic": "a/#", "type": "a"}]}])}
+    assert [s.name for s in load(write(tmp_path, BROKERS), env).sources] == ["x"]
+
+
 def test_a_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"cannot read the configuration .*nothing\.toml"):
         load(tmp_path / "nothing.toml", {})
@@ -134,5 +219,5 @@ def test_every_key_and_variable_is_documented() -> None:
     doc = Path(__file__).resolve().parent.parent.joinpath("docs", "operations.md").read_text()
     for key in keys():
         assert f"`{key}`" in doc, key
-        if not key.startswith("services[]"):
+        if "[]" not in key:
             assert f"`{env_name(*key.split('.'))}`" in doc, key

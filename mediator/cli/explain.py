@@ -108,12 +108,12 @@ def _explain_over(path: Path, doc: Any, only: list[str] | None, format: Output) 
 
     from mediator.config import ConfigError
     from mediator.config import load as load_config
-    from mediator.server import service_info
+    from mediator.server import link_infos
     from transforms.explanation import as_json, explain, service_renderer
     from transforms.federated import plan_federated
 
     try:
-        services = [service_info(s) for s in load_config(path).services]
+        services = link_infos(load_config(path))  # the brokers' sources too
     except (ConfigError, OSError) as exc:
         fail(str(exc), one_line=True)
     plans = [plan_federated(p, doc, services, live=True) for p in doc.profiles
