@@ -26,6 +26,14 @@ handles' detections. ``push`` is 1–3 over the federation's own links (``via``)
 ``time`` is a batch without events: ``begin([], until=time)``, publish with ``until=time``,
 ``finish(…, time + 1)`` — :meth:`Federation.advance` over its own links.
 
+Links are shared by federations, and so are some of their subscriptions: a leaf that is one
+class of events (a primitive filter: :func:`memoryless`) is answered for each event from that
+event alone, so every federation whose leaf renders the same text at a link takes the handle
+the first one subscribed (counted: the last to let go unsubscribes it) — one evaluation per
+event there, not one per profile. A query that remembers (a sequence, a time class, a peer
+mediator's profile) is subscribed per federation: one subscribed later must not see what the
+service remembers of the events before it.
+
 A service may refuse the query a pushed subtree renders as: a native language has its own
 limits (size, nesting; docs/backends.md, Limits), narrower in places than EVA's. That is
 :class:`PushRefused`, naming the profile, the service and the service's own message.
@@ -35,6 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from weakref import WeakKeyDictionary
 
 from adapters.backends.native import Language, NativeQueryError
 from adapters.client import Connect, in_process
@@ -54,6 +63,10 @@ TICK_SEQ = 2**40
 
 Detections = Mapping[str, Mapping[Handle, Sequence[Detection]]]
 """What the links reported for a batch: per link name, per handle."""
+
+
+_SHARED: WeakKeyDictionary[Link, dict[str, tuple[Handle, int]]] = WeakKeyDictionary()
+"""Per link, its memoryless subscriptions: native text → handle and the federations using it."""
 
 
 class PushRefused(ValueError):
@@ -123,10 +136,15 @@ class Federation:
         text = dialects[service].render(leaf.expr, self.doc, leaf.profile, leaf.root_eoi)
         query = self.queries.get((service, text))
         if query is None:
-            try:
-                handle = link.subscribe(text)
-            except NativeQueryError as exc:
-                raise _refused(exc, link.info, leaf.profile.name) from None
+            shared = _SHARED.setdefault(link, {}) if memoryless(leaf, self.doc, link) else None
+            handle, users = shared.get(text, ("", 0)) if shared is not None else ("", 0)
+            if not handle:
+                try:
+                    handle = link.subscribe(text)
+                except NativeQueryError as exc:
+                    raise _refused(exc, link.info, leaf.profile.name) from None
+            if shared is not None:
+                shared[text] = (handle, users + 1)
             query = self.queries[(service, text)] = _Query(service, text, handle, [])
             self.handles[service].append(handle)
             self._of[(service, handle)] = query
@@ -191,9 +209,17 @@ class Federation:
         return self.runner.take_drops()
 
     def unsubscribe(self) -> None:
-        """Every handle, at its link."""
-        for service, handle in self._of:
-            self.links[service].unsubscribe(handle)
+        """Every handle, at its link (a shared one once no other federation uses it)."""
+        for (service, handle), query in self._of.items():
+            link = self.links[service]
+            shared = _SHARED.get(link, {})
+            held, users = shared.get(query.text, ("", 0))
+            if held == handle and users > 1:
+                shared[query.text] = (handle, users - 1)
+                continue
+            if held == handle:
+                del shared[query.text]
+            link.unsubscribe(handle)
         self._of.clear()
         for handles in self.handles.values():
             handles.clear()
@@ -222,14 +248,12 @@ class Federation:
         return seen
 
     def _notify(self, detections: Detections) -> None:
-        for service, found in detections.items():
-            for handle, reported in found.items():
-                query = self._of.get((service, handle))
-                if query is None:
-                    continue  # another federation's subscription at a shared link
-                for d in reported:
-                    for leaf in query.leaves:
-                        self.runner.notify(leaf, d)
+        # Its own handles only: a shared link reports every federation's (looking through
+        # those would cost each federation the whole link's handles per batch).
+        for (service, handle), query in self._of.items():
+            for d in detections.get(service, {}).get(handle, ()):
+                for leaf in query.leaves:
+                    self.runner.notify(leaf, d)
 
     def _ticks_until(self, time: int) -> dict[str, list[Event]]:
         """Per link, the ticks up to ``time`` not published yet, of the time classes it needs
@@ -285,6 +309,17 @@ def _refused(exc: NativeQueryError, info: ServiceInfo, profile: str) -> PushRefu
         f"profile {profile}: the {info.group} service{named} ({exc.language}) refuses the query "
         f"the mediator would subscribe for it: {exc.message} (see docs/backends.md, Limits; "
         f"'evamed explain --group {info.group}' shows the query)")
+
+
+def memoryless(leaf: Leaf, doc: ast.Document, link: Link) -> bool:
+    """Whether the service answers ``leaf``'s query for each event from that event alone, so
+    that one subscription may serve every federation that subscribes the same text: a class
+    of events (not a time class, whose ticks each federation asks for itself), at a service
+    that is not a peer mediator (whose profile may be partitioned, evaluated at the end of
+    intervals, or drop an id it has seen)."""
+    expr = leaf.expr
+    return (isinstance(expr, ast.Prim) and link.info.group != "cg5"
+            and not isinstance(doc.class_map()[expr.name].body, ast.Every))
 
 
 def through_group(language: Language, doc: ast.Document, profiles: list[str] | None = None, *,

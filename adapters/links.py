@@ -15,8 +15,9 @@ import itertools
 from collections.abc import Sequence
 from typing import Protocol
 
-from adapters.backends.native import Language
+from adapters.backends.native import Language, Query
 from adapters.client import Connect, Subscription, in_process
+from adapters.client import _Evaluation as Evaluation
 from eva.events import Event
 from transforms.dialects.base import Detection
 from transforms.federated import ServiceInfo
@@ -68,7 +69,9 @@ class SubscriptionLink:
         self._newest: int | None = None
 
     def subscribe(self, text: str) -> Handle:
-        subscription = self.connect(text)
+        return self._add(self.connect(text))
+
+    def _add(self, subscription: Subscription) -> Handle:
         handle = f"{self.info.name}-{next(self._ids)}"
         self._subs[handle] = subscription
         return handle
@@ -104,8 +107,31 @@ class SubscriptionLink:
 
 
 class InProcessLink(SubscriptionLink):
-    """The service's evaluators in this process (the embedded mode, and the tests)."""
+    """The service's evaluators in this process (the embedded mode, and the tests).
+
+    A query is parsed once however many handles subscribe its text, for as long as one does:
+    a parsed query is immutable — each handle's evaluator holds its own state — and the
+    mediator's subscriptions often render the same text (a class of one type, say), whose
+    parsing was most of a subscription's cost at the service (SQL: ~0.4 ms)."""
 
     def __init__(self, info: ServiceInfo, language: Language) -> None:
         super().__init__(info, in_process(language))
         self.language = language
+        self._parsed: dict[str, tuple[Query, int]] = {}
+        """Native text → its parsed query and the number of handles subscribed to it."""
+        self._texts: dict[Handle, str] = {}
+
+    def subscribe(self, text: str) -> Handle:
+        query, users = self._parsed.get(text) or (self.language.parse(text), 0)
+        handle = self._add(Evaluation(query))
+        self._parsed[text] = (query, users + 1)
+        self._texts[handle] = text
+        return handle
+
+    def unsubscribe(self, handle: Handle) -> None:
+        super().unsubscribe(handle)
+        text = self._texts.pop(handle, None)
+        if text is not None:
+            query, users = self._parsed.pop(text)
+            if users > 1:
+                self._parsed[text] = (query, users - 1)

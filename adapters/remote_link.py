@@ -80,6 +80,9 @@ exactness."""
 MESSAGE_EVENTS = 500
 """Events per Publish message: small enough that the service starts on a batch while the link
 still encodes it, large enough that a message's fixed cost is shared (benchmarks/links.py)."""
+CLOSE_SECONDS = 2.0
+""":meth:`RemoteLink.close` waits at most this long (or the link's ``timeout``, if shorter) for
+a call in flight to let go of the link and for the service to answer its goodbyes."""
 
 
 class _Lost(Exception):
@@ -149,6 +152,10 @@ class RemoteLink:
         # of every publisher's messages, so a number another publisher may use is useless.
         self._batches = itertools.count(random.randrange(1, 2**62))
         self._reviver: threading.Thread | None = None
+        # What close() cuts short without the lock (a call waiting on the service holds it):
+        # the Subscribe call waiting for its first answer, and the connection being opened.
+        self._attaching: Any = None
+        self._opening: _Connection | None = None
         self._revive()
 
     # ---------------------------------------------------------------- the Link protocol
@@ -201,16 +208,34 @@ class RemoteLink:
             return {h: [] for h in self._queries}  # nobody there: nothing to evaluate
 
     def close(self) -> None:
+        """Unsubscribe every handle and end the Publish stream, within ``CLOSE_SECONDS`` (or
+        ``timeout``) whatever the service does: a call waiting on a service that accepted it
+        but never answers is cut short, and what the service has not answered by then is left
+        to it (it drops a closed connection's subscriptions)."""
+        deadline = time.monotonic() + min(self.timeout, CLOSE_SECONDS)
         self._closing.set()
         self._inbox.put((-1, None, None))  # wakes a publish waiting for its answer
-        with self._lock:
+        attaching = self._attaching
+        if attaching is not None:
+            attaching.cancel()  # its subscribe() raises "was closed" and lets go of the lock
+        if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            # A unary call stuck at the service (Capabilities, Unsubscribe) holds the lock:
+            # closing its channel ends it (CANCELLED), and its caller raises "was closed".
+            log.warning("%s: closing without waiting for the service", self._where())
+            for conn in (self._opening, self._conn):
+                if conn is not None:
+                    conn.close()
+            return
+        try:
             conn, self._conn = self._conn, None
             if conn is None:
                 return
             if not self._broken:
-                self._finish(conn)
+                self._finish(conn, deadline)
             conn.close()
             self._queries.clear()
+        finally:
+            self._lock.release()
 
     # ---------------------------------------------------------------- publishing
 
@@ -295,16 +320,21 @@ class RemoteLink:
         return ConnectionError(f"{self._where()}: {what} failed: {error.code().name}: "
                                f"{error.details()}")
 
-    def _finish(self, conn: _Connection) -> None:
-        """Unsubscribe every handle, end the Publish stream and log what it rejected."""
+    def _finish(self, conn: _Connection, deadline: float) -> None:
+        """Unsubscribe every handle, end the Publish stream and log what it rejected — all by
+        ``deadline`` (time.monotonic())."""
         try:
             for handle in self._queries:
                 conn.stub.Unsubscribe(base_pb2.UnsubscribeRequest(subscription_id=handle),
-                                      timeout=self.timeout)
+                                      timeout=max(0.0, deadline - time.monotonic()))
             conn.requests.put(None)
-            reply = conn.publishing.result(timeout=self.timeout)
-        except (grpc.RpcError, grpc.FutureTimeoutError) as exc:
-            log.warning("%s: closing: %s", self._where(), exc)
+            reply = conn.publishing.result(timeout=max(0.0, deadline - time.monotonic()))
+        except grpc.RpcError as exc:
+            log.warning("%s: closing: %s: %s", self._where(), exc.code().name, exc.details())
+            return
+        except grpc.FutureTimeoutError:
+            log.warning("%s: closing: no answer to the end of its Publish stream",
+                        self._where())
             return
         if reply.rejected:
             log.warning("%s rejected %d events and advances: %s", self._where(), reply.rejected,
@@ -325,6 +355,8 @@ class RemoteLink:
     def _reconnect(self, why: str) -> _Connection:
         """A fresh connection with every handle re-subscribed: attempts with back-off until one
         succeeds, the patience runs out or the link is closed (ConnectionError)."""
+        if self._closing.is_set():  # close() takes the connection down once it has the lock
+            raise ConnectionError(f"the link to {self._where()} was closed")
         if self._conn is not None:
             self._conn.close()
             log.warning("%s: connection lost (%s); reconnecting", self._where(), why)
@@ -366,7 +398,8 @@ class RemoteLink:
         self._sent.clear()
         self._held = 0
         channel = grpc.insecure_channel(self.address, options=_OPTIONS)
-        conn = _Connection(self._generation, channel, base_pb2_grpc.BaseServiceStub(channel))
+        conn = self._opening = _Connection(self._generation, channel,
+                                           base_pb2_grpc.BaseServiceStub(channel))
         try:
             self._wait_ready(channel)
             reply = conn.stub.Capabilities(base_pb2.CapabilitiesRequest(), timeout=self.timeout)
@@ -383,6 +416,8 @@ class RemoteLink:
         except BaseException:
             conn.close()
             raise
+        finally:
+            self._opening = None
         return conn
 
     def _wait_ready(self, channel: grpc.Channel) -> None:
@@ -403,6 +438,9 @@ class RemoteLink:
         call = conn.stub.Subscribe(base_pb2.SubscribeRequest(
             query=text, subscription_id=handle, progress=True, packed=self.packed,
             publisher=self._publisher if self.by_reference else ""))
+        self._attaching = call  # a service may accept it and never answer: close() cancels it
+        if self._closing.is_set():
+            call.cancel()
         try:
             first = next(call)
         except grpc.RpcError as exc:
@@ -411,6 +449,8 @@ class RemoteLink:
             raise self._failure(f"subscribing {handle}", exc) from None
         except StopIteration:
             raise _Lost(f"subscribing {handle}: the stream ended at once") from None
+        finally:
+            self._attaching = None
         assert first.ready
         conn.calls[handle] = call
         threading.Thread(target=self._read, args=(conn.generation, handle, call), daemon=True,

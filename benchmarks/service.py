@@ -4,7 +4,10 @@ a temporary directory unless --store, embedded services):
 
 * **subscribe**: the time to register N profiles (AddProfile: parse, check, plan over the
   services, subscribe the native queries, store) with S services connected, each profile a
-  sequence of two classes of types that S services cover in turn (so most are cross-service);
+  sequence of two classes of types that S services cover in turn (so most are cross-service):
+  one AddProfile at a time (the latency of each), and with ``--concurrency K`` from K clients
+  at once (each a thread registering its share: the throughput of a mediator many clients
+  register with);
 * **latency**: publish → client, p50/p99, at a fixed rate of events/s (batches every 10 ms,
   event times the wall clock), one subscription notified of one event in ten, the in-process
   composer;
@@ -12,7 +15,7 @@ a temporary directory unless --store, embedded services):
   event log) and evaluated (the pipeline done with the last one: its composite received).
 
     .venv/bin/python benchmarks/service.py [--part subscribe|latency|publish|all] [--quick]
-        [--profiles 10,100,1000,10000] [--services 1,3,6] [--per-client 100]
+        [--profiles 10,100,1000,10000] [--services 1,3,6] [--per-client 100] [--concurrency 1]
         [--rates 1000,10000] [--store URL]
 """
 
@@ -31,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
 
+from mediator.cli.serve import tune_gc
 from mediator.client import MediatorClient
 from mediator.config import Config, Limits, ServiceConfig
 from mediator.security import add_client
@@ -58,6 +62,7 @@ def mediator(services: int, store: str | None, per_client: int = PER_CLIENT
             services=tuple(ServiceConfig(f"s{j}", GROUPS[j], "embedded", ("*",),
                                          tuple(f"t{k}" for k in range(TYPES) if k % services == j))
                            for j in range(services)))
+        tune_gc()  # as `evamed serve` does
         running = serve(config)
         try:
             with client_of(running) as client:
@@ -78,22 +83,39 @@ def profile(i: int) -> str:
 
 
 def subscribe(sizes: list[int], services: list[int], store: str | None,
-              per_client: int = PER_CLIENT) -> None:
-    print(f"subscription time: AddProfile × N from N / {per_client} clients, S embedded services")
+              per_client: int = PER_CLIENT, concurrency: int = 1) -> None:
+    at_once = "one at a time" if concurrency == 1 else f"{concurrency} clients at once"
+    print(f"subscription time: AddProfile × N from N / {per_client} clients ({at_once}), "
+          "S embedded services")
     print(f"{'services':>8} {'profiles':>9} {'total s':>9} {'per profile ms':>15} {'profiles/s':>11}")
     for s in services:
         for n in sizes:
             with mediator(s, store, per_client) as (running, first):
                 clients = [first] + [client_of(running) for _ in range((n - 1) // per_client)]
                 texts = [profile(i) for i in range(n)]
+                threads = [threading.Thread(target=register, args=(
+                    clients[part::concurrency], texts, per_client, part, concurrency))
+                    for part in range(concurrency)]
                 started = time.perf_counter()
-                for i, text in enumerate(texts):
-                    clients[i // per_client].add_profile(text, name=f"p{i}")
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
                 elapsed = time.perf_counter() - started
                 for client in clients[1:]:
                     client.close()
             print(f"{s:>8} {n:>9,} {elapsed:>9.2f} {elapsed / n * 1e3:>15.2f} {n / elapsed:>11,.0f}",
                   flush=True)
+
+
+def register(clients: list[MediatorClient], texts: list[str], per_client: int, part: int,
+             step: int) -> None:
+    """Each client's share of ``texts`` (client c of ``clients`` is the ``part + c * step``-th
+    of all: its ``per_client`` profiles), one AddProfile at a time."""
+    for c, client in enumerate(clients):
+        first = (part + c * step) * per_client
+        for i in range(first, min(len(texts), first + per_client)):
+            client.add_profile(texts[i], name=f"p{i}")
 
 
 def event(i: int, when: int, kind: str) -> str:
@@ -199,6 +221,8 @@ def main() -> None:
     parser.add_argument("--services", default="1,3,6")
     parser.add_argument("--per-client", type=int, default=PER_CLIENT,
                         help="Profiles per client (and the limit per client).")
+    parser.add_argument("--concurrency", type=int, default=1,
+                        help="Clients registering at once (subscribe).")
     parser.add_argument("--rates", default="1000,10000")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--events", type=int, default=100_000)
@@ -213,7 +237,7 @@ def main() -> None:
         sizes, services, rates = [10, 100], [1, 6], [1000]
         args.seconds, args.events = 2.0, 10_000
     if args.part in ("subscribe", "all"):
-        subscribe(sizes, services, args.store, args.per_client)
+        subscribe(sizes, services, args.store, args.per_client, max(1, args.concurrency))
     if args.part in ("latency", "all"):
         latency(rates, args.seconds, args.store)
     if args.part in ("publish", "all"):

@@ -24,7 +24,7 @@ from eva.printer import expr_text
 from eva.reference import evaluate
 from eva.semantics import Notification
 from tests.helpers import signature
-from tests.strategies import CLASSES, documents, expressions, traces
+from tests.strategies import CLASSES, documents, expressions, trace_of, traces
 from transforms.capability import PRESETS
 from transforms.explanation import as_json, explain
 from transforms.federated import MEDIATOR, Coverage, ServiceInfo, covers, plan_federated
@@ -296,6 +296,101 @@ def test_batches_of_random_sizes_decide_what_event_by_event_decides(
     composites of pushing the events one at a time, in the same order."""
     assert (delivered(doc, services, trace, sizes, live)
             == delivered(doc, services, trace, live=live))
+
+
+def joining(docs: list[tuple[ast.Document, int]], services: list[ServiceInfo],
+            batches: list[list[Event]], links: dict[str, Link] | None = None
+            ) -> list[list[Notification]]:
+    """Each document planned live and subscribed as its own federation after its number of
+    batches (as the pipeline adds a subscription between batches: it sees the events after
+    the newest one evaluated), over ``links`` (default: fresh ones), the batches run as the
+    pipeline runs them — every federation begins, each link is published once with the ticks
+    they all ask of it, every federation finishes — then a watermark at the end and each
+    closed: every federation's composites."""
+    links = links if links is not None else links_for(services)
+    feds: dict[int, Federation] = {}
+    newest: int | None = None
+    end = max((b[-1].time for b in batches if b), default=0) + 1
+
+    def round_(events: list[Event], until: int | None, newest: int) -> None:
+        ticks: dict[str, list[Event]] = {}
+        for fed in feds.values():
+            for name, asked in fed.begin(events, until).items():
+                ticks.setdefault(name, []).extend(asked)
+        detections = publish(links, events, ticks, until)
+        for i, fed in feds.items():
+            out[i].extend(fed.finish(detections, newest))
+
+    out: list[list[Notification]] = [[] for _ in docs]
+    for at, batch in enumerate([*batches, []]):
+        for i, (doc, after) in enumerate(docs):
+            if after == at:
+                plans = [plan_federated(p, doc, services, live=True) for p in doc.profiles]
+                feds[i] = Federation(doc, plans, links, tick=1, start=newest)
+        if batch:
+            round_(batch, None, batch[-1].time)
+            newest = batch[-1].time
+    round_([], end, end + 1)
+    for i, fed in feds.items():
+        out[i].extend(fed.close(end))
+        fed.unsubscribe()
+    return out
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(docs=st.lists(documents(2, FEDERATED_CLASSES, NAMES), min_size=1, max_size=3),
+       services=service_sets(), trace=traces(16, sources=SOURCES),
+       size=st.integers(1, 6), data=st.data())
+def test_federations_sharing_memoryless_subscriptions_decide_what_each_alone_decides(
+        docs: list[ast.Document], services: list[ServiceInfo], trace: list[Event], size: int,
+        data: st.DataObject) -> None:
+    """Federations joining a running trace at random batches over the same links — where a
+    leaf of one class of events renders the same text, they share one subscription — decide
+    exactly what each decides over links of its own, joined at the same batch; and the last
+    to let go of a shared subscription unsubscribes it. The same documents join more than
+    once, so that queries which remember are subscribed again too (each its own)."""
+    batches = [trace[i:i + size] for i in range(0, len(trace), size)]
+    joins = [(data.draw(st.sampled_from(docs)), data.draw(st.integers(0, len(batches))))
+             for _ in range(data.draw(st.integers(2, 4)))]
+    links = links_for(services)
+    together = joining(joins, services, batches, links)
+    assert together == [joining([j], services, batches)[0] for j in joins]
+    assert all(not link._subs for link in links.values())  # type: ignore[attr-defined]
+
+
+def test_a_leaf_of_one_class_is_subscribed_once_a_sequence_once_per_federation() -> None:
+    services = [service("sql", "cg3", types=("a", "c")), service("snoop", "cg2", types=("b",))]
+    links = links_for(services)
+
+    def federation(expr: str) -> Federation:
+        doc = doc_of(expr)
+        return Federation(doc, [plan_federated(doc.profiles[0], doc, services, live=True)],
+                          links)
+
+    split = [federation("((all_dup(A); all_dup(B))_5s)_all_pairs") for _ in range(3)]
+    assert all(f.rendered == ['SELECT a1.id FROM "a" AS a1', "b CONTEXT unrestricted"]
+               for f in split)
+    assert len({(f.handles["sql"][0], f.handles["snoop"][0]) for f in split}) == 1
+    whole = [federation("((all_dup(A); all_dup(C))_5s)_all_pairs") for _ in range(2)]
+    assert len({f.handles["sql"][0] for f in whole}) == 2  # a sequence remembers
+    assert [len(link._subs) for link in links.values()] == [3, 1]  # type: ignore[attr-defined]
+    for fed in [*split, *whole]:
+        fed.unsubscribe()
+        assert all(h in link._subs for name, link in links.items()  # type: ignore[attr-defined]
+                   for f in [*split, *whole] if f._of for h in f.handles[name])
+    assert all(not link._subs for link in links.values())  # type: ignore[attr-defined]
+
+
+def test_a_peers_leaf_of_one_class_remembers_and_is_not_shared() -> None:
+    """A peer mediator evaluating profile `A` at the end of intervals holds a1 until its
+    clock moves on: a federation joining after a1 must not be told of it (as it would be over
+    a shared subscription)."""
+    peer = [service("peer", "cg5")]
+    doc = doc_of("A", " evaluate end_of_interval")
+    joins = [(doc, 0), (doc, 1)]
+    got = joining(joins, peer, [trace_of("a1@10")])
+    assert got == [joining([j], peer, [trace_of("a1@10")])[0] for j in joins]
+    assert [len(notes) for notes in got] == [1, 0]
 
 
 def logistics_day() -> tuple[ast.Document, list[Event]]:

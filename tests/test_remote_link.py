@@ -12,8 +12,10 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from concurrent import futures
 from typing import Any
 
+import grpc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -23,6 +25,7 @@ from adapters.backends.registry import language
 from adapters.federation import via
 from adapters.links import InProcessLink, Link
 from adapters.remote_link import RemoteLink, connect
+from adapters.wire import base_pb2, base_pb2_grpc
 from eva import ast
 from eva.events import Event
 from tests.strategies import documents, trace_of, traces
@@ -297,6 +300,74 @@ def test_closing_a_link_that_is_reconnecting_does_not_wait_for_the_service() -> 
     link.close()
     waiting.join(timeout=5)
     assert time.monotonic() - started < 3 and "was closed" in str(failure[0])
+
+
+class Silent(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
+    """A base service (cg1) that accepts every call and leaves those named in ``silent``
+    unanswered until ``released``: "capabilities", "subscribe" (not even the ready message),
+    "unsubscribe", "publish" (the reply at the end of the stream)."""
+
+    def __init__(self, silent: set[str]) -> None:
+        self.silent = silent
+        self.released = threading.Event()
+
+    def _hold(self, call: str) -> None:
+        if call in self.silent:
+            self.released.wait()
+
+    def Capabilities(self, request: Any, context: Any) -> Any:
+        self._hold("capabilities")
+        return base_pb2.CapabilitiesReply(group="cg1", language="boolean")
+
+    def Subscribe(self, request: Any, context: Any) -> Iterator[Any]:
+        self._hold("subscribe")
+        yield base_pb2.NativeNotification(subscription_id=request.subscription_id, ready=True)
+        self.released.wait()
+
+    def Unsubscribe(self, request: Any, context: Any) -> Any:
+        self._hold("unsubscribe")
+        return base_pb2.UnsubscribeReply(found=True)
+
+    def Publish(self, request_iterator: Any, context: Any) -> Any:
+        self._hold("publish")
+        return base_pb2.PublishReply()
+
+
+@pytest.mark.parametrize("silent", [{"subscribe"}, {"unsubscribe", "publish"},
+                                    {"capabilities"}])
+def test_closing_a_link_to_a_service_that_never_answers_is_bounded(silent: set[str]) -> None:
+    """A service that accepts the link's calls and never answers them: close() returns within
+    a few seconds (not the link's timeout per call), and a call waiting on the service raises
+    "was closed"."""
+    servicer = Silent(silent)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+    base_pb2_grpc.add_BaseServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    link = RemoteLink(info("cg1"), f"127.0.0.1:{port}", timeout=30)
+    failure: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            for _ in range(3):
+                link.subscribe(PAIRS)
+        except ConnectionError as exc:
+            failure.append(exc)
+
+    try:
+        waiting = threading.Thread(target=call)
+        waiting.start()
+        waiting.join(timeout=0.5)
+        assert waiting.is_alive() == bool(silent & {"subscribe", "capabilities"})
+        started = time.monotonic()
+        link.close()
+        waiting.join(timeout=5)
+        assert time.monotonic() - started < 3 and not waiting.is_alive()
+        if silent & {"subscribe", "capabilities"}:
+            assert "was closed" in str(failure[0])
+    finally:
+        servicer.released.set()
+        server.stop(0)
 
 
 def test_connect_embedded_is_in_process_and_a_service_of_another_group_is_refused(

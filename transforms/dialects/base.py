@@ -28,6 +28,7 @@ from eva import reference as ref
 from eva.events import TICK_TYPE as TICK_TYPE  # re-exported: the tick type services see
 from eva.events import Event
 from eva.semantics import Occ
+from eva.validate import refs
 from transforms.capability import Capability
 from transforms.plans import Kind, Remote
 
@@ -256,6 +257,9 @@ class Dialect:
     """How a notification reads back where ``exact`` holds; elsewhere set semantics."""
     exact: Callable[[Remote], bool] = _never
     """Whether the service's notifications for a remote are EVA's occurrences exactly."""
+    _rendered: dict[Hashable, str] = field(default_factory=dict, init=False, repr=False,
+                                           compare=False)
+    """:meth:`render`'s cache (its own per dialect: ``replace`` starts a fresh one)."""
 
     @property
     def name(self) -> str:
@@ -283,8 +287,20 @@ class Dialect:
     def render(self, expr: ast.Expr, doc: ast.Document, profile: ast.Profile | None = None,
                root_eoi: bool = False) -> str:
         """What the mediator subscribes at the service for ``expr``; :class:`UnsupportedError`
-        if the language cannot state it (ask :meth:`can_render` first where that may be)."""
-        return self.generate(expr, doc, profile, root_eoi, Unsupported.RAISE).text
+        if the language cannot state it (ask :meth:`can_render` first where that may be).
+
+        Cached: a rendering depends only on ``expr``, the classes it uses (and those they
+        refer to), the profile's ``per`` and ``root_eoi`` — the key — and many subscriptions
+        render the same leaf (a class of one type, say), which cost SQL's generator ~0.25 ms
+        each (docs/performance.md, "Registering profiles")."""
+        key = (expr, _used(expr, doc), profile.per if profile is not None else None, root_eoi)
+        text = self._rendered.get(key)
+        if text is None:
+            text = self.generate(expr, doc, profile, root_eoi, Unsupported.RAISE).text
+            if len(self._rendered) >= RENDERED:
+                self._rendered.pop(next(iter(self._rendered)), None)  # the oldest
+            self._rendered[key] = text
+        return text
 
     def can_render(self, expr: ast.Expr, doc: ast.Document) -> bool:
         """Whether the language states ``expr`` (no exception either way)."""
@@ -302,6 +318,27 @@ class Dialect:
         if self.reader is not None and self.exact(node):
             return self.reader(detection, node, scope)
         return Reading(visible=frozenset(e.id for e in detection.constituents))
+
+
+RENDERED = 4096
+"""Renderings a dialect keeps (the oldest goes first)."""
+
+
+def _used(expr: ast.Expr, doc: ast.Document) -> tuple[ast.ClassDef, ...]:
+    """The classes ``expr`` uses and those they refer to, in the document's order: all of the
+    document a rendering may read (a name the document lacks is left to the rendering)."""
+    classes = doc.class_map()
+    needed: set[str] = set()
+    stack = [n.name for n in ast.walk(expr) if isinstance(n, ast.Prim)]
+    while stack:
+        name = stack.pop()
+        cls = classes.get(name)
+        if name in needed or cls is None:
+            continue
+        needed.add(name)
+        if not isinstance(cls.body, ast.Every):
+            stack.extend(refs(cls.body))
+    return tuple(c for c in doc.classes if c.name in needed)
 
 
 def rerun_target(node: Remote) -> ast.Expr:
