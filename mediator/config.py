@@ -116,7 +116,7 @@ class Config:
     store: str = "sqlite://evamed.db"
     composer: str = "inprocess"
     tick: int = 1_000_000
-    lateness: int = 0
+    future: int = 86_400_000_000
     retention: int = 100_000
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
@@ -269,7 +269,7 @@ def _names(value: Any, where: str) -> tuple[str, ...]:
 
 _TOP: dict[str, Convert] = {
     "listen": _address, "store": _store, "composer": _choice(COMPOSERS), "tick": _span(1),
-    "lateness": _span(0), "retention": _whole(1), "metrics_port": _whole(0),
+    "future": _span(0), "retention": _whole(1), "metrics_port": _whole(0),
     "metrics_host": _text, "log_json": _flag, "log_level": _choice(LOG_LEVELS, str.upper),
     "drain": _span(0),
 }

@@ -13,12 +13,12 @@ handler raises :class:`Refusal`; :func:`_answering` turns it into the status, an
 unexpected into INTERNAL with the exception's type (logged with its traceback).
 
 Publish (events in): each CloudEvents line is decoded (a ``malformed`` dead letter says what
-was wrong), checked against the recently accepted (source, id) pairs (``duplicate``) and the
-newest accepted time minus the lateness (``late``); the accepted lines are appended to the
-event log in one durable write per message, then the pipeline is woken. One message at a time
-decides and appends (a lock), so the event log's order — the trace's order — is the order the
-checks saw. The brokers' sources (mediator/brokers.py) take the same path, under the same
-lock: :meth:`MediatorService.ingest`.
+was wrong), checked against the recently accepted (source, id) pairs (``duplicate``), the
+newest accepted time (``late``) and the clock (``future``: more than that far ahead); the
+accepted lines are appended to the event log in one durable write per message, then the
+pipeline is woken. One message at a time decides and appends (a lock), so the event log's
+order — the trace's order — is the order the checks saw. The brokers' sources
+(mediator/brokers.py) take the same path, under the same lock: :meth:`MediatorService.ingest`.
 """
 
 from __future__ import annotations
@@ -50,6 +50,11 @@ from mediator.metrics import Metrics
 from mediator.store.base import RetentionError, Store, SubscriptionRecord
 from mediator.wire import mediator_pb2, mediator_pb2_grpc
 from transforms.plans import Plan, Remote, Subscribe, nodes
+
+
+def wall_clock() -> int:
+    """Now, in µs since the epoch (the bound of the ``future`` guard)."""
+    return time.time_ns() // 1000
 
 if TYPE_CHECKING:
     from mediator.brokers import Brokers
@@ -467,6 +472,11 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
                               ) from None
             if request.advance_to_us:
                 mark = request.advance_to_us
+                if mark > wall_clock() + self.config.future:
+                    raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"advance_to_us {format_time(mark)} is more than "
+                                  f"{format_span(self.config.future)} ahead of the mediator's "
+                                  "clock (config `future`): no later event could be taken")
                 self._watermark = mark if self._watermark is None else max(self._watermark, mark)
                 await asyncio.to_thread(self.pipeline.advance, mark)
 
@@ -535,17 +545,22 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
                          f"{brief_repr(event.source)} and id {brief_repr(event.id)} was already "
                          "accepted", self.metrics)
             return None
-        late = self.config.lateness
+        ahead = wall_clock() + self.config.future
+        if event.time > ahead:
+            tally.refuse(event.id, "future", f"event time {format_time(event.time)} is more than "
+                         f"{format_span(self.config.future)} ahead of the mediator's clock "
+                         "(config `future`): taken, it would make every later event late",
+                         self.metrics)
+            return None
         if self._watermark is not None and event.time <= self._watermark:
             tally.refuse(event.id, "late", f"event time {format_time(event.time)} is at or "
                          f"before the advance to {format_time(self._watermark)} (no event "
                          "at or before it is taken any more)", self.metrics)
             return None
-        if newest is not None and event.time < newest - late:
+        if newest is not None and event.time < newest:
             tally.refuse(event.id, "late", f"event time {format_time(event.time)} is before "
-                         f"the newest accepted, {format_time(newest)}"
-                         + (f", minus the lateness {format_span(late)}" if late else "")
-                         + " (events are taken in time order)", self.metrics)
+                         f"the newest accepted, {format_time(newest)} (events are taken in time "
+                         "order; those of one instant in any order)", self.metrics)
             return None
         return pair, event.time
 

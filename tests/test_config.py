@@ -15,7 +15,7 @@ listen = "0.0.0.0:7000"
 store = "redis://127.0.0.1:6379/2"
 composer = "spark"
 tick = "500ms"
-lateness = "2s"
+future = "2s"
 retention = 500
 metrics_port = 9464
 metrics_host = "0.0.0.0"
@@ -63,7 +63,7 @@ def test_a_file_sets_every_key(tmp_path: Path) -> None:
     config = load(write(tmp_path, FULL), {})
     assert config == Config(
         listen="0.0.0.0:7000", store="redis://127.0.0.1:6379/2", composer="spark", tick=500_000,
-        lateness=2_000_000, retention=500, metrics_port=9464, metrics_host="0.0.0.0",
+        future=2_000_000, retention=500, metrics_port=9464, metrics_host="0.0.0.0",
         log_json=True, log_level="DEBUG", drain=5_000_000,
         limits=Limits(profiles=7, depth=4, time_frame=3_600_000_000, rate=2.5, profile_bytes=4096),
         tls=Tls("server.pem", "server.key", "clients.pem"),
@@ -93,7 +93,7 @@ def test_environment_variables_override_the_file(tmp_path: Path) -> None:
     ("tick = 1000", {}, "tick: found 1000, expected a span with a unit"),
     ("tick = '1 parsec'", {}, "tick: found '1 parsec', expected digits and a unit"),
     ("tick = '0s'", {}, "tick: found '0s', expected at least 1us"),
-    ("lateness = 'inf'", {}, "lateness: found \"inf\", expected a finite span"),
+    ("future = 'inf'", {}, "future: found \"inf\", expected a finite span"),
     ("composer = 'flink'", {}, "composer: found 'flink', expected one of: inprocess, spark"),
     ("listen = 'localhost'", {}, "listen: found 'localhost', expected host:port"),
     ("log_json = 'maybe'", {}, "log_json: found 'maybe', expected true or false"),

@@ -522,6 +522,24 @@ def test_publish_accepts_in_order_and_dead_letters_with_reasons(mediator: Mediat
     assert [d.reason.split(":")[0] for d in late.dead_letters] == ["late", "duplicate"]
 
 
+def test_an_event_far_in_the_future_is_refused_so_it_cannot_make_every_later_one_late(
+        mediator: Mediator) -> None:
+    """One event dated 9999 (or an advance to it), taken, would make every later event of every
+    client late: it is a `future` dead letter (the advance refused), and the stream goes on."""
+    md = mediator.client("source")
+    typo = json.dumps({"specversion": "1.0", "id": "typo", "source": "s", "type": "a",
+                       "time": "9999-01-01T00:00:00Z"})
+    reply = publish(mediator, md, [event("e1", 1), typo, event("e2", 2)])
+    assert reply.accepted == 2
+    assert [(d.id, d.reason.split(":")[0]) for d in reply.dead_letters] == [("typo", "future")]
+    assert "ahead of the mediator's clock" in reply.dead_letters[0].reason
+    with pytest.raises(grpc.RpcError) as refused:
+        publish(mediator, md, [], advance=253_370_764_800_000_000)  # 9999-01-01
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "ahead of the mediator's clock" in (refused.value.details() or "")
+    assert publish(mediator, md, [event("e3", 3)]).accepted == 1
+
+
 def test_the_duplicate_memory_survives_a_restart(tmp_path: Path) -> None:
     m = Mediator(tmp_path / "m.db")
     md = m.client("source")
