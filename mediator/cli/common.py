@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 if TYPE_CHECKING:
     from eva import ast
@@ -32,7 +33,8 @@ def fail(message: str, *, one_line: bool = False, plain: bool = False, code: int
     if plain:
         print(message, file=sys.stderr)
     else:
-        err.print(f"[red]error:[/] {message}", soft_wrap=one_line)
+        # escape: a message quoting a TOML table ([limits]) or a list ([]) is not markup
+        err.print(f"[red]error:[/] {escape(message)}", soft_wrap=one_line)
     raise typer.Exit(code) from None
 
 
