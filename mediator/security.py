@@ -33,10 +33,12 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def add_client(store: Store, name: str) -> str:
+def add_client(store: Store, name: str, *, inherit: bool = False) -> str:
     """Register a client and return its token (the only time it is seen). ValueError for a name
-    that is not a client name or belongs to a client that is not revoked; a revoked client's
-    name can be reused, with a new token."""
+    that is not a client name or belongs to a client that is not revoked. A revoked client's
+    name can be issued again, with a new token — but the holder of the name reads the
+    subscriptions stored under it, so while it owns any, only with ``inherit`` (a rotation: the
+    same client, a new token), never by accident to someone else."""
     if not NAME.fullmatch(name):
         raise ValueError(f"a client name is 1 to 64 letters, digits or . _ @ - (starting with a "
                          f"letter or digit), got {name!r}")
@@ -44,6 +46,11 @@ def add_client(store: Store, name: str) -> str:
     if existing is not None and not existing.revoked:
         raise ValueError(f"client {name!r} already exists; revoke it first "
                          f"(evamed clients revoke {name}) to issue a new token")
+    owned = store.count_subscriptions(name) if existing is not None else 0
+    if owned and not inherit:
+        raise ValueError(f"client {name!r} was revoked and still owns {owned} subscription(s), "
+                         f"which the new holder of the name would read: give --inherit to issue "
+                         f"a new token to the same client, or remove them first")
     token = new_token()
     store.put_client(ClientRecord(name, hash_token(token), time.time_ns() // 1000))
     return token

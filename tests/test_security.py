@@ -18,6 +18,7 @@ from mediator.security import (
     revoke_client,
 )
 from mediator.store import SqliteStore
+from mediator.store.base import SubscriptionRecord
 
 
 @pytest.fixture
@@ -65,6 +66,19 @@ def test_a_revoked_client_is_refused_and_its_name_can_be_reissued(store: SqliteS
     assert authenticate(store, old) is None
     renewed = authenticate(store, new)
     assert renewed is not None and renewed.name == "ann"
+
+
+def test_a_revoked_name_owning_subscriptions_is_reissued_only_on_purpose(
+        store: SqliteStore) -> None:
+    """The holder of a name reads what is stored under it: a revoked client's name that still
+    owns subscriptions goes to a new token only with inherit (a rotation)."""
+    add_client(store, "ann")
+    store.put_subscription(SubscriptionRecord("ann", "P", "profile P = A", 0, 0, None))
+    revoke_client(store, "ann")
+    with pytest.raises(ValueError, match="still owns 1 subscription"):
+        add_client(store, "ann")
+    rotated = authenticate(store, add_client(store, "ann", inherit=True))
+    assert rotated is not None and store.subscriptions("ann")[0].name == "P"
 
 
 def test_each_token_authenticates_its_own_client(store: SqliteStore) -> None:

@@ -65,6 +65,9 @@ def _opened(store: str | None, config: Path | None) -> Iterator[Store]:
 def add(
     name: Annotated[str, typer.Argument(help="The client's name (letters, digits, . _ @ -).",
                                         show_default=False)],
+    inherit: Annotated[bool, typer.Option(
+        help="Reissue a revoked client's name that still owns subscriptions: the same client "
+             "(a token rotation), which reads them.")] = False,
     store: StoreUrl = None, config: ConfigFile = None,
 ) -> None:
     """Register a client and print its bearer token, once.
@@ -78,7 +81,7 @@ def add(
 
     with _opened(store, config) as opened:
         try:
-            token = add_client(opened, name)
+            token = add_client(opened, name, inherit=inherit)
         except ValueError as exc:
             fail(str(exc), code=1, one_line=True)
     err.print(f"client {name} added; its token (shown only now):")
