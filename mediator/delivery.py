@@ -53,6 +53,10 @@ class Closing(Exception):
     elsewhere or later with its last token."""
 
 
+class Revoked(Exception):
+    """The stream's client was revoked while it streamed: it ends (UNAUTHENTICATED)."""
+
+
 def resume_token(record: SubscriptionRecord, position: int) -> str:
     """The token of a position in the log of ``record``'s subscription: its name, when it was
     registered (a subscription removed and registered again under the name has a new log, and
@@ -202,6 +206,11 @@ class Dispatcher:
                 wake.clear()  # before reading: an append after the read wakes the wait below
                 batch = await asyncio.to_thread(self.store.read_notifications, owner, name,
                                                 after, READ_BATCH)
+                if batch:
+                    # Authenticated once, at the call: a revocation must end the stream too.
+                    client = await asyncio.to_thread(self.store.client, owner)
+                    if client is None or client.revoked:
+                        raise Revoked(f"client {owner!r} was revoked")
                 if not batch:
                     if await asyncio.to_thread(self.store.subscription, owner, name) is None:
                         return  # unsubscribed

@@ -45,7 +45,7 @@ from eva.events import EventError, brief_repr, format_time, from_json_line
 from eva.parser import ProfileError, parse
 from eva.units import format_span
 from mediator.config import RESERVED_SERVICE, Config
-from mediator.delivery import Closing, Dispatcher, TokenError, token_position
+from mediator.delivery import Closing, Dispatcher, Revoked, TokenError, token_position
 from mediator.metrics import Metrics
 from mediator.store.base import RetentionError, Store, SubscriptionRecord
 from mediator.wire import mediator_pb2, mediator_pb2_grpc
@@ -237,6 +237,8 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
                                 "the log's retention")
         except Closing as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except Revoked as exc:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
         except grpc.aio.AbortError:
             raise
         except Exception as exc:

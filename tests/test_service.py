@@ -409,6 +409,24 @@ def test_resume_from_a_token_gets_exactly_what_followed_in_order(mediator: Media
     assert positions == [4, 5, 6, 7, 8]
 
 
+def test_a_revoked_client_s_open_stream_ends_before_its_next_notification(
+        mediator: Mediator) -> None:
+    md = mediator.client("alice")
+    mediator.stub.AddProfile(mediator_pb2.AddProfileRequest(profile_text=PROFILE), metadata=md,
+                             timeout=TIMEOUT)
+    stream = mediator.stub.Subscribe(mediator_pb2.SubscribeRequest(name="P"), metadata=md,
+                                     timeout=TIMEOUT)
+    assert next(stream).ready
+    mediator.pipeline.emit("alice", "P", ["c0"])
+    assert next(stream).id == "c0"
+    assert revoke_client(mediator.store, "alice")
+    mediator.pipeline.emit("alice", "P", ["c1"])
+    with pytest.raises(grpc.RpcError) as ended:
+        next(stream)
+    assert ended.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "revoked" in (ended.value.details() or "")
+
+
 def test_tokens_of_another_subscription_or_past_retention_are_refused_clearly(
         tmp_path: Path) -> None:
     m = Mediator(tmp_path / "m.db", retention=10)
