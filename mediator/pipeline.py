@@ -35,7 +35,7 @@ import shutil
 import tempfile
 import threading
 import time as clock
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -169,7 +169,7 @@ class _Origins:
 
     def __init__(self) -> None:
         self._source: dict[str, str] = {}
-        self._via: dict[str, set[tuple[str, Handle]]] = {}
+        self._via: dict[tuple[str, str], set[tuple[str, Handle]]] = {}  # by (source, id)
         self._expiry: list[tuple[int, str]] = []  # a heap: (time to forget, id)
         self.clear()
 
@@ -208,29 +208,62 @@ class _Origins:
             self.note(d.constituents)  # the ticks the mediator published
             for e in d.constituents:
                 if e.id in self._source:
-                    self._via.setdefault(e.id, set()).add((link, handle))
+                    self._via.setdefault((e.source, e.id), set()).add((link, handle))
 
     def forget(self, newest: int) -> None:
         """Drop what no composite reported after ``newest`` can name."""
         while self._expiry and self._expiry[0][0] < newest:
             _, ident = heapq.heappop(self._expiry)
-            self._source.pop(ident, None)
-            self._via.pop(ident, None)
+            source = self._source.pop(ident, None)
+            if source is not None:
+                self._via.pop((source, ident), None)
 
-    def describe(self, constituents: Sequence[str], handles: set[tuple[str, Handle]]
-                 ) -> tuple[list[str], list[str]]:
+    def describe(self, constituents: Sequence[str], handles: set[tuple[str, Handle]],
+                 occurrence: Hashable = None) -> tuple[list[str], list[str]]:
         """The sources, one per constituent, and the services they came through (each once,
-        in constituent order; a constituent no service reported: the mediator's own)."""
+        in constituent order; a constituent no service reported: the mediator's own). The
+        occurrence's identity names each primitive constituent's (source, id) — CloudEvents
+        make only the pair unique — and is read where it does; else by id, as kept."""
+        pairs = _pairs(occurrence, constituents)
         sources: list[str] = []
         services: dict[str, None] = {}
-        for ident in constituents:
-            sources.append(self._source.get(ident, TICK_SOURCE if ident.startswith("tick:")
-                                            else ""))
-            named = self._via.get(ident, set())
+        for at, ident in enumerate(constituents):
+            pair = pairs[at] if pairs is not None else None
+            source = pair[0] if pair is not None else self._source.get(
+                ident, TICK_SOURCE if ident.startswith("tick:") else "")
+            sources.append(source)
+            named = self._via.get((source, ident), set())
             via = sorted({link for link, h in handles if (link, h) in named})
             for link in via or [OWN_FEED]:
                 services[link] = None
         return sources, list(services)
+
+
+def _pairs(occurrence: Hashable, constituents: Sequence[str]
+           ) -> list[tuple[str, str] | None] | None:
+    """Each constituent's (source, id) as the occurrence's identity names it (None for a tick
+    or an absence), in constituent order (eva.semantics: a primitive's identity is the pair, a
+    binary composite's (tag, left, right)); None when the identity is not of those shapes or
+    does not name exactly these constituents."""
+    out: list[tuple[str, str] | None] = []
+
+    def walk(ident: Any) -> bool:
+        if not isinstance(ident, tuple) or not ident:
+            return False
+        if len(ident) == 2 and isinstance(ident[0], str) and isinstance(ident[1], str):
+            out.append((ident[0], ident[1]))
+            return True
+        if ident[0] in ("tick", "not"):
+            out.append(None)
+            return True
+        return (len(ident) == 3 and isinstance(ident[0], str)
+                and walk(ident[1]) and walk(ident[2]))
+
+    if not walk(occurrence) or len(out) != len(constituents):
+        return None
+    if any(p is not None and p[1] != c for p, c in zip(out, constituents, strict=True)):
+        return None
+    return out
 
 
 def _horizon(doc: ast.Document, tick: int) -> int | None:
@@ -752,7 +785,7 @@ class Pipeline:
         items = []
         for n in notes:
             ident, line = composite_line(n)
-            sources, services = self._origins.describe(n.occ.events, handles)
+            sources, services = self._origins.describe(n.occ.events, handles, n.occ.ident)
             items.append((ident, payload(line, ident, n.profile, sub.record.name, sources,
                                          services)))
         self._store_items(sub.key, items)

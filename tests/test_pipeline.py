@@ -501,3 +501,23 @@ def test_the_post_filter_drops_and_the_state_gauge(tmp_path: Path) -> None:
     assert small[:2] == (40, 40) and large[:2] == (400, 400)
     assert large[2] == small[2], (small[2], large[2])
     assert small[2]["checks"] >= 1 and small[2]["engines"] == 1, small[2]
+
+
+def test_sources_are_told_apart_when_two_sources_use_the_same_id(store: Store) -> None:
+    """CloudEvents make only (source, id) unique: a composite of urn:s1's "1" and urn:s2's "1"
+    names both sources (read from the occurrence's identity, not looked up by id)."""
+    text = ('class A = type == "a"\nclass B = type == "b"\n'
+            "profile P = ((all_dup(A); all_dup(B))_10s)_all_pairs\n")
+    pipeline = Pipeline(store, {})
+    pipeline.start()
+    subscribe(pipeline, store, "s", text)
+
+    def event(source: str, ident: str, kind: str, second: int) -> dict[str, Any]:
+        return {"specversion": "1.0", "id": ident, "source": source, "type": kind,
+                "time": f"2026-01-01T00:00:{second:02d}Z"}
+
+    publish(store, pipeline, [event("urn:s1", "1", "a", 1), event("urn:s2", "1", "b", 2),
+                              event("urn:s3", "9", "b", 30)])
+    pipeline.stop()
+    (only,) = store.read_notifications("alice", "s", 0)
+    assert json.loads(only.payload)["sources"] == ["urn:s1", "urn:s2"]
