@@ -49,6 +49,8 @@ from eva.parser import parse
 from eva.printer import to_text
 from eva.semantics import Notification
 from mediator.composer import Composer
+from mediator.config import COMPOSERS
+from mediator.config import RESERVED_SERVICE as OWN_FEED  # a constituent no service reported
 from mediator.metrics import Metrics
 from mediator.store.base import LoggedEvent, Store, SubscriptionRecord
 from transforms.dialects.base import Detection
@@ -59,10 +61,6 @@ from transforms.runner import RunnerStats, lag
 
 log = logging.getLogger(__name__)
 
-COMPOSERS = ("inprocess", "spark")
-OWN_FEED = "mediator"
-"""The ``services`` entry of a constituent no service reported: the mediator's own feed (the
-events published to it) or its clock."""
 NEWEST_KEY = "pipeline.newest"
 """Store meta: the newest event time evaluated, kept across trims of the event log."""
 POLL = 1.0
@@ -132,8 +130,6 @@ class _Subscription:
         return (self.record.owner, self.record.name)
 
     def handles(self) -> set[tuple[str, Handle]]:
-        if not self.federations:
-            return set()
         return {(link, h) for f in self.federations for link, hs in f.handles.items() for h in hs}
 
 
@@ -557,19 +553,14 @@ class Pipeline:
                 for p in ran:
                     federations.append(Federation(doc, [p], self.links, tick=self.tick,
                                                   start=record.start_time))
-            except BaseException:
+                sub = _Subscription(record, doc, plans, federations, _types(doc),
+                                    _horizon(doc, self.tick), [p.profile.name for p in sparked])
+                if sparked and self._sparks is not None:
+                    sub.slot = self._sparks.register(key, doc, sub.composed, record.start_time)
+            except BaseException:  # nothing half-subscribed stays at the services
                 for federation in federations:
                     federation.unsubscribe()
                 raise
-            sub = _Subscription(record, doc, plans, federations, _types(doc),
-                                _horizon(doc, self.tick), [p.profile.name for p in sparked])
-            if sparked and self._sparks is not None:
-                try:
-                    sub.slot = self._sparks.register(key, doc, sub.composed, record.start_time)
-                except BaseException:
-                    for federation in federations:
-                        federation.unsubscribe()
-                    raise
             self._subs[key] = sub
             self._count(sub, 1)
             self._origins.widen(sub.types, sub.horizon)
