@@ -24,8 +24,9 @@ from eva.notify import composite_line
 from eva.parser import parse
 from eva.printer import to_text
 from examples.logistics.generate import day
+from mediator.config import RESERVED_SERVICE as OWN_FEED
 from mediator.metrics import STATE_PARTS, Metrics
-from mediator.pipeline import OWN_FEED, Pipeline
+from mediator.pipeline import Pipeline
 from mediator.store.base import Store, SubscriptionRecord
 from mediator.store.sqlite import SqliteStore
 from tests.helpers import SENTINEL, logistics_day
