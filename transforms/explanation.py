@@ -16,6 +16,7 @@ from rich.tree import Tree
 
 from eva import ast
 from eva.printer import expr_text
+from transforms.capability import OPERATOR, SELECTION, Capability, setting_of
 from transforms.dialects import dialect
 from transforms.dialects.base import Unsupported
 from transforms.federated import MEDIATOR
@@ -25,8 +26,20 @@ Render = Callable[[Remote], str]
 """A remote's target in the service's own language (:func:`renderer`: the group's dialect)."""
 
 
-def _label(node: PlanNode, render: Render | None = None, federated: bool = False) -> str:
-    why = f"\n  why: {escape(node.why)}" if federated and node.why else ""
+LEGEND = (
+    "legend: ↔ equivalent — the service's answer is the EVA answer · + positive — the service "
+    "answers a superset, the mediator post-filters it · ⇝ transferring — exact once the mediator "
+    "feeds the auxiliary streams it names · D decomposed — the mediator evaluates the operator "
+    "over its operands' streams. In parentheses: the rules applied (docs/transformations.md "
+    "describes each); \"native\": the query the service is given.")
+"""Printed once after ``explain``'s text output."""
+
+
+def _label(node: PlanNode, render: Render | None = None, federated: bool = False,
+           cap: Capability | None = None) -> str:
+    reason = node.why if federated else (
+        decomposed_because(node, cap) if isinstance(node, Local) and cap is not None else "")
+    why = f"\n  why: {escape(reason)}" if reason else ""
     if isinstance(node, Subscribe):
         where = ("mediator clock" if node.clock else
                  "mediator's own feed" if federated and node.service == MEDIATOR else
@@ -44,6 +57,8 @@ def _label(node: PlanNode, render: Render | None = None, federated: bool = False
             text += f"\n  for: {expr_text(node.original)}"
         if render is not None:
             text += "\n  native: " + escape(render(node).strip().replace("\n", " ⏎ "))
+        if (cost := growing(node)):
+            text += f"\n  [yellow]cost:[/] {escape(cost)}"
         return text + why
     op = type(node.node).__name__.lower()
     return (f"[bold]{Kind.DECOMPOSE.symbol}[/] mediator evaluates the {op}: "
@@ -74,31 +89,99 @@ def _span(span: int | None) -> str:
 def explain(p: Plan, render: Render | None = None) -> Tree:
     if p.services:
         over = ", ".join(f"{name} ({group})" for name, group in p.services) or "no service"
-        root = Tree(f"[bold]{p.profile.name}[/] over {escape(over)} — plan: "
-                    f"{p.kind.symbol} {p.kind}")
+        title = (f"[bold]{p.profile.name}[/] over {escape(over)} — plan: "
+                 f"{p.kind.symbol} {p.kind}")
     else:
-        root = Tree(f"[bold]{p.profile.name}[/] on {p.capability.name} "
-                    f"({p.capability.description}) — plan: {p.kind.symbol} {p.kind}")
-    _grow(root, p.root, render, bool(p.services))
+        title = (f"[bold]{p.profile.name}[/] on {p.capability.name} "
+                 f"({p.capability.description}) — plan: {p.kind.symbol} {p.kind}")
+    if (per := partitioning(p)):
+        title += f"\n{escape(per)}"
+    root = Tree(title)
+    _grow(root, p.root, render, bool(p.services), None if p.services else p.capability)
     return root
 
 
-def _grow(parent: Tree, node: PlanNode, render: Render | None, federated: bool) -> None:
-    branch = parent.add(_label(node, render, federated))
+def _grow(parent: Tree, node: PlanNode, render: Render | None, federated: bool,
+          cap: Capability | None) -> None:
+    branch = parent.add(_label(node, render, federated, cap))
     if isinstance(node, Local):
         for child in node.children:
-            _grow(branch, child, render, federated)
+            _grow(branch, child, render, federated, cap)
+
+
+def partitioning(p: Plan) -> str:
+    """The ``per`` partitioning in words ("" without ``per``)."""
+    per = p.profile.per
+    if per is None:
+        return ""
+    text = f"per {per}: each value of {per} is evaluated apart (its own partition)"
+    if not p.services and not p.capability.partitions:
+        text += (f"; {p.capability.name} keeps no partitions apart, so only set semantics is "
+                 "pushed and the mediator re-runs the operators per value on what comes back")
+    return text
+
+
+_WORDS = {"disjunction": "disjunction", "conjunction": "conjunction", "sequence": "sequence",
+          "negation": "timed negation", SELECTION: "i-th selection"}
+
+
+def decomposed_because(node: Local, cap: Capability) -> str:
+    """Why a one-service plan evaluates ``node`` at the mediator, in words."""
+    expr = node.node
+    op = OPERATOR[type(expr)]
+    if node.rule == "anchored_absence_at_mediator":
+        return ("a negation after a sequence needs the sequence's anterior stream: it stays "
+                "with its sequence at the mediator")
+    if not cap.supports(op):
+        has = f" (its negation is {cap.negation})" if op == "negation" and cap.negation != "none" else ""
+        return f"{cap.name} has no {_WORDS[op]}{has}"
+    below = [c for c in node.children if not isinstance(c, Remote)
+             and not (isinstance(c, Subscribe) and not c.clock)]
+    if below:
+        return ("an operand is evaluated at the mediator (below), so the operator over it is "
+                "too")
+    relaxed = [c for c in node.children if isinstance(c, Remote) and c.kind is Kind.POSITIVE]
+    if relaxed:
+        return (f"an operand reaches {cap.name} only as a superset ({expr_text(relaxed[0].original)}"
+                "), and the operator needs its exact stream")
+    if isinstance(expr, ast.Binary):
+        setting = setting_of(expr)
+        if not cap.native(setting):
+            _, left, right, pairs = setting
+            return (f"{cap.name} does not evaluate a {op} with {left}_dup/{right}_dup and "
+                    f"{pairs}, and no positive rule narrows it back exactly")
+        if (isinstance(expr, (ast.Conjunction, ast.Sequence)) and expr.span is not None
+                and not cap.timed):
+            return f"{cap.name} has no time frames"
+    return f"no rule of the catalogue states this {op} for {cap.name}"
+
+
+def growing(node: Remote) -> str:
+    """A warning when the service is asked for a stream that grows with the trace: an
+    operator over all pairs with no time frame, where the profile had one (a relaxation) or
+    where nothing consumes."""
+    for expr in ast.walk(node.target):
+        if (isinstance(expr, (ast.Conjunction, ast.Sequence)) and expr.span is None
+                and str(expr.pairs) == "all_pairs"):
+            sides = f"{expr_text(expr.left.expr)} × {expr_text(expr.right.expr)}"
+            return (f"the service pairs every {sides} over the whole trace (no time frame): "
+                    "its answers grow with the trace; a group with time frames (CG-3, CG-4) "
+                    "bounds them")
+    return ""
 
 
 def as_json(p: Plan, render: Render | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"profile": p.profile.name, "group": p.capability.name}
     if p.services:
         out["services"] = [{"name": name, "group": group} for name, group in p.services]
-    return {**out, "kind": str(p.kind), "root": _node_json(p.root, render, bool(p.services))}
+    if p.profile.per is not None:
+        out["per"] = p.profile.per
+    cap = None if p.services else p.capability
+    return {**out, "kind": str(p.kind), "root": _node_json(p.root, render, bool(p.services), cap)}
 
 
-def _node_json(node: PlanNode, render: Render | None = None,
-               federated: bool = False) -> dict[str, Any]:
+def _node_json(node: PlanNode, render: Render | None = None, federated: bool = False,
+               cap: Capability | None = None) -> dict[str, Any]:
     out: dict[str, Any]
     if isinstance(node, Subscribe):
         out = {"node": "subscribe", "class": node.name, "clock": node.clock, "rule": node.rule,
@@ -109,10 +192,14 @@ def _node_json(node: PlanNode, render: Render | None = None,
                "post_filter": node.post_filter, "auxiliary": list(node.auxiliary)}
         if render is not None:
             out["native"] = render(node)
+        if (cost := growing(node)):
+            out["cost"] = cost
     else:
         out = {"node": "mediator", "kind": str(Kind.DECOMPOSE), "rule": node.rule,
                "operator": _shape(node.node),
-               "children": [_node_json(c, render, federated) for c in node.children]}
+               "children": [_node_json(c, render, federated, cap) for c in node.children]}
+        if cap is not None:
+            out["why"] = decomposed_because(node, cap)
     if federated:
         # The mediator's own nodes are MEDIATOR's ("").
         out["service"] = "" if isinstance(node, Local) else node.service

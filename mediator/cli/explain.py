@@ -17,7 +17,8 @@ def explain(
         help="Profile file (with --server: instead of --name).", show_default=False)] = None,
     profile: Annotated[list[str] | None, typer.Option(help="Only this profile (repeatable).")] = None,
     group: Annotated[list[str] | None, typer.Option(
-        help="Language group cg0 … cg5 (repeatable); default: all groups.")] = None,
+        help="Language group cg0 … cg5 (any case; CG-3 too; repeatable); default: all groups.",
+        show_default=False)] = None,
     all_groups: Annotated[bool, typer.Option(help="Every group (the default).")] = False,
     format: Annotated[Output, typer.Option(help="Text, or JSON.")] = Output.text,
     server: Annotated[str | None, typer.Option(
@@ -56,10 +57,8 @@ def explain(
         fail("give --profiles (or --server with --profiles or --name)")
     if name is not None:
         fail("--name names a subscription at a mediator: give --server too")
-    from rich.console import Console
-
     from transforms.capability import PRESETS
-    from transforms.explanation import as_json, explain, renderer
+    from transforms.explanation import LEGEND, as_json, explain, renderer
     from transforms.planner import plan
 
     doc = load(profiles)
@@ -70,21 +69,39 @@ def explain(
                  "configured services")
         _explain_over(config, doc, profile, format)
         return
-    for g in group or []:
-        if g not in PRESETS:
-            fail(f"no group {g!r}; expected one of: {', '.join(PRESETS)}")
+    groups = [group_name(g) for g in group or []] or list(PRESETS)
     if group and all_groups:
         fail("--group and --all-groups exclude each other")
-    groups = group or list(PRESETS)
     plans = [(g, plan(p, doc, PRESETS[g])) for p in doc.profiles
              if not profile or p.name in profile for g in groups]
     if format is Output.json:
         print(json.dumps([as_json(p, renderer(g, doc)) for g, p in plans], indent=2,
                          ensure_ascii=False))
         return
-    console = Console()
+    console = wide_console()
     for g, p in plans:
         console.print(explain(p, renderer(g, doc)))
+    console.print(LEGEND, style="dim")
+
+
+def group_name(text: str) -> str:
+    """A language group as given (``cg3``, ``CG3``, ``CG-3``) → its preset's key."""
+    from transforms.capability import PRESETS
+
+    key = text.strip().lower().replace("-", "").replace("_", "")
+    if key not in PRESETS:
+        fail(f"no group {text!r}; expected one of: {', '.join(PRESETS)} (any case, CG-3 too)")
+    return key
+
+
+def wide_console() -> Any:
+    """A console that wraps at the terminal's width, and not at all when piped (a plan line
+    cut at 80 columns is hard to grep and to read in a file)."""
+    import sys
+
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=10_000, soft_wrap=True)
 
 
 def _explain_at(server: str, profiles: Path | None, name: str | None, format: Output,
@@ -104,12 +121,10 @@ def _explain_at(server: str, profiles: Path | None, name: str | None, format: Ou
 def _explain_over(path: Path, doc: Any, only: list[str] | None, format: Output) -> None:
     """``explain --config``: the federated plans over the configured services (as a running
     mediator plans them: live, each subtree at a service that covers it)."""
-    from rich.console import Console
-
     from mediator.config import ConfigError
     from mediator.config import load as load_config
     from mediator.server import link_infos
-    from transforms.explanation import as_json, explain, service_renderer
+    from transforms.explanation import LEGEND, as_json, explain, service_renderer
     from transforms.federated import plan_federated
 
     try:
@@ -124,6 +139,7 @@ def _explain_over(path: Path, doc: Any, only: list[str] | None, format: Output) 
         return
     if not services:
         print("no services configured: every profile is evaluated at the mediator")
-    console = Console()
+    console = wide_console()
     for p in plans:
         console.print(explain(p, render))
+    console.print(LEGEND, style="dim")

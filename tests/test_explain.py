@@ -1,0 +1,73 @@
+"""``evamed explain`` as an operator reads it: why a profile was decomposed, its partitioning,
+a cost warning where a service is asked for a stream that grows with the trace, a legend, full
+lines when piped, and group names in any spelling."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from mediator.cli import app
+
+runner = CliRunner()
+PAPER = "examples/logistics/profiles.eva"
+
+
+def explain(*args: str) -> str:
+    result = runner.invoke(app, ["explain", "--profiles", PAPER, *args])
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+@pytest.mark.parametrize("spelling", ["cg3", "CG3", "CG-3", "cg-3"])
+def test_a_group_is_accepted_in_any_spelling(spelling: str) -> None:
+    assert "P1 on CG-3" in explain("--profile", "P1", "--group", spelling)
+
+
+def test_an_unknown_group_names_the_choices() -> None:
+    result = runner.invoke(app, ["explain", "--profiles", PAPER, "--group", "cg9"])
+    assert result.exit_code == 2
+    assert "no group 'cg9'" in result.output and "cg0" in result.output
+
+
+def test_the_text_ends_with_a_legend_of_the_symbols() -> None:
+    last = explain("--profile", "P7", "--group", "cg1").strip().splitlines()[-1]
+    assert last.startswith("legend:")
+    assert all(symbol in last for symbol in ("↔ equivalent", "+ positive", "⇝ transferring",
+                                             "D decomposed"))
+
+
+def test_a_decomposition_says_why_in_words() -> None:
+    text = explain("--profile", "P3", "--group", "cg1")
+    assert "why: CG-1 has no sequence" in text
+    assert ("why: CG-1 does not evaluate a conjunction with first_dup/first_dup and "
+            "unique_pairs") in text
+    plans = json.loads(explain("--profile", "P3", "--group", "cg1", "--format", "json"))
+    assert plans[0]["root"]["why"] == "CG-1 has no sequence"
+
+
+def test_the_partitioning_is_stated() -> None:
+    text = explain("--profile", "P4", "--group", "cg2")
+    assert "per data.truck: each value of data.truck is evaluated apart" in text
+    assert "CG-2 keeps no partitions apart" in text
+    assert "per " not in explain("--profile", "P1", "--group", "cg3")
+    assert json.loads(explain("--profile", "P4", "--group", "cg3", "--format", "json")
+                      )[0]["per"] == "data.truck"
+
+
+def test_a_stream_growing_with_the_trace_is_warned_of() -> None:
+    """P6 on CG-1: every location report × every tick, for ever (no time frame in CG-1);
+    on CG-3 the interval join bounds it."""
+    text = explain("--profile", "P6", "--group", "cg1")
+    assert "cost: the service pairs every Location × HalfHour over the whole trace" in text
+    assert "cost:" not in explain("--profile", "P6", "--group", "cg3")
+    plans = json.loads(explain("--profile", "P1", "--group", "cg1", "--format", "json"))
+    assert "grow with the trace" in plans[0]["root"]["cost"]
+
+
+def test_piped_output_is_not_wrapped() -> None:
+    text = explain("--profile", "P1", "--group", "cg1")
+    native = next(line for line in text.splitlines() if "native:" in line)
+    assert native.strip().endswith('data.area = "A"])')  # one line, however long
