@@ -62,10 +62,10 @@ def _label(node: PlanNode, render: Render | None = None, federated: bool = False
         return text + why
     op = type(node.node).__name__.lower()
     return (f"[bold]{Kind.DECOMPOSE.symbol}[/] mediator evaluates the {op}: "
-            f"{_shape(node.node)}  [dim]({node.rule})[/]{why}")
+            f"{shape(node.node)}  [dim]({node.rule})[/]{why}")
 
 
-def _shape(expr: ast.Expr) -> str:
+def shape(expr: ast.Expr) -> str:
     """The operator with its parameters, operands elided (they are the children below)."""
     if isinstance(expr, ast.Selection):
         return f"(…[{expr.index}])_{expr.pairs}"
@@ -196,7 +196,7 @@ def _node_json(node: PlanNode, render: Render | None = None, federated: bool = F
             out["cost"] = cost
     else:
         out = {"node": "mediator", "kind": str(Kind.DECOMPOSE), "rule": node.rule,
-               "operator": _shape(node.node),
+               "operator": shape(node.node),
                "children": [_node_json(c, render, federated, cap) for c in node.children]}
         if cap is not None:
             out["why"] = decomposed_because(node, cap)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -31,6 +32,9 @@ def explain(
         help="Plan over the services of this mediator configuration (TOML), offline: which "
              "service evaluates which subtree, and why — what `evamed serve --config` would "
              "subscribe.", show_default=False)] = None,
+    plot: Annotated[Path | None, typer.Option(
+        help="Also draw each plan as a tree (PNG): to this file when there is one plan, else "
+             "to FILE-PROFILE-GROUP.png beside it.", show_default=False)] = None,
     token: Token = None, tls_ca: TlsCa = None,
 ) -> None:
     """Show how each profile is planned for each language group: rules, kinds, post-filters,
@@ -44,13 +48,15 @@ def explain(
     Example: evamed explain --server 127.0.0.1:50060 --name P1
 
     Example: evamed explain --profiles examples/logistics/profiles.eva --config mediator.toml
+
+    Example: evamed explain --profiles examples/logistics/profiles.eva --profile P6 --group cg1 --plot p6.png
     """
     if server is not None and config is not None:
         fail("--server asks a running mediator, --config plans offline: give one of them")
     if server is not None:
-        if group or all_groups or profile:
-            fail("--group, --all-groups and --profile are for explaining offline; with --server "
-                 "the mediator plans the whole document over its services")
+        if group or all_groups or profile or plot:
+            fail("--group, --all-groups, --profile and --plot are for explaining offline; with "
+                 "--server the mediator plans the whole document over its services")
         _explain_at(server, profiles, name, format, token, tls_ca)
         return
     if profiles is None:
@@ -67,13 +73,15 @@ def explain(
         if group or all_groups:
             fail("--group and --all-groups plan for one group; --config plans over the "
                  "configured services")
-        _explain_over(config, doc, profile, format)
+        _explain_over(config, doc, profile, format, plot)
         return
     groups = [group_name(g) for g in group or []] or list(PRESETS)
     if group and all_groups:
         fail("--group and --all-groups exclude each other")
     plans = [(g, plan(p, doc, PRESETS[g])) for p in doc.profiles
              if not profile or p.name in profile for g in groups]
+    if plot is not None:
+        _plot([(f"{p.profile.name}-{g}", p) for g, p in plans], plot)
     if format is Output.json:
         print(json.dumps([as_json(p, renderer(g, doc)) for g, p in plans], indent=2,
                          ensure_ascii=False))
@@ -97,8 +105,6 @@ def group_name(text: str) -> str:
 def wide_console() -> Any:
     """A console that wraps at the terminal's width, and not at all when piped (a plan line
     cut at 80 columns is hard to grep and to read in a file)."""
-    import sys
-
     from rich.console import Console
 
     return Console() if sys.stdout.isatty() else Console(width=10_000, soft_wrap=True)
@@ -118,7 +124,21 @@ def _explain_at(server: str, profiles: Path | None, name: str | None, format: Ou
         print(explanation.text, end="" if explanation.text.endswith("\n") else "\n")
 
 
-def _explain_over(path: Path, doc: Any, only: list[str] | None, format: Output) -> None:
+def _plot(plans: list[tuple[str, Any]], path: Path) -> None:
+    """Each plan as a tree: to ``path`` when there is one, else beside it, named by plan."""
+    from mediator.plots import plan_tree
+
+    for label, p in plans:
+        target = path if len(plans) == 1 else path.with_name(f"{path.stem}-{label}{path.suffix}")
+        try:
+            plan_tree(p, target)
+        except OSError as exc:
+            fail(f"cannot write {target}: {exc.strerror or exc}")
+        print(f"plan of {label.replace('-', ' on ', 1)} drawn in {target}", file=sys.stderr)
+
+
+def _explain_over(path: Path, doc: Any, only: list[str] | None, format: Output,
+                  plot: Path | None) -> None:
     """``explain --config``: the federated plans over the configured services (as a running
     mediator plans them: live, each subtree at a service that covers it)."""
     from mediator.config import ConfigError
@@ -133,6 +153,8 @@ def _explain_over(path: Path, doc: Any, only: list[str] | None, format: Output) 
         fail(str(exc), one_line=True)
     plans = [plan_federated(p, doc, services, live=True) for p in doc.profiles
              if not only or p.name in only]
+    if plot is not None:
+        _plot([(f"{p.profile.name}-services", p) for p in plans], plot)
     render = service_renderer(((s.name, s.group) for s in services), doc)
     if format is Output.json:
         print(json.dumps([as_json(p, render) for p in plans], indent=2, ensure_ascii=False))
