@@ -35,7 +35,7 @@ proto: $(STAMP)
 wheel: $(STAMP)
 	$(BIN)/pip wheel --quiet --no-deps --no-build-isolation --wheel-dir dist .
 
-demo: native
+demo: native servers
 	mkdir -p build
 	$(BIN)/evamed check examples/logistics/profiles.eva
 	$(BIN)/python examples/logistics/generate.py --out examples/logistics/day.jsonl
@@ -45,6 +45,7 @@ demo: native
 		--events examples/logistics/day.jsonl --via cg3 > build/demo-via-cg3.jsonl
 	cmp build/demo-plain.jsonl build/demo-via-cg3.jsonl && \
 		echo "replay --via cg3 (plan, SQL, native evaluation, post-filter): the same $$(wc -l < build/demo-plain.jsonl) composites"
+	$(BIN)/evamed demo
 
 # The Debian servers the integration tests start for real (redis-server; mosquitto, whose
 # daemon is in /usr/sbin, mosquitto-clients for mosquitto_sub, openssl for its test TLS CA).

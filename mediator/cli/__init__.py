@@ -19,6 +19,7 @@ from mediator.cli import (
     check,
     clients,
     compose,
+    demo,
     explain,
     profile,
     publish,
@@ -29,7 +30,7 @@ from mediator.cli import (
 )
 from mediator.cli.common import fail
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="markdown",
                   help="The EVA event mediator: check profiles, replay event traces.")
 
 
@@ -63,6 +64,7 @@ app.command()(explain.explain)
 app.command()(compose.compose)
 app.command("base-service")(services.base_service)
 app.command()(serve.serve)
+app.command()(demo.demo)
 app.add_typer(profile.app, name="profile")
 app.command()(subscribe.subscribe)
 app.command()(publish.publish)

@@ -1,0 +1,341 @@
+"""The live demo (``evamed demo``, ``make demo``): the whole system on one machine, as a
+newcomer first sees it.
+
+It starts mosquitto, the five base services and ``evamed serve`` (SQLite store, the Spark
+composer by default), registers the paper's profiles P1–P7 for four clients, and plays the
+logistics day (EVA §3.1): the trucks' location reports over MQTT, everything else through
+``Publish``, in time order, compressed into about half a minute. Each composite is shown as it
+arrives, with its contributing events (type, source, time) and the services they came through;
+then a summary, and a check that the composites are exactly what ``evamed replay`` computes over
+the mediator's own event log. Everything it started is stopped at the end, also after Ctrl-C.
+
+Modules: :mod:`mediator.demo.scenario` (who observes what, the configuration),
+:mod:`mediator.demo.processes` (starting and stopping the servers), here the run and its
+display.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import re
+import subprocess
+import threading
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from mediator.demo.processes import Child, DemoError, Stack, evamed, free_port, mosquitto
+from mediator.demo.scenario import BROKER, CLIENTS, SERVICES, config, documents, mqtt_message, runs
+
+LOGISTICS = Path(__file__).resolve().parents[2] / "examples" / "logistics"
+PROFILES = LOGISTICS / "profiles.eva"
+
+
+def _day(seed: int) -> list[dict[str, Any]]:
+    """The scenario's generator (examples/logistics/generate.py), loaded from the source tree:
+    the demo plays the examples, which are not part of the installed package."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("evamed_demo_day", LOGISTICS / "generate.py")
+    if spec is None or spec.loader is None or not PROFILES.exists():
+        raise DemoError(f"the logistics example is not at {LOGISTICS}: run the demo from a "
+                        "source checkout (make demo)")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    events: list[dict[str, Any]] = module.day(seed)
+    return events
+
+
+@dataclass
+class Seen:
+    """What the demo has received and counted."""
+
+    composites: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # by profile
+    services: dict[str, tuple[str, ...]] = field(default_factory=dict)  # composite id → services
+
+
+def run(workdir: Path, *, composer: str = "spark", seconds: float = 30.0,
+        console: Console | None = None, seed: int = 7) -> bool:
+    """The demo in ``workdir`` (logs, configuration, store). True when the live composites
+    equal replay's."""
+    console = console or Console(highlight=False)
+    logs = workdir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    events = _day(seed)
+    stack = Stack()
+    clients: list[Any] = []
+    try:
+        mediator, metrics, mqtt_port = _start(stack, workdir, logs, composer, console)
+        clients, notes = _subscribe(workdir, mediator, console)
+        seen = Seen()
+        _play(events, mqtt_port, metrics, clients[0][1], seconds, console, notes, seen)
+        return _check(workdir, events, metrics, notes, seen, console)
+    finally:
+        for _, client in clients:
+            client.close()
+        with console.status("stopping everything the demo started"):
+            stack.stop()
+        console.print(f"[dim]logs and the store are in {workdir}[/]")
+
+
+# ---------------------------------------------------------------- start
+
+
+def _start(stack: Stack, workdir: Path, logs: Path, composer: str,
+           console: Console) -> tuple[Child, int, int]:
+    with console.status("starting mosquitto and the five base services"):
+        broker, mqtt_port = mosquitto(workdir, logs)
+        stack.add(broker)
+        started = {s.name: stack.add(Child(f"base-{s.name}", [
+            evamed(), "base-service", "--group", s.group, "--listen", "127.0.0.1:0"], logs))
+            for s in SERVICES}
+        addresses = {name: child.serving(60) for name, child in started.items()}
+    table = Table(title="services", title_justify="left", box=None)
+    for column in ("name", "group", "observes", "what"):
+        table.add_column(column)
+    for s in SERVICES:
+        table.add_row(s.name, s.group.upper(), ", ".join(s.types), s.what)
+    table.add_row(BROKER, "CG0", "truck.location", "the trucks' radio, MQTT at "
+                  f"127.0.0.1:{mqtt_port} (topics trucks/<truck>/location)")
+    console.print(table)
+    metrics = free_port()
+    path = workdir / "mediator.toml"
+    path.write_text(config(workdir, mqtt_port, addresses, composer, metrics), encoding="utf-8")
+    with console.status(f"starting the mediator (composer: {composer}"
+                        + ("; Spark takes a few seconds" if composer == "spark" else "") + ")"):
+        mediator = stack.add(Child("mediator", [evamed(), "serve", "--config", str(path)], logs))
+        mediator.serving(180)
+    console.print(f"mediator serving on {mediator.address} (configuration {path}, composer "
+                  f"{composer}, metrics on :{metrics})")
+    return mediator, metrics, mqtt_port
+
+
+# ---------------------------------------------------------------- subscribe
+
+
+Notes = queue.Queue[tuple[str, Any]]
+
+
+def _subscribe(workdir: Path, mediator: Child, console: Console) -> tuple[list[Any], Notes]:
+    """Each client registers its profiles and tails them, a thread per subscription."""
+    from mediator.client import MediatorClient
+
+    docs = documents(PROFILES.read_text(encoding="utf-8"))
+    notes: Notes = queue.Queue()
+    clients = []
+    plans = Table(title="subscriptions and their plans", title_justify="left", box=None)
+    for column in ("client", "profile", "plan: kind, services"):
+        plans.add_column(column)
+    for name, profiles in CLIENTS.items():
+        token = subprocess.run([evamed(), "clients", "add", name, "--config",
+                                str(workdir / "mediator.toml")], capture_output=True, text=True,
+                               check=True).stdout.strip()
+        client = MediatorClient(mediator.address, token)
+        clients.append((name, client))
+        for profile in profiles:
+            info = client.add_profile(docs[profile], name=profile)
+            plans.add_row(name, profile, "; ".join(p.split(": ", 1)[1] for p in info.plans))
+            threading.Thread(target=_tail, args=(client, profile, notes), daemon=True,
+                             name=f"demo-{profile}").start()
+    console.print(plans)
+    return clients, notes
+
+
+def _tail(client: Any, name: str, notes: Notes) -> None:
+    try:
+        for note in client.subscribe(name=name):
+            notes.put(("composite", note))
+    except Exception as exc:  # the stream ends when the demo closes its client
+        notes.put(("ended", f"{name}: {exc}"))
+
+
+# ---------------------------------------------------------------- play the day
+
+
+def _play(events: list[dict[str, Any]], mqtt_port: int, metrics: int, client: Any,
+          seconds: float, console: Console, notes: Notes, seen: Seen) -> None:
+    """The day in time order, compressed into ``seconds``: MQTT runs through the broker (and
+    waited for until the mediator has taken them), the rest through Publish; each composite
+    printed as it comes."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    from eva.events import parse_time
+
+    radio = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="demo-trucks")
+    radio.connect("127.0.0.1", mqtt_port)
+    radio.loop_start()
+    lookup = {e["id"]: e for e in events}
+    first, last = parse_time(events[0]["time"]), parse_time(events[-1]["time"])
+    began = time.monotonic()
+    sent = 0
+    console.rule(f"the day {events[0]['time'][:10]}: {len(events)} events, "
+                 f"{events[0]['time'][11:16]}–{events[-1]['time'][11:16]} in ~{seconds:.0f} s")
+    try:
+        for over_mqtt, batch in runs(events):
+            due = began + seconds * (parse_time(batch[0]["time"]) - first) / max(1, last - first)
+            _show(notes, lookup, seen, console, until=due)
+            if over_mqtt:
+                for event in batch:
+                    radio.publish(*mqtt_message(event), qos=1).wait_for_publish(10)
+                sent += len(batch)
+                _taken(metrics, sent, notes, lookup, seen, console)
+            else:
+                result = client.publish(batch)
+                sent += len(batch)
+                if result.dead_lettered:
+                    console.print(f"[red]refused[/]: {result.dead_letters}")
+        client.publish([], advance_to=last)  # the day is over: decide what waits on the clock
+    finally:
+        radio.loop_stop()
+        radio.disconnect()
+
+
+def _taken(metrics: int, count: int, notes: Notes, lookup: dict[str, Any], seen: Seen,
+           console: Console) -> None:
+    """Wait until the mediator has taken ``count`` events in all (accepted or refused)."""
+    deadline = time.monotonic() + 30
+    while _metric(metrics, "evamed_events_in_total") + _metric(
+            metrics, "evamed_dead_letters_total") < count:
+        if time.monotonic() > deadline:
+            raise DemoError("the mediator did not take the trucks' MQTT reports within 30 s "
+                            "(logs/mediator.log)")
+        _show(notes, lookup, seen, console, until=time.monotonic() + 0.02)
+
+
+def _metric(port: int, name: str) -> float:
+    """A counter summed over its labels."""
+    return sum(_metrics(port, name).values())
+
+
+def _metrics(port: int, name: str) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(name):
+            label, _, value = line.rpartition(" ")
+            found = re.search(r'="([^"]*)"', label)
+            out[found.group(1) if found else ""] = float(value)
+    return out
+
+
+def _show(notes: Notes, lookup: dict[str, Any], seen: Seen, console: Console,
+          until: float) -> None:
+    """Print the composites that arrive until the monotonic time ``until``."""
+    while True:
+        wait = until - time.monotonic()
+        try:
+            kind, item = notes.get(timeout=max(0.0, wait)) if wait > 0 else notes.get_nowait()
+        except queue.Empty:
+            return
+        if kind == "composite":
+            _row(item, lookup, seen, console)
+
+
+COLOURS = {"P1": "red", "P2": "magenta", "P3": "yellow", "P4": "green", "P5": "cyan",
+           "P6": "blue", "P7": "bright_magenta"}
+
+
+def _row(note: Any, lookup: dict[str, Any], seen: Seen, console: Console) -> None:
+    """A composite as a line (its time, profile, partition, services) and a line per
+    contributing event — narrow enough for an 80-column terminal."""
+    body = note.cloudevent
+    seen.composites.setdefault(note.profile, []).append(body)
+    seen.services[note.id] = note.services
+    colour = COLOURS.get(note.profile, "white")
+    partition = body["data"].get("partition")
+    per = f" {escape(json.dumps(partition))}" if partition is not None else ""
+    through = ", ".join(dict.fromkeys(note.services))
+    lines = [f"{body['time'][11:19]}  [bold {colour}]{escape(note.profile)}[/]{per}  "
+             f"[dim]through {escape(through)}[/]"]
+    for ident in body["data"]["constituents"]:
+        event = lookup.get(ident)
+        if event is None:  # a tick or an absence: the mediator's clock
+            what, _, at = ident.partition("@")
+            lines.append(f"          [cyan]{escape(what.replace(':', ' '))}[/] {at[11:19]}")
+            continue
+        source = (f"mqtt://{BROKER}/{event['data']['truck']}" if event["type"] ==
+                  "truck.location" else event["source"])
+        lines.append(f"          {event['type']}  [dim]{escape(source)}[/]  {event['time'][11:19]}")
+    console.print("\n".join(lines), soft_wrap=True)
+
+
+# ---------------------------------------------------------------- check
+
+
+def _check(workdir: Path, events: list[dict[str, Any]], metrics: int, notes: Notes,
+           seen: Seen, console: Console) -> bool:
+    """Wait for what replay computes over the event log, then compare and summarise."""
+    from rich.status import Status
+
+    expected = _replayed(workdir / "evamed.db")
+    lookup = {e["id"]: e for e in events}
+    want = sum(len(v) for v in expected.values())
+    deadline = time.monotonic() + 120
+    with Status("waiting for the last composites", console=console):
+        while (sum(len(v) for v in seen.composites.values()) < want
+               and time.monotonic() < deadline):
+            _show(notes, lookup, seen, console, until=time.monotonic() + 0.2)
+    _show(notes, lookup, seen, console, until=time.monotonic() + 1.0)  # nothing more comes
+    console.rule("summary")
+    inflow = _metrics(metrics, "evamed_events_in_total")
+    letters = _metrics(metrics, "evamed_dead_letters_total")
+    table = Table(box=None)
+    for column in ("profile", "composites", "replay", "equal"):
+        table.add_column(column)
+    equal = True
+    for profile in sorted(set(expected) | set(seen.composites)):
+        got = sorted(json.dumps(c, sort_keys=True) for c in seen.composites.get(profile, []))
+        ref = sorted(json.dumps(c, sort_keys=True) for c in expected.get(profile, []))
+        equal &= got == ref
+        table.add_row(profile, str(len(got)), str(len(ref)),
+                      "[green]yes[/]" if got == ref else "[red]NO[/]")
+    console.print(table)
+    console.print("events in, by source: " + ", ".join(
+        f"{source} {int(n)}" for source, n in sorted(inflow.items())))
+    console.print("dead letters: " + (", ".join(f"{r} {int(n)}" for r, n in letters.items())
+                                      if letters else "none"))
+    services = Counter(s for names in seen.services.values() for s in dict.fromkeys(names))
+    console.print("composites with events through: " + ", ".join(
+        f"{s} {n}" for s, n in services.most_common()))
+    total = sum(len(v) for v in seen.composites.values())
+    if equal:
+        console.print(f"[green]✓[/] the {total} live composites are exactly what `evamed "
+                      "replay` computes over the mediator's event log")
+    else:
+        console.print(f"[red]✗[/] the live composites ({total}) differ from replay's ({want})")
+    return equal
+
+
+def _replayed(store: Path) -> dict[str, list[dict[str, Any]]]:
+    """``evamed replay`` over the event log as the mediator accepted it (the merged trace of
+    the broker and Publish), by profile."""
+    from eva.engine import replay
+    from eva.events import from_json_line
+    from eva.notify import to_cloudevent
+    from eva.parser import parse
+    from mediator.store.sqlite import SqliteStore
+
+    log = SqliteStore(store)
+    try:
+        lines: list[str] = []
+        while batch := log.read_events(after=len(lines), limit=1000):
+            lines.extend(item.line for item in batch)
+    finally:
+        log.close()
+    trace = [from_json_line(line, seq=n) for n, line in enumerate(lines)]
+    out: dict[str, list[dict[str, Any]]] = {}
+    for n in replay(parse(PROFILES.read_text(encoding="utf-8")), trace):
+        out.setdefault(n.profile, []).append(to_cloudevent(n))
+    return out
+
+
+__all__ = ["DemoError", "run"]

@@ -1,0 +1,123 @@
+"""The processes the live demo starts — mosquitto, base services, the mediator — each in its own
+process group with its output in a log file (a reader of the demo sees the demo, not Spark's or
+a server's start-up lines), and all stopped at the end, also after Ctrl-C."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+MARKER = "EVAMED_DEMO_RUN"
+
+
+class DemoError(RuntimeError):
+    """Something the demo needs did not start; the message says what and where to look."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def evamed() -> str:
+    """The ``evamed`` script beside this interpreter (the one the demo runs under)."""
+    found = Path(sys.executable).with_name("evamed")
+    return str(found) if found.exists() else shutil.which("evamed") or "evamed"
+
+
+class Child:
+    """One started process: output to ``log``, its own process group (Ctrl-C in the terminal
+    reaches the demo, which stops its children in order)."""
+
+    def __init__(self, name: str, argv: list[str], logs: Path) -> None:
+        self.name = name
+        self.log = logs / f"{name}.log"
+        self._out = open(self.log, "w", encoding="utf-8")  # noqa: SIM115 (closed by stop)
+        # MARKER names the run in each child's environment: what a test looks for to prove
+        # nothing was left running.
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self._out, text=True,
+                                     start_new_session=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                          MARKER: str(logs.parent)})
+        self.address = ""
+
+    def serving(self, timeout: float) -> str:
+        """Wait for the "serving … on HOST:PORT" line an evamed server prints once it answers."""
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        line = ""
+        while time.monotonic() < deadline and not line:
+            line = self.proc.stdout.readline()
+            if not line and self.proc.poll() is not None:
+                break
+        if not line.startswith("serving "):
+            tail = self.log.read_text(encoding="utf-8", errors="replace")[-1500:]
+            raise DemoError(f"{self.name} did not start (log {self.log}):\n{line}{tail}")
+        self.address = line.split()[-1]
+        return self.address
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            except ProcessLookupError:
+                pass
+        self._out.close()
+
+
+def mosquitto(directory: Path, logs: Path) -> tuple[Child, int]:
+    """Debian's mosquitto on a free loopback port (``make demo`` installs it when missing)."""
+    binary = shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin")
+    if binary is None:
+        raise DemoError("mosquitto is not installed: `make demo` installs it (Debian: apt-get "
+                        "install mosquitto)")
+    port = free_port()
+    config = directory / "mosquitto.conf"
+    config.write_text("\n".join([
+        f"listener {port} 127.0.0.1",
+        f"user {getpass.getuser()}",  # started as root it would switch to a user who cannot log here
+        "allow_anonymous true",
+        "persistence false",
+        f"log_dest file {logs / 'mosquitto.log'}",
+    ]) + "\n")
+    child = Child("mosquitto-stdout", [binary, "-c", str(config)], logs)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return child, port
+        if child.proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    child.stop()
+    raise DemoError(f"mosquitto did not start on port {port} (log {logs / 'mosquitto.log'})")
+
+
+class Stack:
+    """What the demo started, stopped in reverse order."""
+
+    def __init__(self) -> None:
+        self.children: list[Child] = []
+
+    def add(self, child: Child) -> Child:
+        self.children.append(child)
+        return child
+
+    def stop(self) -> None:
+        for child in reversed(self.children):
+            child.stop()
+        self.children = []
