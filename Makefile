@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 NATIVE := $(addprefix eva/,events.py semantics.py classes.py state.py nodes.py compiler.py engine.py)
 NATIVE_STAMP := build/.native
 
-.PHONY: demo test test-pure native pure proto wheel lint typecheck bench clean servers
+.PHONY: demo test test-pure install native pure proto wheel lint typecheck bench clean servers
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,9 @@ $(NATIVE_STAMP): $(STAMP) $(NATIVE)
 	mkdir -p build && touch $(NATIVE_STAMP)
 
 native: $(NATIVE_STAMP)
+
+# .venv with the package (editable) and its engine compiled: what the README's tour needs.
+install: native
 
 pure:
 	rm -f eva/*.so $(NATIVE_STAMP)

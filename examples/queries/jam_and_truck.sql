@@ -1,0 +1,1 @@
+SELECT a1.id, a2.id FROM events AS a1 JOIN events AS a2 ON a2.time >= a1.time - INTERVAL '5' MINUTE AND a2.time <= a1.time + INTERVAL '5' MINUTE WHERE a1.type = 'traffic.jam' AND JSON_VALUE(a1.data, '$.area') = 'A' AND a2.type = 'truck.location' AND JSON_VALUE(a2.data, '$.area') = 'A'
