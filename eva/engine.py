@@ -6,9 +6,9 @@
 * Within an instant: primitive events in arrival order, then ticks of time classes, then the
   clock steps of negations (passive events) and of end-of-interval results — the total order of
   DESIGN §3, the same as the reference evaluator's.
-* Each event is matched once against each distinct class predicate that can match its ``type``
-  (:class:`~eva.classes.ClassIndex`), then handed to the profiles that use those
-  classes only.
+* Each event is matched once against the distinct class predicates that can match its
+  ``type`` — through a predicate index (:class:`~eva.classes.ClassIndex`: equality and range
+  tests by look-up, not one by one) — then handed to the profiles that use those classes only.
 * Stored state is bounded by the retention horizons of :mod:`eva.retention`; a
   profile whose state cannot be bounded is held under ``state_cap`` and an overflow is reported
   as a dead letter with reason ``state_cap``.
@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import gc
 import heapq
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from typing import Any
 
 from eva import ast
 from eva import semantics as sem
-from eva.classes import ClassIndex, label, next_tick
+from eva.classes import ClassIndex, TypePlan, label, next_tick
 from eva.compiler import ProfileSpec, compile_profile, external_id
 from eva.events import PRIMITIVE, DeadLetter, Event, brief_repr, field_path
 from eva.retention import longest, retention
@@ -147,7 +148,7 @@ class _Partition:
 class _Profile:
     __slots__ = ("budget", "compact_at", "doc_id", "droppable", "evicted", "index",
                  "next_order", "opened", "partitions", "path", "preds", "profile", "single",
-                 "spec", "start", "tick_ids", "timed")
+                 "spec", "start", "tick_ids", "timed", "touched", "unloaded", "unsorted")
 
     def __init__(self, index: int, profile: ast.Profile, doc_id: int, start: int | None,
                  spec: ProfileSpec, tick_ids: frozenset[Hashable], budget: Budget,
@@ -178,6 +179,15 @@ class _Profile:
         # A partition at rest answers as the one a new event of its key would create, so it
         # need not be kept (unless clock-driven: it acts without events, from its creation).
         self.droppable = gc and profile.per is not None and not spec.timed and not tick_ids
+        # Keys of the partitions changed (stepped, created, collected, evicted, dropped) since
+        # the engine's changes were last taken (``Engine.changed_partitions``); None until
+        # then, so an engine nobody asks keeps no such set.
+        self.touched: set[Hashable] | None = None
+        # Keys of partitions a core restored (eva.snapshot.restore_core) lists whose records
+        # are not read yet (``Engine._load``); ``unsorted``: some were read out of creation
+        # order, so ``partitions`` is sorted again before it is walked (``_load_all``).
+        self.unloaded: set[Hashable] = set()
+        self.unsorted = False
 
 
 class Engine:
@@ -193,9 +203,9 @@ class Engine:
         self._profiles: dict[int, _Profile] = {}
         self._next_index = 0
         self._by_pred: dict[int, list[_Profile]] = {}
-        # type → (predicate ids the type alone implies, profiles to step), or None when some
-        # candidate predicate must be evaluated per event.
-        self._dispatch: dict[str, tuple[frozenset[int], list[_Profile], int] | None] = {}
+        # type → (its plan in the index, the predicate ids the type alone implies, the profiles
+        # those step): what an event steps unless the plan finds more (``TypePlan.extra``).
+        self._dispatch: dict[str, tuple[TypePlan, frozenset[int], list[_Profile]]] = {}
         self._named: dict[str, list[_Profile]] = {}  # by profile name, in registration order
         self._clocked = False  # any profile with negation, end-of-interval or time classes
         self._time_classes: dict[Hashable, tuple[ast.Every, int, list[_Profile]]] = {}
@@ -209,7 +219,10 @@ class Engine:
         self._done_until: int | None = None  # every instant ≤ this has been processed
         self._progress: int | None = None  # the latest time any event was processed at
         self._max_time: int | None = None
-        self._timers: list[tuple[Key, int, Hashable]] = []
+        # (due key, profile index, partition number, partition key): the number before the
+        # key, unique within a clock-driven profile, so keys of different kinds (a JSON
+        # object's text, a number's tuple) are never compared.
+        self._timers: list[tuple[Key, int, int, Hashable]] = []
         self._out: list[Notification] = []
         self._next_sweep = self.config.sweep  # arrivals at which the next sweep is due
         # (source, id) of admitted events, in two generations: the older is dropped when the
@@ -230,6 +243,11 @@ class Engine:
         """Instants processed so far (introspection: clock-driven work is proportional to it)."""
         self.origin: int | None = None
         """Where the clock started (see ``begin``); None before the first event."""
+        # Reads a partition's record the first time it is needed (profile index, key, budget
+        # → [value, state, created, order]): set by ``import_state`` from a core.
+        self._loader: Callable[[int, Hashable, Budget], list[Any]] | None = None
+        # (profile index, partition keys) of profiles removed since the changes were taken.
+        self._gone: list[tuple[int, list[Hashable]]] = []
         self._changed()
 
     # ---------------------------------------------------------------- registration
@@ -244,14 +262,23 @@ class Engine:
         if start is None and self._done_until is not None:
             # Registration is at the engine's progress: what it has processed is in the past.
             start = max(self._done_until, self._progress or self._done_until)
-        for profile in doc.profiles:
-            if wanted is not None and profile.name not in wanted:
-                continue
-            entry = self._register(doc_id, profile, self._next_index, start)
-            self._next_index += 1
-            if start is not None:
-                self._started(entry)
-            names.append(profile.name)
+        # The cyclic collector is paused while the profiles are compiled, as it is for a
+        # snapshot: once every 700 new objects it would pass over all of them, every one kept —
+        # half the time of registering 10⁵ profiles (benchmarks/engine.py --only register).
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            for profile in doc.profiles:
+                if wanted is not None and profile.name not in wanted:
+                    continue
+                entry = self._register(doc_id, profile, self._next_index, start)
+                self._next_index += 1
+                if start is not None:
+                    self._started(entry)
+                names.append(profile.name)
+        finally:
+            if collecting:
+                gc.enable()
         self._changed()
         return names
 
@@ -305,8 +332,13 @@ class Engine:
         found = list(self._named.get(name, ()))
         for p in found:
             del self._profiles[p.index]
+            if p.touched is not None:  # its partitions' records are kept somewhere: dropped
+                self._gone.append((p.index, [*p.partitions, *p.unloaded]))
             for pred in p.preds:
-                self._by_pred[pred].remove(p)
+                users = self._by_pred[pred]
+                users.remove(p)
+                if not users:  # no profile needs it matched any more
+                    self.index.release(pred)
             for tick_id in p.tick_ids:
                 self._time_classes[tick_id][2].remove(p)
         self._changed()
@@ -557,6 +589,7 @@ class Engine:
     def _started(self, p: _Profile) -> None:
         if p.profile.per is None and None not in p.partitions:
             p.single = p.partitions[None] = self._new_partition(p, None, None, None)
+            self._touch(p, None)
 
     def malformed(self, detail: str, raw: str | None = None) -> None:
         self.dead_letter(DeadLetter("malformed", detail, None, raw))
@@ -632,6 +665,7 @@ class Engine:
         for p in subscribers:
             if p.start is None or t <= p.start or (p.profile.per is None and p.single is None):
                 return False
+            self._load_all(p)
             for partition in p.partitions.values():
                 if not p.spec.root.inert(partition.state, tick_id, t):
                     return False
@@ -658,20 +692,21 @@ class Engine:
             due = [heapq.heappop(self._timers)]
             while self._timers and self._timers[0][0] == due_key:
                 due.append(heapq.heappop(self._timers))
+            # Popped in order: by profile, then partition in order of creation.
             due = [d for d in due if self._timer_valid(d)]
-            due.sort(key=lambda d: (d[1], self._partition_order(d)))
             seen: set[tuple[int, Hashable]] = set()
-            for key, pidx, part in due:
+            for key, pidx, _, part in due:
                 if (pidx, part) in seen:
                     continue
                 seen.add((pidx, part))
                 profile = self._profile_by_index(pidx)
                 if profile is None:
                     continue
-                partition = profile.partitions.get(part)
+                partition = self._partition(profile, part)
                 if partition is None:
                     continue
                 self._emit(profile, partition, key, profile.spec.root.clock(partition.state, key))
+                self._touch(profile, part)
                 self._schedule(profile, partition)
 
     def _due_at(self, t: int) -> Key | None:
@@ -710,42 +745,40 @@ class Engine:
             return mine < theirs
         return True
 
-    def _partition_order(self, timer: tuple[Key, int, Hashable]) -> int:
-        profile = self._profile_by_index(timer[1])
-        partition = profile.partitions.get(timer[2]) if profile is not None else None
-        return partition.order if partition is not None else 0
-
     def _profile_by_index(self, index: int) -> _Profile | None:
         return self._profiles.get(index)
 
-    def _timer_valid(self, timer: tuple[Key, int, Hashable]) -> bool:
+    def _timer_valid(self, timer: tuple[Key, int, int, Hashable]) -> bool:
         profile = self._profile_by_index(timer[1])
-        if profile is None or timer[2] not in profile.partitions:
+        if profile is None:
             return False
-        return profile.spec.root.due(profile.partitions[timer[2]].state) == timer[0]
+        partition = self._partition(profile, timer[3])
+        return partition is not None and profile.spec.root.due(partition.state) == timer[0]
 
-    def _plan(self, type_: str) -> tuple[frozenset[int], list[_Profile], int] | None:
-        implied, residual = self.index.plan(type_)
-        if residual:
-            return None
-        stepped = {p.index: p for pred in implied for p in self._by_pred.get(pred, ())}
-        return (implied, [stepped[i] for i in sorted(stepped)], len(implied))
+    def _plan(self, type_: str) -> tuple[TypePlan, frozenset[int], list[_Profile]]:
+        plan = self.index.plan(type_)
+        implied = plan.implied()
+        return plan, implied, self._users(implied)
+
+    def _users(self, hits: Iterable[int]) -> list[_Profile]:
+        """The profiles using those predicates, in registration order."""
+        stepped = {p.index: p for pred in hits for p in self._by_pred.get(pred, ())}
+        return [stepped[i] for i in sorted(stepped)]
 
     def _primitive(self, event: Event, key: Key) -> None:
         if self._arrivals >= self._next_sweep > 0:
             self._sweep()
         type_ = event.type
-        if type_ in self._dispatch:
-            plan = self._dispatch[type_]
-        else:
-            plan = self._dispatch[type_] = self._plan(type_)
-        if plan is not None:
-            hits, stepped, decided = plan
-            self.index.tests += decided
-        else:
-            hits = self.index.match(event)
-            by_index = {p.index: p for pred in hits for p in self._by_pred.get(pred, ())}
-            stepped = [by_index[i] for i in sorted(by_index)]
+        found = self._dispatch.get(type_)
+        if found is None:
+            found = self._dispatch[type_] = self._plan(type_)
+        plan, hits, stepped = found
+        self.index.tests += plan.decided
+        if plan.dynamic:
+            extra = plan.extra(event)
+            if extra:
+                hits = hits | extra
+                stepped = self._users(hits)
         if not stepped:
             return
         t = event.time
@@ -797,6 +830,8 @@ class Engine:
         no look-up): kept later, it takes the first such place in the eviction order."""
         part_key = partition_key(value)
         partition = p.partitions.get(part_key)
+        if partition is None and p.unloaded:
+            partition = self._load(p, part_key)
         if partition is not None:
             self._step(p, partition, key, occ, hits, tick)
             return
@@ -820,6 +855,9 @@ class Engine:
 
     def _stepped(self, p: _Profile, partition: _Partition, key: Key, occs: list[Occ]) -> None:
         """What follows a step of a partition: its reports, its timer, its state cap."""
+        touched = p.touched
+        if touched is not None:
+            touched.add(partition.key)
         if occs:
             self._emit(p, partition, key, occs)
         if p.timed:
@@ -835,6 +873,8 @@ class Engine:
         partitions = 0
         for p in self._profiles.values():
             if now is not None and self.config.gc:
+                self._load_all(p)
+                self._touch_all(p)  # collected: their records may change
                 droppable = p.droppable
                 resting = []
                 root = p.spec.root
@@ -852,7 +892,7 @@ class Engine:
                         if kept is not None and order < kept.order:
                             kept.order = order
                     p.opened.clear()
-            partitions += len(p.partitions)
+            partitions += len(p.partitions) + len(p.unloaded)
         self._next_sweep = self._arrivals + max(self.config.sweep, partitions)
 
     def _ticks(self, t: int) -> None:
@@ -874,11 +914,13 @@ class Engine:
                 if p.start is None or t <= p.start:
                     continue
                 self._started(p)
+                self._load_all(p)
                 for partition in list(p.partitions.values()):
                     if partition.created is not None and occ.key < partition.created:
                         continue
                     self._emit(p, partition, occ.key,
                                p.spec.root.step(partition.state, occ.key, occ, frozenset(), tick_id))
+                    self._touch(p, partition.key)
                     if p.timed:
                         self._schedule(p, partition)
 
@@ -899,7 +941,7 @@ class Engine:
     def _schedule(self, p: _Profile, partition: _Partition) -> None:
         due = p.spec.root.due(partition.state)
         if due[0] < NEVER:
-            heapq.heappush(self._timers, (due, p.index, partition.key))
+            heapq.heappush(self._timers, (due, p.index, partition.order, partition.key))
 
     def _emit(self, p: _Profile, partition: _Partition, key: Key, occs: list[Occ]) -> None:
         for occ in occs:
@@ -909,9 +951,11 @@ class Engine:
         budget = p.budget
         excess = budget.stored - budget.cap * 9 // 10
         evicted = 0
+        self._load_all(p)
         for partition in _oldest_first(p):
             if evicted >= excess:
                 break
+            self._touch(p, partition.key)
             evicted += p.spec.root.evict(partition.state, excess - evicted)
         budget.overflowed += 1
         p.evicted += evicted
@@ -923,17 +967,23 @@ class Engine:
 
     # ---------------------------------------------------------------- state as data
 
-    def export_state(self) -> dict[str, Any]:
+    def export_state(self, records: bool = True) -> dict[str, Any]:
         """The engine's state as data (for :mod:`eva.snapshot`): documents, class predicates
         in id order, profiles with their partitions' state records, clock and buffers —
-        nothing compiled (the specs are compiled again from the documents)."""
-        ordered = sorted(self.index.predicates().items(), key=lambda kv: kv[1])
-        profiles = [[p.index, p.doc_id, p.profile, p.start, p.evicted, p.budget,
-                     [[q.value, q.state, q.created, q.order] for q in p.partitions.values()],
-                     p.next_order, p.opened]
-                    for p in self._profiles.values()]
+        nothing compiled (the specs are compiled again from the documents). Without
+        ``records`` (a core: ``eva.snapshot.snapshot_core``) a profile's partitions are their
+        keys only, and none is read through the loader."""
+        profiles = []
+        for p in self._profiles.values():
+            if records:
+                self._load_all(p)
+                partitions: list[Any] = [_record(q) for q in p.partitions.values()]
+            else:
+                partitions = [*p.partitions, *p.unloaded]
+            profiles.append([p.index, p.doc_id, p.profile, p.start, p.evicted, p.budget,
+                             partitions, p.next_order, p.opened])
         return {"config": self.config.to_json(), "docs": self._docs,
-                "predicates": [pred for pred, _ in ordered], "tests": self.index.tests,
+                "predicates": self.index.predicates(), "tests": self.index.tests,
                 "next_index": self._next_index, "profiles": profiles,
                 "clock": [self._buffer, self._arrivals, self._source_max, self._done_until,
                           self._progress, self._max_time, self._timers, self._next_sweep,
@@ -942,10 +992,16 @@ class Engine:
 
     @classmethod
     def import_state(cls, state: dict[str, Any],
-                     dead_letter: Callable[[DeadLetter], None] | None = None) -> Engine:
+                     dead_letter: Callable[[DeadLetter], None] | None = None,
+                     loader: Callable[[int, Hashable, Budget], list[Any]] | None = None
+                     ) -> Engine:
         """The engine ``export_state`` described (its profiles compiled again); SnapshotError
-        when a profile's records do not fit the profile compiled again (``Node.check``)."""
+        when a profile's records do not fit the profile compiled again (``Node.check``). With
+        a ``loader``, the state is a core (``export_state(records=False)``): a partition's
+        record is read through it the first time the engine needs the partition (a profile
+        without ``per``'s one partition at once), and only changes from here on are taken."""
         engine = cls(EngineConfig.from_json(state["config"]), dead_letter)
+        engine._loader = loader
         for pred in state["predicates"]:
             engine.index.add(pred, {})  # the same ids, in the same order
         engine.index.tests = state["tests"]
@@ -981,16 +1037,98 @@ class Engine:
                                 "(partition key, integer) pairs")
         p.evicted, p.budget, p.next_order, p.opened = evicted, budget, next_order, opened
         p.compact_at = max(COMPACT_OPENED, 2 * len(opened))
-        for value, root, created, order in partitions:
-            problem = p.spec.root.check(root, budget) or (
-                "" if type(order) is int else f"its number is {brief_repr(order)}, expected "
-                "an integer")
-            if problem:
-                raise SnapshotError(f"{where}, partition {brief_repr(value)}: {problem} (the "
-                                    "state does not fit the profile compiled from its document)")
-            key = partition_key(value) if profile.per is not None else None
-            p.partitions[key] = _Partition(value, key, root, created, order)
+        if self._loader is None:
+            for value, root, created, order in partitions:
+                key = partition_key(value) if profile.per is not None else None
+                self._add_partition(p, key, [value, root, created, order])
+        else:
+            if type(partitions) is not list or not all(
+                    _hashable(key) and (key is None) == (profile.per is None)
+                    for key in partitions):
+                raise SnapshotError(f"{where}: partition keys {brief_repr(partitions)}, "
+                                    "expected " + ("a list of keys" if profile.per is not None
+                                                   else "none or [null]"))
+            p.unloaded.update(partitions)
+            p.touched = set()  # the records read are those kept: nothing changed yet
+            self._load(p, None)  # a profile without ``per``: its one partition, at once
         p.single = p.partitions.get(None) if profile.per is None else None
+
+    def _add_partition(self, p: _Profile, key: Hashable, record: list[Any]) -> _Partition:
+        """Keep the partition of ``key`` that a record (``_record``) describes, once checked."""
+        value, root, created, order = record
+        problem = p.spec.root.check(root, p.budget) or (
+            "" if type(order) is int else f"its number is {brief_repr(order)}, expected "
+            "an integer")
+        if problem:
+            raise SnapshotError(f"snapshot of profile {p.profile.name!r}, partition "
+                                f"{brief_repr(value)}: {problem} (the state does not fit the "
+                                "profile compiled from its document)")
+        partition = p.partitions[key] = _Partition(value, key, root, created, order)
+        return partition
+
+    def _partition(self, p: _Profile, key: Hashable) -> _Partition | None:
+        """The partition of ``key``, read through the loader if it is not read yet."""
+        partition = p.partitions.get(key)
+        if partition is None and p.unloaded:
+            partition = self._load(p, key)
+        return partition
+
+    def _load(self, p: _Profile, key: Hashable) -> _Partition | None:
+        """The partition of ``key`` if its record is one not read yet: read and kept (after
+        the others read: ``unsorted``)."""
+        if key not in p.unloaded:
+            return None
+        loader = self._loader
+        assert loader is not None
+        partition = self._add_partition(p, key, loader(p.index, key, p.budget))
+        p.unloaded.discard(key)
+        p.unsorted = True
+        return partition
+
+    def _load_all(self, p: _Profile) -> None:
+        """Every partition of the profile read, in order of creation — ``partitions``' order
+        everywhere it matters: a profile whose partitions are walked in it (time classes:
+        ``_ticks``) keeps each partition from its creation, so the order of creation is that
+        of insertion (the profiles that drop and keep again partitions walk them for nothing
+        order-dependent)."""
+        if p.unloaded:
+            for key in list(p.unloaded):
+                self._load(p, key)
+        if p.unsorted:
+            p.partitions = dict(sorted(p.partitions.items(), key=_creation))
+            p.unsorted = False
+
+    def _touch(self, p: _Profile, key: Hashable) -> None:
+        """Note that the partition of ``key`` changed (see ``changed_partitions``)."""
+        touched = p.touched
+        if touched is not None:
+            touched.add(key)
+
+    def _touch_all(self, p: _Profile) -> None:
+        touched = p.touched
+        if touched is not None:
+            touched.update(p.partitions)
+
+    def changed_partitions(self) -> list[tuple[int, Hashable, Budget | None, list[Any] | None]]:
+        """(profile index, partition key, the profile's budget, the partition's record) of
+        each partition changed since the changes were last taken (``forget_changes``) — its
+        record None when it is gone (collected at rest, or its profile removed). A profile
+        whose changes were never taken gives every partition it holds (its changes since it
+        held none), except one restored from a core: its records are kept already."""
+        out: list[tuple[int, Hashable, Budget | None, list[Any] | None]] = [
+            (index, key, None, None) for index, keys in self._gone for key in keys]
+        for p in self._profiles.values():
+            keys = p.partitions if p.touched is None else p.touched
+            for key in keys:
+                q = p.partitions.get(key)
+                out.append((p.index, key, p.budget, None if q is None else _record(q)))
+        return out
+
+    def forget_changes(self) -> None:
+        """Start the next ``changed_partitions`` from here: tracked from now on."""
+        self._gone = []
+        for p in self._profiles.values():
+            p.touched = set()
 
     # ---------------------------------------------------------------- introspection
 
@@ -1003,12 +1141,16 @@ class Engine:
         if self._buffer or self._staged or self._held is not None:
             return False
         now = self._done_until
+        collect = now is not None and self.config.gc
         for p in self._profiles.values():
             if p.timed or p.tick_ids:
                 return False
+            self._load_all(p)
+            if collect:
+                self._touch_all(p)
             root = p.spec.root
             for partition in p.partitions.values():
-                if now is not None and self.config.gc:
+                if now is not None and collect:
                     root.sweep(partition.state, now)
                 if not root.at_rest(partition.state):
                     return False
@@ -1031,13 +1173,27 @@ def _numbered_keys(value: Any) -> bool:
     if type(value) is not list:
         return False
     for item in value:
-        if type(item) is not tuple or len(item) != 2 or type(item[1]) is not int:
-            return False
-        try:
-            hash(item[0])
-        except TypeError:
+        if type(item) is not tuple or len(item) != 2 or type(item[1]) is not int or (
+                not _hashable(item[0])):
             return False
     return True
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _record(q: _Partition) -> list[Any]:
+    """A partition as data: what ``Engine._add_partition`` takes back."""
+    return [q.value, q.state, q.created, q.order]
+
+
+def _creation(item: tuple[Hashable, _Partition]) -> int:
+    return item[1].order
 
 
 def _first_opened(p: _Profile) -> dict[Hashable, int]:

@@ -26,6 +26,21 @@ occurrence is ``["O", n, time, key, ident, events, anchor]`` with its tuples as 
 arrays, a duplicate list ``["D", n, number, role, first_pos, count, [index, pos, occ, ...]]``,
 a binary node's state ``["B", *fields]`` with its expiry queue flat — a third of the generic
 records' size, and read by calling the constructor once.
+
+**By partition** (a state store that writes only what changed: the Spark job,
+``spark_jobs/state.py``). :func:`snapshot_core` writes everything but the partitions' state:
+``evamed-engine-core <FORMAT>``, a newline, zlib'd ``{"classes": <every record class>, "root":
+<export_state(records=False)>}`` — each profile's partitions listed by key only, none read to
+write it. :func:`take_changed` gives the partitions changed since its last call by
+:func:`partition_id` (``[profile index, partition key]`` as compact JSON), each record
+``evamed-partition <FORMAT>``, a newline and the JSON of ``[value, state, created, number]``
+(uncompressed: records are small and stores compress), written without a class table (the
+core's is used) and with the profile's budget as object 0 (``["r", 0]``: the core holds it, all
+partitions share it); None for one gone. :func:`restore_core` builds the engine of a core and
+hands it a loader: a record is read the first time the engine needs its partition (see
+``Engine._load``), checked as a snapshot's records are (allow-list, bound, shape, the
+partition it names, the profile it fits) — a refusal is a :class:`SnapshotError` from the call
+that needed it.
 """
 
 from __future__ import annotations
@@ -39,8 +54,8 @@ import operator
 import sys
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any, TypeVar
 
 import orjson
 
@@ -49,14 +64,20 @@ from eva import semantics as sem
 from eva import state as records
 from eva.engine import Engine, Fed
 from eva.events import DeadLetter, Event
+from eva.semantics import partition_key
 from eva.state import SnapshotError as SnapshotError  # raised by Engine.import_state too
 
-FORMAT = 4
+FORMAT = 5
 """Version of the snapshot format: 1 was a pickle, 2 the engine's objects with their compiled
 settings (no longer read); 3 held state records only; 4 adds each profile's partition numbering
-(``next_order``, ``opened``: the order state_cap evicts in). A snapshot written in another version is
-refused: its records may mean something else."""
+(``next_order``, ``opened``: the order state_cap evicts in); 5 names a timer's partition by its
+number before its key (keys of different kinds do not compare), and adds cores and partition
+records (:func:`snapshot_core`). A snapshot written in another version is refused: its records
+may mean something else."""
 _MAGIC = b"evamed-engine-snapshot "
+_CORE_MAGIC = b"evamed-engine-core "
+_PARTITION_HEAD = b"evamed-partition " + str(FORMAT).encode() + b"\n"
+_T = TypeVar("_T")
 
 
 MAX_STATE_BYTES = 64 * 1024 * 1024
@@ -132,6 +153,10 @@ def _getter(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
 _RECORD_LAYOUTS: dict[type, tuple[str, tuple[str, ...], Callable[[Any], tuple[Any, ...]]]] = {
     cls: (_name(cls), names, _getter(names)) for cls, names in _RECORDS.items()}
 _VALUE_FIELDS: dict[type, Callable[[Any], tuple[Any, ...]]] = {}
+_CLASS_TABLE: dict[str, list[str]] = {name: list(names) for name, names, _ in
+                                      _RECORD_LAYOUTS.values()}
+"""Every record class with its fields: a core's class table, which its partitions' records
+(written without one) are read with."""
 
 
 def _value_fields(cls: type) -> Callable[[Any], tuple[Any, ...]]:
@@ -160,9 +185,6 @@ def _collector_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
-
-
-_UNREAD = object()
 
 
 def _frozen(data: Any) -> Any:
@@ -273,19 +295,75 @@ _FLAT_WRITERS: dict[type, Callable[[_Writer, Any], list[Any]]] = {
 """The records with flat layouts (see the module's notes), by class."""
 
 
+def _framed(magic: bytes, text: bytes) -> bytes:
+    return magic + str(FORMAT).encode() + b"\n" + zlib.compress(text, 1)
+
+
+def _bounded(document: Any, what: str) -> bytes:
+    """``document`` as JSON text, refused when over :data:`MAX_STATE_BYTES` (``what``: what
+    it is, for the message)."""
+    text = json.dumps(document, separators=(",", ":")).encode()
+    if len(text) > MAX_STATE_BYTES:
+        raise SnapshotError(f"{what} is {len(text):,} bytes of JSON, over the "
+                            f"{MAX_STATE_BYTES:,} a snapshot may hold (MAX_STATE_BYTES, "
+                            "docs/spark.md): spread the keys over more buckets, or shorten the "
+                            "profiles' time frames")
+    return text
+
+
 def snapshot(engine: Engine) -> bytes:
     """The engine's whole state: registrations, partitions, buffered events, clock, timers."""
     writer = _Writer()
     with _collector_paused():
         root = writer.value(engine.export_state())
-        text = json.dumps({"classes": writer.classes, "root": root},
-                          separators=(",", ":")).encode()
-    if len(text) > MAX_STATE_BYTES:
-        raise SnapshotError(f"the engine state is {len(text):,} bytes of JSON, over the "
-                            f"{MAX_STATE_BYTES:,} a snapshot may hold (MAX_STATE_BYTES, "
-                            "docs/spark.md): spread the keys over more buckets, or shorten the "
-                            "profiles' time frames")
-    return _MAGIC + str(FORMAT).encode() + b"\n" + zlib.compress(text, 1)
+        text = _bounded({"classes": writer.classes, "root": root}, "the engine state")
+    return _framed(_MAGIC, text)
+
+
+def partition_id(index: int, key: Any) -> str:
+    """The id of a partition's record: its profile's index and its partition key
+    (:func:`eva.semantics.partition_key`; None without ``per``) as compact JSON, e.g.
+    ``[0,["str","parcel-7"]]`` — the same in every process and after every restore."""
+    try:
+        return json.dumps([index, key], separators=(",", ":"))
+    except (TypeError, ValueError):
+        raise SnapshotError(f"partition key {_brief(key)} of profile {index} has no JSON "
+                            "spelling (a fed partition value snapshots do not cover)") from None
+
+
+def snapshot_core(engine: Engine) -> bytes:
+    """Everything but the partitions' state records: configuration, documents, predicates,
+    each profile's metadata (budget, partition numbering) and the keys of its partitions,
+    clock, buffers, timers. Read back by :func:`restore_core` with the records
+    :func:`take_changed` gave up to now; no partition is read to write it."""
+    writer = _Writer()
+    with _collector_paused():
+        root = writer.value(engine.export_state(records=False))
+        text = _bounded({"classes": _CLASS_TABLE, "root": root}, "the engine's core")
+    return _framed(_CORE_MAGIC, text)
+
+
+def take_changed(engine: Engine) -> dict[str, bytes | None]:
+    """The partitions changed since the last call (created, stepped, collected by a sweep or
+    the clock, evicted by the state cap; None: dropped, or its profile removed), by
+    :func:`partition_id`: their records. The first call on an engine not restored from a
+    core gives every partition it holds (the store that takes them starts empty); after
+    :func:`restore_core`, only what changed since. If a record cannot be written (over
+    :data:`MAX_STATE_BYTES`) nothing is taken: the next call reports it all again."""
+    out: dict[str, bytes | None] = {}
+    with _collector_paused():
+        for index, key, budget, record in engine.changed_partitions():
+            ident = partition_id(index, key)
+            out[ident] = None if record is None else _record_bytes(ident, budget, record)
+    engine.forget_changes()
+    return out
+
+
+def _record_bytes(ident: str, budget: records.Budget | None, record: list[Any]) -> bytes:
+    """A partition's record (``Engine.changed_partitions``) as bytes."""
+    writer = _Writer()
+    writer.number(budget)  # number 0: the profile's budget, which the core holds
+    return _PARTITION_HEAD + _bounded(writer.value(record), f"partition {ident}")
 
 
 class _Reader:
@@ -416,47 +494,50 @@ class _Reader:
         return cls
 
 
-def _read(text: bytes) -> Any:
-    """What the records of a snapshot's (decompressed) text build."""
+def _parse(text: bytes) -> Any:
+    """The JSON document of a snapshot's (decompressed) text or of a partition record."""
     # orjson reads several times faster; json reads what it would read wrongly (an integer
     # past 64 bits) or not at all (NaN, a lone surrogate, nesting past its limit).
-    document: Any = _UNREAD
     if text.translate(_DIGITS).find(_LONG_NUMBER) < 0:
         with contextlib.suppress(orjson.JSONDecodeError):
-            document = orjson.loads(text)
-    if document is _UNREAD:
-        document = json.loads(text)
+            return orjson.loads(text)
+    return json.loads(text)
+
+
+def _state(text: bytes) -> tuple[dict[str, Any], _Reader]:
+    """The engine state the records of a snapshot's or core's text build, and their reader
+    (its class table checked)."""
+    document = _parse(text)
     reader = _Reader(document.get("classes") if isinstance(document, dict) else None)
-    return reader.value(document["root"])
+    with _collector_paused():
+        state = reader.value(document["root"])
+    if type(state) is not dict:
+        raise SnapshotError(f"the snapshot holds a {type(state).__name__}, not an engine's "
+                            "state")
+    return state, reader
 
 
-def restore(data: bytes, dead_letter: Callable[[DeadLetter], None] | None = None) -> Engine:
-    """The engine a snapshot holds; :class:`SnapshotError` if ``data`` is not a snapshot of
-    this format (nothing it names is run), whatever is wrong with it."""
+def _unframed(data: bytes, magic: bytes, what: str) -> bytes:
+    """The JSON text of a snapshot or core (``magic``: its first line's start): its version
+    checked, decompressed within the bound."""
     head, _, body = data.partition(b"\n")
-    if data[:1] == b"\x80":
-        raise SnapshotError("a pickled engine (snapshot format 1, written by an older evamed): "
-                            "not read, since unpickling runs whatever code the bytes name; "
-                            "start on a fresh checkpoint")
-    if not head.startswith(_MAGIC):
-        raise SnapshotError(f"not an evamed engine snapshot (it starts with {data[:16]!r}; "
-                            f"format {FORMAT} starts with {_MAGIC.decode().strip()!r})")
-    version = head[len(_MAGIC):].decode(errors="replace")
+    if not head.startswith(magic):
+        raise SnapshotError(f"not an evamed {what} (it starts with {data[:16]!r}; "
+                            f"format {FORMAT} starts with {magic.decode().strip()!r})")
+    version = head[len(magic):].decode(errors="replace")
     if version != str(FORMAT):
-        raise SnapshotError(f"engine snapshot format {version!r}; this evamed reads format "
-                            f"{FORMAT} only")
+        raise SnapshotError(f"{what} format {version!r}; this evamed reads format {FORMAT} only")
     try:
-        text = inflate(body)
+        return inflate(body)
     except ValueError as exc:
-        raise SnapshotError(f"malformed engine snapshot: {exc}") from None
+        raise SnapshotError(f"malformed {what}: {exc}") from None
+
+
+def _guarded(what: str, build: Callable[[], _T]) -> _T:
+    """``build()``, whatever goes wrong in it a :class:`SnapshotError` naming ``what``."""
     failure: str | None = None
     try:
-        with _collector_paused():
-            state = _read(text)
-        if type(state) is not dict:
-            raise SnapshotError(f"the snapshot holds a {type(state).__name__}, not an engine's "
-                                "state")
-        engine = Engine.import_state(state, dead_letter)
+        return build()
     except SnapshotError:
         raise
     except Exception as exc:  # the trust boundary: see below
@@ -466,6 +547,74 @@ def restore(data: bytes, dead_letter: Callable[[DeadLetter], None] | None = None
         # of it is bytes that are not a snapshot this version wrote. (Exception covers the
         # last two; only BaseException's exits — KeyboardInterrupt, SystemExit — go through.)
         failure = f"{type(exc).__name__}: {str(exc)[:200]}"
-    if failure is not None:  # raised outside the handler: what was read is freed with it
-        raise SnapshotError(f"malformed engine snapshot: {failure}")
-    return engine
+    # Raised outside the handler: what was read is freed with it.
+    raise SnapshotError(f"malformed {what}: {failure}")
+
+
+def restore(data: bytes, dead_letter: Callable[[DeadLetter], None] | None = None) -> Engine:
+    """The engine a snapshot holds; :class:`SnapshotError` if ``data`` is not a snapshot of
+    this format (nothing it names is run), whatever is wrong with it."""
+    if data[:1] == b"\x80":
+        raise SnapshotError("a pickled engine (snapshot format 1, written by an older evamed): "
+                            "not read, since unpickling runs whatever code the bytes name; "
+                            "start on a fresh checkpoint")
+    text = _unframed(data, _MAGIC, "engine snapshot")
+
+    def build() -> Engine:
+        state, _ = _state(text)
+        return Engine.import_state(state, dead_letter)
+
+    return _guarded("engine snapshot", build)
+
+
+def restore_core(core: bytes, load: Callable[[str], bytes | None],
+                 dead_letter: Callable[[DeadLetter], None] | None = None) -> Engine:
+    """The engine of a core (:func:`snapshot_core`) and its partitions' records: a record is
+    read through ``load(partition_id)`` the first time the engine needs the partition — an
+    event or timer of its key, a sweep, a tick of a time class its profile uses, the state
+    cap's eviction, ``at_rest``, ``export_state`` (``snapshot``) — and a profile without
+    ``per``'s one partition at once. The same engine, to every answer, as ``restore`` of a
+    snapshot taken where the core was. :class:`SnapshotError` if the core or a record is not
+    of this format or malformed, or ``load`` has no record of a partition the core lists —
+    from this call, or from the call that first needs that partition (the engine is then
+    unusable: its state store does not hold one state)."""
+    text = _unframed(core, _CORE_MAGIC, "engine core")
+
+    def build() -> Engine:
+        state, reader = _state(text)
+
+        def loader(index: int, key: Hashable, budget: records.Budget) -> list[Any]:
+            ident = partition_id(index, key)
+            data = load(ident)
+            if data is None:
+                raise SnapshotError(f"partition {ident}: the engine core lists it, but load "
+                                    "gave no record (the records and the core are not of one "
+                                    "state: write every record take_changed gives)")
+            return _guarded(f"partition record {ident}",
+                            lambda: _partition_record(reader, data, key, budget, ident))
+
+        return Engine.import_state(state, dead_letter, loader)
+
+    return _guarded("engine core", build)
+
+
+def _partition_record(reader: _Reader, data: bytes, key: Hashable, budget: records.Budget,
+                      ident: str) -> list[Any]:
+    """A partition's record read back: [value, state, created, order] of the partition of
+    ``key``, its references to object 0 to the profile's ``budget``."""
+    if not data.startswith(_PARTITION_HEAD):
+        raise SnapshotError(f"partition {ident}: not an evamed partition record of format "
+                            f"{FORMAT} (it starts with {data[:20]!r})")
+    text = data[len(_PARTITION_HEAD):]
+    if len(text) > MAX_STATE_BYTES:
+        raise SnapshotError(f"partition {ident}: its record is {len(text):,} bytes, over the "
+                            f"{MAX_STATE_BYTES:,} a record may hold (MAX_STATE_BYTES)")
+    reader.memo = {0: budget}
+    record = reader.value(_parse(text))
+    if type(record) is not list or len(record) != 4:
+        raise SnapshotError(f"partition {ident}: its record holds {_brief(record)}, expected "
+                            "[value, state, created, number]")
+    if key is not None and partition_key(record[0]) != key:
+        raise SnapshotError(f"partition {ident}: its record is of partition "
+                            f"{_brief(record[0])}")
+    return record

@@ -19,10 +19,11 @@ from eva.semantics import Element, Key, Occ
 
 
 class SnapshotError(ValueError):
-    """Bytes that are not an engine snapshot this version can read, or records that do not fit
-    the profiles compiled again from its documents (or, from ``eva.snapshot.snapshot``, an
-    engine state too large to be read back). Defined here, below the engine, because
-    ``Engine.import_state`` checks the records it is given."""
+    """Bytes that are not an engine snapshot (or core, or partition record) this version can
+    read, or records that do not fit the profiles compiled again from its documents (or, from
+    ``eva.snapshot.snapshot`` and its kin, an engine state too large to be read back). Defined
+    here, below the engine, because ``Engine.import_state`` checks the records it is given —
+    and an engine restored from a core checks a partition's record when it first reads it."""
 
 
 class Budget:
