@@ -83,6 +83,7 @@ def mediator(directory: Path, port: int, qos: int) -> Iterator[tuple[MediatorCli
     config.write_text(f"""
 listen = "127.0.0.1:{free_port()}"
 store = "sqlite:///{directory / 'mediator.db'}"
+composer = "inprocess"
 log_level = "WARNING"
 metrics_port = {metrics}
 

@@ -9,14 +9,15 @@ a temporary directory unless --store, embedded services):
   at once (each a thread registering its share: the throughput of a mediator many clients
   register with);
 * **latency**: publish → client, p50/p99, at a fixed rate of events/s (batches every 10 ms,
-  event times the wall clock), one subscription notified of one event in ten, the in-process
-  composer;
+  event times the wall clock), one subscription notified of one event in ten, with each
+  composer of ``--composers`` (``spark``: the live Spark job over the event log, its trigger
+  ``--trigger``; warmed up first: the first micro-batch plans the query);
 * **publish**: sustained events/s through Publish, by batch size: accepted (durably in the
   event log) and evaluated (the pipeline done with the last one: its composite received).
 
     .venv/bin/python benchmarks/service.py [--part subscribe|latency|publish|all] [--quick]
         [--profiles 10,100,1000,10000] [--services 1,3,6] [--per-client 100] [--concurrency 1]
-        [--rates 1000,10000] [--store URL]
+        [--rates 1000,10000] [--store URL] [--composers inprocess,spark] [--trigger "200 milliseconds"]
 """
 
 from __future__ import annotations
@@ -51,13 +52,14 @@ PER_CLIENT = 100
 
 
 @contextmanager
-def mediator(services: int, store: str | None, per_client: int = PER_CLIENT
-             ) -> Iterator[tuple[Running, MediatorClient]]:
+def mediator(services: int, store: str | None, per_client: int = PER_CLIENT,
+             composer: str = "inprocess") -> Iterator[tuple[Running, MediatorClient]]:
     """A mediator with ``services`` embedded services — service j observes the types t<k> with
     k mod services = j — and a client of it."""
     with tempfile.TemporaryDirectory() as directory:
         config = Config(
             listen="127.0.0.1:0", store=store or f"sqlite:///{directory}/bench.db",
+            composer=composer,
             limits=Limits(profiles=per_client, rate=0), log_level="WARNING",
             services=tuple(ServiceConfig(f"s{j}", GROUPS[j], "embedded", ("*",),
                                          tuple(f"t{k}" for k in range(TYPES) if k % services == j))
@@ -125,31 +127,66 @@ def event(i: int, when: int, kind: str) -> str:
                        "time": stamp})
 
 
-def latency(rates: list[int], seconds: float, store: str | None) -> None:
-    print(f"publish → client latency, in-process composer, {seconds:g} s per rate, batches every "
-          "10 ms, one event in ten notified")
-    print(f"{'events/s':>9} {'sent/s':>9} {'notified':>9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
-    for rate in rates:
-        sent_rate, delays = latency_at(rate, seconds, store)
-        ms = sorted(d * 1e3 for d in delays)
-        q = statistics.quantiles(ms, n=100, method="inclusive")
-        print(f"{rate:>9,} {sent_rate:>9,.0f} {len(ms):>9,} {q[49]:>8.1f} {q[98]:>8.1f} "
-              f"{ms[-1]:>8.1f}", flush=True)
+def latency(rates: list[int], seconds: float, store: str | None, composers: list[str],
+            trigger: str) -> None:
+    import spark_jobs.composer
+
+    spark_jobs.composer.TRIGGER = trigger  # what the pipeline's Spark composers are given
+    print(f"publish → client latency, {seconds:g} s per rate, batches every 10 ms, one event in "
+          "ten notified")
+    print(f"{'composer':>9} {'events/s':>9} {'sent/s':>9} {'notified':>9} {'p50 ms':>8} "
+          f"{'p99 ms':>8} {'max ms':>8}")
+    for composer in composers:
+        for rate in rates:
+            sent_rate, delays, settings = latency_at(rate, seconds, store, composer)
+            ms = sorted(d * 1e3 for d in delays)
+            q = statistics.quantiles(ms, n=100, method="inclusive")
+            print(f"{composer:>9} {rate:>9,} {sent_rate:>9,.0f} {len(ms):>9,} {q[49]:>8.1f} "
+                  f"{q[98]:>8.1f} {ms[-1]:>8.1f}  {settings}", flush=True)
 
 
-def latency_at(rate: int, seconds: float, store: str | None) -> tuple[float, list[float]]:
-    """Events/s sent, and each notified event's delay (s) from its batch's Publish call to
-    its notification at the client."""
+def _spark_settings() -> str:
+    """The live Spark job's settings that set its latency."""
+    from pyspark.sql import SparkSession
+
+    import spark_jobs.composer
+
+    conf = SparkSession.builder.getOrCreate().conf
+    return (f"trigger {spark_jobs.composer.TRIGGER}, master {conf.get('spark.master')}, "
+            f"shuffle partitions {conf.get('spark.sql.shuffle.partitions')}")
+
+
+def latency_at(rate: int, seconds: float, store: str | None, composer: str = "inprocess"
+               ) -> tuple[float, list[float], str]:
+    """Events/s sent, each notified event's delay (s) from its batch's Publish call to its
+    notification at the client, and the composer's settings. The Spark composer decides an
+    instant when a later event moves its watermark (Publish's watermark reaches the runners
+    only), so events that notify nobody follow the measured ones until all are in."""
     total = int(rate * seconds)
     per_batch = max(1, rate // 100)
     sent: dict[str, float] = {}  # id of a notified event → when its batch was sent
     delays: list[float] = []
     done = threading.Event()
-    with mediator(0, store) as (_, client):
-        client.add_profile('class A = type == "a"\nprofile P = A\n')
+    warm = threading.Event()
+    newest = 0
+
+    def lines_of(first: int, count: int, notified: bool) -> list[str]:
+        nonlocal newest
+        out = []
+        for i in range(first, first + count):
+            newest = max(newest + 1, time.time_ns() // 1000)
+            out.append(event(i, newest, "a" if notified and i % 10 == 0 else "b"))
+        return out
+
+    with mediator(0, store, composer=composer) as (_, client):
+        client.add_profile('class A = type == "a"\nclass W = type == "warm"\n'
+                           'profile P = A\nprofile Warm = W\n')
 
         def read() -> None:
             for note in client.subscribe(name="P"):
+                if note.profile == "Warm":
+                    warm.set()
+                    continue
                 ident = note.cloudevent["data"]["constituents"][0]
                 delays.append(time.perf_counter() - sent[ident])
                 if len(delays) >= (total + 9) // 10:
@@ -158,24 +195,29 @@ def latency_at(rate: int, seconds: float, store: str | None) -> tuple[float, lis
 
         threading.Thread(target=read, daemon=True).start()
         time.sleep(0.2)  # the stream is open
-        newest = 0
+        # Warm-up: the first micro-batch of a Spark job plans and compiles its query (seconds).
+        deadline = time.monotonic() + 300
+        while not warm.is_set() and time.monotonic() < deadline:
+            client.publish([event(-1, newest := max(newest + 1, time.time_ns() // 1000),
+                                  "warm"), *lines_of(total + 10**9, 1, False)])
+            warm.wait(0.5)
         started = time.perf_counter()
         for b in range(0, total, per_batch):  # one call per batch: a publisher as events come
             pause = started + b / rate - time.perf_counter()
             if pause > 0:
                 time.sleep(pause)
-            lines = []
-            for i in range(b, min(total, b + per_batch)):
-                newest = max(newest + 1, time.time_ns() // 1000)
-                kind = "a" if i % 10 == 0 else "b"
-                lines.append(event(i, newest, kind))
+            lines = lines_of(b, min(total, b + per_batch) - b, True)
             now = time.perf_counter()
             sent.update((f"e{i}", now) for i in range(b, b + len(lines)) if i % 10 == 0)
             client.publish(lines)
         sent_rate = total / (time.perf_counter() - started)
         client.publish([], advance_to=newest + 1)
-        done.wait(60)
-    return sent_rate, delays
+        tail = 2 * 10**9
+        while not done.wait(0.05) and time.perf_counter() - started < seconds + 120:
+            client.publish(lines_of(tail, per_batch, False))  # moves Spark's watermark
+            tail += per_batch
+        settings = _spark_settings() if composer == "spark" else ""
+    return sent_rate, delays, settings
 
 
 def publish(count: int, batches: list[int], store: str | None) -> None:
@@ -229,6 +271,10 @@ def main() -> None:
     parser.add_argument("--batches", default="100,500,2000")
     parser.add_argument("--store", default=None, help="A store URL (default: SQLite in a "
                                                       "temporary directory).")
+    parser.add_argument("--composers", default="inprocess,spark",
+                        help="The composers the latency part measures.")
+    parser.add_argument("--trigger", default="200 milliseconds",
+                        help="The live Spark job's processing-time trigger.")
     args = parser.parse_args()
     sizes = [int(n) for n in args.profiles.split(",")]
     services = [int(n) for n in args.services.split(",")]
@@ -239,7 +285,7 @@ def main() -> None:
     if args.part in ("subscribe", "all"):
         subscribe(sizes, services, args.store, args.per_client, max(1, args.concurrency))
     if args.part in ("latency", "all"):
-        latency(rates, args.seconds, args.store)
+        latency(rates, args.seconds, args.store, args.composers.split(","), args.trigger)
     if args.part in ("publish", "all"):
         publish(args.events, [int(n) for n in args.batches.split(",")], args.store)
 

@@ -4,9 +4,10 @@ One small protocol — register or remove profiles, feed events, collect composi
 letters — with two implementations: ``InProcessComposer`` (here: the engine in this process)
 and ``spark_jobs.composer.SparkComposer`` (the streaming job in local mode, or on a cluster),
 which satisfies the protocol structurally: spark_jobs sits below the mediator and does not
-import it. The service's pipeline (:mod:`mediator.pipeline`) composes through a
-``SparkComposer`` with ``composer = "spark"``: the profiles no connected service takes part in;
-everything else — and everything with ``"inprocess"`` — runs in the federations' plan runners.
+import it. The service's pipeline (:mod:`mediator.pipeline`) composes through live
+``SparkComposer`` s (:class:`LiveComposer`: they read the event log themselves) with
+``composer = "spark"``, the default: the profiles whose leaves are memoryless; everything else —
+and everything with ``"inprocess"`` — runs in the federations' plan runners.
 ``InProcessComposer`` is the protocol's reference implementation the Spark one is tested
 against (docs/spark.md, "What runs where in the mediator service").
 """
@@ -45,6 +46,19 @@ class Composer(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class LiveComposer(Composer, Protocol):
+    """A composer that reads the event log itself (``SparkComposer`` given its ``lines``):
+    started once its profiles are registered, it hands its output over as it goes."""
+
+    def begin(self) -> None:
+        """Start (or resume from its checkpoint) on the profiles registered."""
+        ...
+
+    def failure(self) -> BaseException | None:
+        """What stopped it, if it stopped by itself."""
+        ...
 
 
 class InProcessComposer:

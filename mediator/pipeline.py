@@ -18,10 +18,14 @@ services just when the replay reaches its start, so each sees exactly what it sa
 composites already logged are skipped by their deterministic ids.
 
 The composer: ``"inprocess"`` composes every plan's mediator-side part in its federation's
-runner in this process. ``"spark"`` hands the profiles no connected service takes part in (every
-leaf of the plan is the mediator's own feed) to the Spark composer (``spark_jobs.composer``: the
-streaming job, local mode unless given a session) fed every batch, and keeps the plans that
-involve services in the runners — their composition needs the services' answers batch by batch.
+runner in this process. ``"spark"`` (the service's default) hands the profiles whose leaves are
+all memoryless — the mediator's own feed and clock, or a service's filter of one class
+(:func:`composed_by_spark`) — to live Spark jobs (``spark_jobs.composer``, local mode unless
+given a session) that read the event log themselves, continuously, and append their composites
+to the subscriptions' logs from their own thread (:class:`_Sparks`): the pipeline does not wait
+for them. It keeps the plans where a service evaluates more than a filter in the runners.
+Each job may read the log only as far as the pipeline has evaluated (the cap file): a profile
+registered at a position sees exactly the events after it, as its runner would.
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ import heapq
 import io
 import json
 import logging
+import os
 import shutil
-import tempfile
 import threading
 import time as clock
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
@@ -48,15 +52,15 @@ from eva.notify import composite_line
 from eva.parser import parse
 from eva.printer import to_text
 from eva.semantics import Notification
-from mediator.composer import Composer
+from mediator.composer import LiveComposer
 from mediator.config import COMPOSERS
 from mediator.config import RESERVED_SERVICE as OWN_FEED  # a constituent no service reported
 from mediator.metrics import Metrics
 from mediator.store.base import LoggedEvent, Store, SubscriptionRecord
 from transforms.dialects.base import Detection
 from transforms.explanation import as_json, explain, service_renderer
-from transforms.federated import MEDIATOR, ServiceInfo, plan_federated
-from transforms.plans import Plan, Remote, Subscribe, nodes
+from transforms.federated import ServiceInfo, plan_federated
+from transforms.plans import Plan, Remote, nodes
 from transforms.runner import RunnerStats, lag
 
 log = logging.getLogger(__name__)
@@ -122,8 +126,8 @@ class _Subscription:
     # answers wait long (a wide frame) holds back none of the others'
     types: frozenset[str] | None  # the event types its classes can match (None: any)
     horizon: int | None  # how long a composite may name an event after it (None: unbounded)
-    composed: list[str] = field(default_factory=list)  # profiles the Spark composer composes
-    slot: int = -1  # the Spark composer holding them
+    composed: list[str] = field(default_factory=list)  # profiles a live Spark job composes
+    slot: int = -1  # the Spark composer (slot) holding them
 
     @property
     def key(self) -> Key:
@@ -133,9 +137,18 @@ class _Subscription:
         return {(link, h) for f in self.federations for link, hs in f.handles.items() for h in hs}
 
 
-def whole_at_mediator(p: Plan) -> bool:
-    """Every leaf of the plan is the mediator's own: no service takes part."""
-    return all(n.service == MEDIATOR for n in nodes(p.root) if isinstance(n, (Remote, Subscribe)))
+def composed_by_spark(p: Plan, doc: ast.Document) -> bool:
+    """Whether the Spark composer composes the plan (docs/spark.md, "What runs where"): every
+    leaf is the mediator's own feed or clock, or a service's filter of one event class — a
+    memoryless leaf whose events are all in the event log (a service is published what its
+    coverage observes of the log, and is assigned a class only if it observes every event of
+    it), so the job's engine over the log decides exactly what the runner decides over the
+    service's answers. A subtree a service evaluates whole (an operator, a time class with the
+    service's clock) stays with the runner."""
+    classes = doc.class_map()
+    return all(isinstance(n.original, ast.Prim)
+               and not isinstance(classes[n.original.name].body, ast.Every)
+               for n in nodes(p.root) if isinstance(n, Remote))
 
 
 def payload(cloudevent: str, ident: str, profile: str, subscription: str,
@@ -290,26 +303,138 @@ def _types(doc: ast.Document) -> frozenset[str] | None:
     return frozenset(out)
 
 
+SLOTS = "slots.json"
+"""In the Spark directory: which subscription's profiles each composer slot holds."""
+EVALUATED = "evaluated"
+"""In the Spark directory: the event-log position the pipeline has evaluated — the live jobs'
+cap (spark_jobs/log_source.py): a job reads no further before the profiles registered there
+are in its table."""
+MAX_ROWS = 50_000
+"""Event-log positions per micro-batch at most (a restart after a long stop catches up in
+bounded batches)."""
+
+Claim = tuple[str, str, int]
+"""A slot's profile holder: (owner, subscription, created_us) — a subscription removed and
+registered again under its name is another holder."""
+
+
+def spark_dir(store: Store) -> str:
+    """Where the Spark composer keeps its jobs by default: beside a SQLite store's file
+    (``<file>.spark``), ``./evamed-spark`` for a Redis store (docs/operations.md, Stores)."""
+    from mediator.store.sqlite import SqliteStore
+
+    if isinstance(store, SqliteStore):
+        if store.path == ":memory:" or store.path.startswith("file:"):
+            raise ValueError(f"the Spark composer reads the event log from the store's file; "
+                             f"the SQLite store {store.path!r} has none: use a file")
+        return store.path + ".spark"
+    return "evamed-spark"
+
+
+def log_lines(store: Store, evaluated: str, start: int) -> Callable[[Any], Any]:
+    """The store's event log as a live job's input (after position ``start`` when the job
+    is new), capped at the pipeline's evaluated position."""
+    from mediator.store.redis import RedisStore
+    from mediator.store.sqlite import SqliteStore
+
+    if isinstance(store, SqliteStore):
+        from spark_jobs.log_source import sqlite_log_lines
+
+        path = store.path
+        return lambda spark: sqlite_log_lines(spark, path, cap=evaluated, start=start,
+                                              max_rows=MAX_ROWS)
+    if isinstance(store, RedisStore):
+        from spark_jobs.redis_io import redis_lines
+
+        url, stream = store.url, store.prefix + "events"
+        return lambda spark: redis_lines(spark, url, stream, cap=evaluated,
+                                         start=f"{start}-0", max_rows=MAX_ROWS)
+    raise ValueError(f"the Spark composer reads the event log of a SQLite or Redis store, "
+                     f"not of {type(store).__name__}")
+
+
 class _Sparks:
-    """The Spark composers holding the profiles composed wholly at the mediator. A profile name
-    is one entry of a composer's profile table, and a composite's id is made from its profile's
-    name: two subscriptions defining the same name go to two composers (slots), so every
-    composite keeps the id the in-process runner gives it."""
+    """The Spark composers (slots) holding the profiles Spark composes, each a live job over
+    the store's event log in its own directory under ``root``. A profile name is one entry of
+    a composer's profile table, and a composite's id is made from its profile's name: two
+    subscriptions defining the same name go to two slots, so every composite keeps the id the
+    in-process runner gives it. Which subscription holds which slot's names is kept
+    (``slots.json``), so a restart puts every profile back on the job — and the checkpoint —
+    that composed it; a slot left without profiles is stopped and its directory removed."""
 
-    def __init__(self, spark: Any) -> None:
+    def __init__(self, spark: Any, store: Store, root: str | None,
+                 deliver: Callable[[Key, str, dict[str, Any]], None], trigger: str | None
+                 ) -> None:
         self.spark = spark
-        self.slots: list[Composer] = []
-        self.names: list[dict[str, Key]] = []  # per slot: live profile → its subscription
-        self.dirs: list[str] = []
+        self.store = store
+        # Resolved: Spark reads "//tmp/x" (a store URL sqlite:////tmp/x) as host tmp.
+        self.root = os.path.realpath(root if root is not None else spark_dir(store))
+        self.deliver = deliver
+        self.trigger = trigger
+        self.evaluated = os.path.join(self.root, EVALUATED)
+        os.makedirs(self.root, exist_ok=True)
+        self.slots: list[LiveComposer | None] = []
+        self.names: list[dict[str, Claim]] = self._load()  # per slot: profile → its holder
+        self.live: set[int] = set()  # slots whose names are registered since this start
+        self._marked: int | None = None  # the position in the cap file (read at first use)
+        self._failed: BaseException | None = None  # a job that did not start
+        self._looked = 0.0  # when failure() last asked the jobs
 
-    def register(self, key: Key, doc: ast.Document, names: list[str], at: int | None) -> int:
-        slot = next((i for i, live in enumerate(self.names) if not set(names) & set(live)), -1)
+    def _load(self) -> list[dict[str, Claim]]:
+        path = os.path.join(self.root, SLOTS)
+        if not os.path.exists(path):
+            return []
+        try:
+            with open(path, encoding="utf-8") as handle:
+                found = json.load(handle)
+            return [{name: (str(c[0]), str(c[1]), int(c[2])) for name, c in slot.items()}
+                    for slot in found]
+        except (OSError, ValueError, TypeError, IndexError, AttributeError) as exc:
+            raise ValueError(f"the Spark composer's {path} cannot be read ({exc}); expected "
+                             "the slots it wrote: remove the directory to start its jobs "
+                             "afresh (they then replay from the subscriptions' starts)"
+                             ) from None
+
+    def _save(self) -> None:
+        from spark_jobs.spool import write_whole
+
+        write_whole(os.path.join(self.root, SLOTS),
+                    json.dumps([{n: list(c) for n, c in slot.items()} for slot in self.names]))
+
+    def mark(self, position: int) -> None:
+        """The pipeline evaluated the log up to ``position``: the jobs may read that far. Never
+        moved back: a restart's replay of positions evaluated before registers nothing there
+        (a new subscription starts at the log's head)."""
+        from spark_jobs.log_source import read_cap
+        from spark_jobs.spool import write_whole
+
+        if self._marked is None:
+            self._marked = read_cap(self.evaluated) or 0
+        if position > self._marked:
+            write_whole(self.evaluated, str(position))
+            self._marked = position
+
+    def register(self, record: SubscriptionRecord, doc: ast.Document, names: list[str]) -> int:
+        """Register the subscription's profiles ``names`` (its start as the record says) with
+        the slot that held them before a restart, else one where none of them is taken."""
+        holder = (record.owner, record.name, record.created_us)
+        slot = next((i for i, held in enumerate(self.names)
+                     if names and all(held.get(n) == holder for n in names)), -1)
         if slot < 0:
-            slot = self._open()
-        text = to_text(ast.Document(doc.classes,
-                                    tuple(p for p in doc.profiles if p.name in names)))
-        self.slots[slot].register(text, at)
-        self.names[slot].update(dict.fromkeys(names, key))
+            slot = next((i for i, held in enumerate(self.names) if not set(names) & set(held)),
+                        -1)
+        if slot < 0:
+            self.names.append({})
+            slot = len(self.names) - 1
+        # Named after its holder (a comment): a profile removed and registered again gets a
+        # new registration in the job's table, never the old one's state.
+        text = (f"# subscription {record.owner}/{record.name} created {record.created_us}\n"
+                + to_text(ast.Document(doc.classes,
+                                       tuple(p for p in doc.profiles if p.name in names))))
+        self._composer(slot, record.start_position).register(text, record.start_time)
+        self.names[slot].update(dict.fromkeys(names, holder))
+        self.live.add(slot)
+        self._save()
         return slot
 
     def session(self) -> Any:
@@ -320,54 +445,114 @@ class _Sparks:
             self.spark = build_session()
         return self.spark
 
-    def _open(self) -> int:
-        from spark_jobs.composer import SparkComposer
+    def _composer(self, slot: int, start: int) -> LiveComposer:
+        from spark_jobs.composer import TRIGGER, SparkComposer
 
-        workdir = tempfile.mkdtemp(prefix="evamed-composer-")
-        self.dirs.append(workdir)
-        self.slots.append(SparkComposer(self.session(), workdir))
-        self.names.append({})
-        return len(self.slots) - 1
+        while len(self.slots) <= slot:
+            self.slots.append(None)
+        found = self.slots[slot]
+        if found is None:
+            found = SparkComposer(
+                self.session(), os.path.join(self.root, f"composer-{slot}"),
+                lines=log_lines(self.store, self.evaluated, start),
+                deliver=lambda rows: self._delivered(slot, rows),
+                trigger=self.trigger or TRIGGER)
+            self.slots[slot] = found
+        return found
+
+    def begin(self, wait: bool = True) -> None:
+        """Start the jobs of the slots registered (after a restart: once every stored
+        subscription is back); a slot nothing was registered with again is dropped.
+        ``wait`` False: in a thread — building a query takes Spark seconds, longer than an
+        AddProfile may wait; the table is written already, and the cap holds the job back."""
+        for slot, held in enumerate(self.names):
+            if slot in self.live:
+                composer = self.slots[slot]
+                assert composer is not None
+                if wait:
+                    composer.begin()
+                else:
+                    threading.Thread(target=self._begin, args=(composer,), daemon=True,
+                                     name="evamed-spark-start").start()
+            elif held:
+                self._drop(slot)
+
+    def _begin(self, composer: LiveComposer) -> None:
+        try:
+            composer.begin()
+        except Exception as exc:  # the pipeline's next look at failure() stops it, said
+            self._failed = exc
+
+    def _drop(self, slot: int) -> None:
+        """Stop a slot's job and remove its directory (its checkpoint: no profile left)."""
+        composer = self.slots[slot] if slot < len(self.slots) else None
+        if composer is not None:
+            composer.close()
+            self.slots[slot] = None
+        shutil.rmtree(os.path.join(self.root, f"composer-{slot}"), ignore_errors=True)
+        self.names[slot] = {}
+        self.live.discard(slot)
+        self._save()
 
     def remove(self, slot: int, names: list[str]) -> None:
         for name in names:
-            self.slots[slot].remove(name)
+            composer = self.slots[slot]
+            if composer is not None:
+                composer.remove(name)
             self.names[slot].pop(name, None)
+        if not self.names[slot]:
+            self._drop(slot)
+        else:
+            self._save()
 
-    def run(self, events: Sequence[Event]) -> list[tuple[Key, str, dict[str, Any]]]:
-        """Feed the batch to every composer with profiles; what they decided, per
-        subscription."""
-        out: list[tuple[Key, str, dict[str, Any]]] = []
-        for composer, names in zip(self.slots, self.names, strict=True):
-            if not names:
-                continue
-            composer.feed(events)
-            for kind, profile, body in composer.collect():
-                key = names.get(profile)
-                if kind != "composite":
-                    log.warning("the Spark composer refused an event for profile %s: %s: %s",
-                                profile, body.get("reason"), body.get("detail"))
-                elif key is not None:  # else removed meanwhile
-                    out.append((key, profile, body))
-        return out
+    def _delivered(self, slot: int, rows: list[tuple[str, str, dict[str, Any]]]) -> None:
+        """A live job's micro-batch (in its query's thread): each composite to the log of the
+        subscription holding its profile."""
+        held = self.names[slot]
+        for kind, profile, body in rows:
+            holder = held.get(profile)
+            if kind != "composite":
+                log.warning("the Spark composer refused an event for profile %s: %s: %s",
+                            profile, body.get("reason"), body.get("detail"))
+            elif holder is not None:  # else removed meanwhile
+                self.deliver(holder[:2], profile, body)
+
+    def failure(self) -> BaseException | None:
+        """What stopped a live job, if one stopped by itself (or did not start). Asked after
+        every batch; the jobs are asked (a call into the JVM each) once a second at most."""
+        if self._failed is not None:
+            return self._failed
+        now = clock.monotonic()
+        if now < self._looked + 1.0:
+            return None
+        self._looked = now
+        for composer in self.slots:
+            found = composer.failure() if composer is not None else None
+            if found is not None:
+                return found
+        return None
 
     def close(self) -> None:
+        """Stop the jobs; their directories stay for the next start."""
         for composer in self.slots:
-            composer.close()
-        for workdir in self.dirs:
-            shutil.rmtree(workdir, ignore_errors=True)
-        self.slots, self.names, self.dirs = [], [], []
+            if composer is not None:
+                composer.close()
+        self.slots = []
+        self.live = set()
 
 
 class Pipeline:
     """Every live subscription over the event log (see the module docstring). ``spark``: the
-    SparkSession of the ``"spark"`` composer (default: local mode, started at the first profile
-    it composes); ``batch``: events per batch; ``trim_every``: batches between event-log trims."""
+    SparkSession of the ``"spark"`` composer (default: local mode, started by :meth:`start`);
+    ``spark_dir``: where its jobs keep their tables and checkpoints (default: :func:`spark_dir`);
+    ``trigger``: their processing-time trigger (default: spark_jobs.composer.TRIGGER);
+    ``batch``: events per batch; ``trim_every``: batches between event-log trims."""
 
     def __init__(self, store: Store, links: Mapping[str, Link], *, tick: int = 1_000_000,
                  composer: str = "inprocess", metrics: Metrics | None = None,
                  on_append: Callable[[str, str, int], None] = lambda owner, name, head: None,
-                 spark: Any = None, batch: int = 500, trim_every: int = 100) -> None:
+                 spark: Any = None, spark_dir: str | None = None, trigger: str | None = None,
+                 batch: int = 500, trim_every: int = 100) -> None:
         if composer not in COMPOSERS:
             raise ValueError(f"composer {composer!r}: expected one of {', '.join(COMPOSERS)}")
         if batch < 1 or trim_every < 1:
@@ -384,7 +569,8 @@ class Pipeline:
         self.on_append = on_append
         self.batch = batch
         self.trim_every = trim_every
-        self._sparks = _Sparks(spark) if composer == "spark" else None
+        self._sparks = (_Sparks(spark, store, spark_dir, self._append_composed, trigger)
+                        if composer == "spark" else None)
         self._subs: dict[Key, _Subscription] = {}
         self._handles: dict[str, int] = dict.fromkeys(self.links, 0)  # per link, all federations'
         self._origins = _Origins()
@@ -423,6 +609,8 @@ class Pipeline:
                 self._add(record, None, restoring=True)
             except Exception as exc:  # one subscription that cannot be restored: the rest can
                 log.error("subscription %s/%s not restored: %s", record.owner, record.name, exc)
+        if self._sparks is not None:  # every stored profile is back in the jobs' tables
+            self._sparks.begin()
         self._thread = threading.Thread(target=self._run, name="evamed-pipeline", daemon=True)
         self._thread.start()
 
@@ -546,7 +734,7 @@ class Pipeline:
                 if self.store.subscription(record.owner, record.name) is not None:
                     self.store.put_subscription(record)
             plans = [plan_federated(p, doc, infos, live=True) for p in doc.profiles]
-            sparked = [p for p in plans if self._composer(p) == "spark"]
+            sparked = [p for p in plans if self._composer(p, doc) == "spark"]
             ran = [p for p in plans if p not in sparked]
             federations: list[Federation] = []
             try:
@@ -556,7 +744,10 @@ class Pipeline:
                 sub = _Subscription(record, doc, plans, federations, _types(doc),
                                     _horizon(doc, self.tick), [p.profile.name for p in sparked])
                 if sparked and self._sparks is not None:
-                    sub.slot = self._sparks.register(key, doc, sub.composed, record.start_time)
+                    sub.slot = self._sparks.register(record, doc, sub.composed)
+                    if not restoring:  # (restored ones start together: Pipeline.start)
+                        self._sparks.begin(wait=False)
+                        self._sparks.mark(self._position)
             except BaseException:  # nothing half-subscribed stays at the services
                 for federation in federations:
                     federation.unsubscribe()
@@ -607,9 +798,10 @@ class Pipeline:
         for sub in self._subs.values():
             self._origins.widen(sub.types, sub.horizon)
 
-    def _composer(self, p: Plan) -> str:
+    def _composer(self, p: Plan, doc: ast.Document) -> str:
         """Where a plan's mediator-side part is composed (the module docstring)."""
-        return "spark" if self._sparks is not None and whole_at_mediator(p) else "inprocess"
+        return ("spark" if self._sparks is not None and composed_by_spark(p, doc)
+                else "inprocess")
 
     def placement(self, owner: str, name: str) -> dict[str, str]:
         """Where each profile of a live subscription is composed: ``"inprocess"`` (its
@@ -630,7 +822,7 @@ class Pipeline:
         console = Console(record=True, width=120, file=io.StringIO())
         out = []
         for p in plans:
-            composer = self._composer(p)
+            composer = self._composer(p, doc)
             console.print(explain(p, render))
             console.print(f"  composed by: {composer}")
             out.append({**as_json(p, render), "composer": composer})
@@ -651,6 +843,9 @@ class Pipeline:
                         return
                     evaluated = self._step()
                     self._watermark()
+                    failed = self._sparks.failure() if self._sparks is not None else None
+                    if failed is not None:  # a live job stopped: composites would stop too
+                        raise failed
                 if evaluated:
                     continue
                 if self._draining:
@@ -679,6 +874,8 @@ class Pipeline:
                 self.metrics.composer_latency.observe(clock.perf_counter() - began)
                 self._measure(self.metrics)
         self._position = logged[-1].position
+        if self._sparks is not None:
+            self._sparks.mark(self._position)
         self._batches += 1
         if self._batches % self.trim_every == 0:
             self._trim()
@@ -714,9 +911,6 @@ class Pipeline:
         """Steps 1–4 of the module docstring for one batch."""
         self._origins.note(events)
         self._round(events, None, events[-1].time)
-        if self._sparks is not None:
-            for key, profile, body in self._sparks.run(events):
-                self._append_composed(key, profile, body)
         self._origins.forget(events[-1].time)
 
     def _round(self, events: list[Event], until: int | None, newest: int) -> None:
@@ -782,7 +976,12 @@ class Pipeline:
         self._store_items(sub.key, items)
 
     def _append_composed(self, key: Key, profile: str, body: dict[str, Any]) -> None:
-        """A composite of the Spark composer (its CloudEvent as the runner writes it)."""
+        """A composite of the Spark composer (its CloudEvent as the runner writes it), in its
+        job's thread: the store dedupes by id, so a micro-batch re-run after a restart
+        appends nothing twice. Its services: the mediator's own feed (no service took part).
+        Its sources as the origins index still knows them (it keeps an event as long as a
+        composite may name it after the pipeline evaluated it; a job far behind the pipeline
+        — catching up after a restart — may find "" for one)."""
         constituents = [str(c) for c in body["data"]["constituents"]]
         sources, services = self._origins.describe(constituents, set())
         ident = str(body["id"])

@@ -1,7 +1,15 @@
 """``SparkComposer``: the mediator's composer (mediator/composer.py, the protocol it
 satisfies) backed by the streaming job (spark_jobs/job.py) — in local mode embedded, or on a
-cluster. Profiles are registered in a profile table the running job re-reads, events are fed
-as spool files, and the sink's rows are collected in the driver.
+cluster. Profiles are registered in a profile table the running job re-reads. Two ways in:
+
+* **fed** (``lines`` None): events are fed as spool files and ``collect`` waits for the job to
+  have evaluated them (tests compare it with the in-process composer this way);
+* **live** (``lines``: the store's event log, spark_jobs/log_source.py or
+  spark_jobs/redis_io.py): the job reads the log itself, continuously, one micro-batch per
+  ``trigger`` interval, and hands each micro-batch's rows to ``deliver`` as they come (in the
+  query's thread; none given: kept for ``collect``). Nothing waits on the job: ``feed`` is
+  refused, ``register`` and ``remove`` only rewrite the table. The mediator's pipeline uses
+  this mode (docs/spark.md, "What runs where in the mediator service").
 """
 
 from __future__ import annotations
@@ -10,7 +18,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from eva.engine import EngineConfig
@@ -23,14 +31,30 @@ from spark_jobs.spool import spool_file
 # mediator.composer.Output, spelled out: spark_jobs does not import the mediator above it.
 Output = tuple[str, str, dict[str, Any]]
 
+TRIGGER = "200 milliseconds"
+"""The live job's processing-time trigger: a micro-batch every 200 ms, or as soon as the
+previous one is done if it took longer (a quiet log runs none). An instant is decided in the
+micro-batch that reads a later event; a batch's last instant waits for the watermark, moved at
+the batch's end, and is decided in the next. So publish → subscriber is the wait for a batch to
+start, plus one or two batches' work: benchmarks/service.py measures it (docs/performance.md,
+"The Spark composer's latency")."""
+
 
 class SparkComposer:
-    """The streaming job over a spool directory in ``workdir``; the profile table is a file
-    the running job re-reads, so profiles come and go without a restart."""
+    """The streaming job in ``workdir`` (its profile table, checkpoint and, fed, its spool);
+    the profile table is a file the running job re-reads, so profiles come and go without a
+    restart. ``lines``: a function of the session giving the live input stream (the module
+    docstring); ``deliver``: where a live job's rows go."""
 
     def __init__(self, spark: Any, workdir: str, config: EngineConfig | None = None,
-                 buckets: int = 16, lateness: str = "0 seconds") -> None:
+                 buckets: int = 16, lateness: str = "0 seconds", *,
+                 lines: Callable[[Any], Any] | None = None,
+                 deliver: Callable[[list[Output]], None] | None = None,
+                 trigger: str = TRIGGER) -> None:
         self.spark = spark
+        self._lines = lines
+        self._deliver = deliver
+        self.trigger = trigger
         self.spool = os.path.join(workdir, "spool")
         self.checkpoint = os.path.join(workdir, "checkpoint")
         self.table = os.path.join(workdir, "profiles.json")
@@ -41,18 +65,44 @@ class SparkComposer:
         self.lateness = lateness
         self._rows: list[Output] = []
         self._lock = threading.Lock()
+        self._starting = threading.Lock()  # begin and close: one query at a time on the checkpoint
+        self._closed = False
         self._files = 0
         self._stamp = time.time()
         self._newest: int | None = None
         self._query: Any = None
 
     def _sink(self, batch_id: int, rows: list[Any]) -> None:
+        out: list[Output] = [(r.kind, r.profile, json.loads(r.payload)) for r in rows]
+        if self._deliver is not None:
+            if out:
+                self._deliver(out)  # a failure fails the batch: re-run at the next start
+            return
         with self._lock:
-            self._rows.extend((r.kind, r.profile, json.loads(r.payload)) for r in rows)
+            self._rows.extend(out)
 
     def _settle(self) -> None:
-        if self._query is not None:
+        if self._query is not None and self._lines is None:
             self._query.processAllAvailable()
+
+    def begin(self) -> None:
+        """Live: start the job on the table as registered (a restart: once every stored
+        profile is registered again, so the job clears no state of one not yet back); it
+        resumes from its checkpoint. Fed, the first ``feed`` starts it."""
+        with self._starting:
+            if self._lines is None or self._query is not None or self._closed:
+                return
+            self._query = start(self.spark, self.job, self.spool, self.checkpoint, self._sink,
+                                lateness=self.lateness,
+                                trigger={"processingTime": self.trigger},
+                                lines=self._lines(self.spark))
+
+    def failure(self) -> BaseException | None:
+        """What stopped the job, if it stopped by itself (a sink or a task that failed)."""
+        if self._query is None or self._query.isActive:
+            return None
+        found = self._query.exception()
+        return RuntimeError(str(found)) if found is not None else None
 
     def register(self, text: str, at: int | None = None) -> list[str]:
         self._settle()  # what was fed before is evaluated under the table it was fed under
@@ -77,6 +127,9 @@ class SparkComposer:
         return found
 
     def feed(self, events: Sequence[Event]) -> None:
+        if self._lines is not None:
+            raise ValueError("this Spark composer reads the event log itself: nothing is fed "
+                             "to it")
         if not events:
             return
         if self._query is None:
@@ -96,9 +149,11 @@ class SparkComposer:
         return out
 
     def close(self) -> None:
-        if self._query is not None:
-            self._query.stop()
-            self._query = None
+        with self._starting:
+            self._closed = True
+            if self._query is not None:
+                self._query.stop()
+                self._query = None
 
     def profiles(self) -> list[str]:
         return sorted(profiles(self.job.table))

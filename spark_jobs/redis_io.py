@@ -1,12 +1,18 @@
-"""Deployed mode: the Redis notification log in, composites back to Redis.
+"""Deployed mode: the Redis store's event log in, composites back to Redis.
 
-* ``RedisStreamSource`` — a Python streaming Data Source over a Redis stream (default key
-  ``evamed:notifications``, one CloudEvent JSON per entry in field ``event``). Offsets are
-  stream ids, so a restarted query resumes exactly after the last committed entry.
-* ``redis_sink`` — a ``foreachBatch`` writer: each composite is stored once under its id
-  (``HSETNX evamed:composites``) and appended to ``evamed:composites:log`` only when new, so a
-  batch re-run after a restart writes nothing twice. Dead letters go to
-  ``evamed:dead-letters`` the same way (keyed by a hash of their content).
+* ``RedisStreamSource`` — a Python streaming Data Source over a Redis stream: by default the
+  Redis store's event log (mediator/store/redis.py: the stream ``evamed:events``, one
+  CloudEvent JSON per entry in field ``line``, ids ``<position>-0``), so the job reads what
+  ``Publish`` accepted. Offsets are stream ids, so a restarted query resumes exactly after the
+  last committed entry. Options ``cap`` and ``max_rows`` as for the SQLite log
+  (spark_jobs/log_source.py): with the store's ids a cap file's position is the id
+  ``<position>-0``.
+* ``redis_sink`` — a ``foreachBatch`` writer for ``evamed compose --redis``: each composite is
+  stored once under its id (``HSETNX evamed:composites``) and appended to
+  ``evamed:composites:log`` only when new, so a batch re-run after a restart writes nothing
+  twice. Dead letters go to ``evamed:dead-letters`` the same way (keyed by a hash of their
+  content). (The mediator's live composer appends to the subscriptions' logs instead, through
+  the store: spark_jobs/composer.py.)
 """
 
 from __future__ import annotations
@@ -15,9 +21,15 @@ import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 
-NOTIFICATIONS = "evamed:notifications"
+from spark_jobs.log_source import LogSource, bounded, read_cap, read_limit
+
+EVENTS = "evamed:events"
+"""The Redis store's event log under its default prefix (``<prefix>events``)."""
+FIELD = "line"
+"""The entry field holding the CloudEvent, as the store writes it."""
 COMPOSITES = "evamed:composites"
 COMPOSITE_LOG = "evamed:composites:log"
 DEAD_LETTERS = "evamed:dead-letters"
@@ -38,7 +50,11 @@ class _Range(InputPartition):
 class _Reader(DataSourceStreamReader):
     def __init__(self, options: dict[str, str]) -> None:
         self.url = options.get("url", "redis://127.0.0.1:6379")
-        self.stream = options.get("stream", NOTIFICATIONS)
+        self.stream = options.get("stream", EVENTS)
+        self.field = options.get("field", FIELD)
+        self.cap = options.get("cap")
+        self.start = options.get("start", "0-0")  # a fresh query reads the entries after it
+        self.limit = read_limit(options)
 
     def _client(self) -> Any:
         import redis
@@ -46,19 +62,28 @@ class _Reader(DataSourceStreamReader):
         return redis.Redis.from_url(self.url, decode_responses=True)
 
     def initialOffset(self) -> dict[str, Any]:
-        return {"id": "0-0"}
+        return {"id": self.start}
 
-    def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, Any]:
-        newest = self._client().xrevrange(self.stream, "+", "-", count=1)
-        return {"id": newest[0][0]} if newest else (start or self.initialOffset())
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return self.limit
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        start = start or self.initialOffset()
+        cap = read_cap(self.cap)
+        end = "+" if cap is None else f"{cap}-0"
+        client = self._client()
+        if isinstance(limit, ReadMaxRows):
+            found = client.xrange(self.stream, f"({start['id']}", end, count=limit.max_rows)
+        else:
+            found = client.xrevrange(self.stream, end, f"({start['id']}", count=1)
+        # Nothing new (or a cap moved back, a restart's replay): the start as it is.
+        return {"id": found[-1][0]} if found else start
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        return [_Range(start["id"], end["id"])]
+        return [_Range(start["id"], end["id"])] if start["id"] != end["id"] else []
 
     def read(self, partition: InputPartition) -> Iterator[tuple[str, int]]:
         assert isinstance(partition, _Range)
-        if partition.start == partition.end:
-            return
         client = self._client()
         cursor = partition.start
         while True:  # (start, end], in pages
@@ -66,7 +91,7 @@ class _Reader(DataSourceStreamReader):
             if not page:
                 return
             for stream_id, fields in page:
-                yield (fields.get("event", ""), _seq(stream_id))
+                yield (fields.get(self.field, ""), _seq(stream_id))
             cursor = page[-1][0]
             if cursor == partition.end:
                 return
@@ -75,24 +100,25 @@ class _Reader(DataSourceStreamReader):
         pass  # the log is the mediator's: it trims it, not this reader
 
 
-class RedisStreamSource(DataSource):
-    """``spark.readStream.format("evamed_redis").option("url", …).option("stream", …)``."""
+class RedisStreamSource(LogSource):
+    """``spark.readStream.format("evamed_redis").option("url", …)`` (options ``stream``,
+    ``field``, ``start``, ``cap``, ``max_rows``: the module docstring)."""
+
+    reader = _Reader
 
     @classmethod
     def name(cls) -> str:
         return "evamed_redis"
 
-    def schema(self) -> str:
-        return "value STRING, seq LONG"
 
-    def streamReader(self, schema: Any) -> DataSourceStreamReader:
-        return _Reader(dict(self.options))
-
-
-def redis_lines(spark: Any, url: str, stream: str = NOTIFICATIONS) -> Any:
+def redis_lines(spark: Any, url: str, stream: str = EVENTS, *, field: str = FIELD,
+                cap: str | None = None, start: str = "0-0", max_rows: int | None = None) -> Any:
+    """The stream's entries after id ``start`` as (value, seq) lines: by default the Redis
+    store's event log."""
     spark.dataSource.register(RedisStreamSource)
-    return (spark.readStream.format("evamed_redis").option("url", url).option("stream", stream)
-            .load())
+    reader = (spark.readStream.format("evamed_redis").option("url", url)
+              .option("stream", stream).option("field", field).option("start", start))
+    return bounded(reader, cap, max_rows).load()
 
 
 def redis_sink(url: str) -> Callable[[int, list[Any]], None]:

@@ -87,6 +87,7 @@ def configure(path: Path, mqtt: MosquittoServer, store: RedisServer, metrics: in
     path.write_text(f"""
 listen = "127.0.0.1:{free_port()}"
 store = "sqlite:///{path.parent / 'mediator.db'}"
+composer = "inprocess"
 log_level = "WARNING"
 metrics_port = {metrics}
 

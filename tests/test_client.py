@@ -208,7 +208,8 @@ class Mediator:
         from tests.servers import free_port
 
         self.config = Config(listen=f"127.0.0.1:{free_port()}",
-                             store=f"sqlite:///{directory / 'm.db'}", limits=Limits(rate=0))
+                             store=f"sqlite:///{directory / 'm.db'}", limits=Limits(rate=0),
+                             composer="inprocess")
         self.address = self.config.listen
         self.running: Any = None
         self.start()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
 
 from adapters.backends.registry import language
 from adapters.links import InProcessLink, Link
@@ -26,12 +27,14 @@ from eva.printer import to_text
 from examples.logistics.generate import day
 from mediator.config import RESERVED_SERVICE as OWN_FEED
 from mediator.metrics import STATE_PARTS, Metrics
-from mediator.pipeline import Pipeline
+from mediator.pipeline import Pipeline, composed_by_spark
 from mediator.store.base import Store, SubscriptionRecord
+from mediator.store.redis import RedisStore
 from mediator.store.sqlite import SqliteStore
 from tests.helpers import SENTINEL, logistics_day
+from tests.test_federated import SCENARIOS, delivered, service
 from transforms.capability import PRESETS
-from transforms.federated import Coverage, ServiceInfo
+from transforms.federated import Coverage, ServiceInfo, plan_federated
 
 Line = str
 
@@ -315,25 +318,99 @@ def test_services_and_explain(store: Store) -> None:
     pipeline.stop()
 
 
+def arrived(store: Store, owner: str, name: str, count: int, pipeline: Pipeline,
+            seconds: float = 240) -> list[dict[str, Any]]:
+    """The subscription's log once it holds ``count`` entries (the live Spark jobs append from
+    their own threads: nothing to wait on but the log), and a moment more for any extra."""
+    deadline = time.monotonic() + seconds
+    while len(store.read_notifications(owner, name, 0, 100_000)) < count:
+        assert pipeline.error is None, pipeline.error
+        assert time.monotonic() < deadline, "the Spark composer did not deliver in time"
+        time.sleep(0.2)
+    time.sleep(2)  # a micro-batch or two: nothing more may come
+    return [json.loads(i.payload) for i in store.read_notifications(owner, name, 0, 100_000)]
+
+
 @pytest.mark.xdist_group("spark")  # the worker that runs tests/test_spark.py: one JVM
-def test_the_spark_composer_answers_as_the_runners(store: Store, tmp_path: Path,
-                                                   spark: Any) -> None:
-    """composer="spark": the profiles no service takes part in are composed by the Spark
-    composer, the others in the runners — the same logs as the in-process composer's."""
-    text = document("P1", "P2", "P7")
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_the_spark_composer_answers_as_the_runners(kind: str, tmp_path: Path, spark: Any,
+                                                   request: pytest.FixtureRequest) -> None:
+    """composer="spark": the profiles whose leaves are memoryless (P1's filters at the jams
+    and trucks services, P2's and P7's at the mediator) are composed by a live Spark job over
+    the event log, P6 (a sequence the trucks service evaluates) in its runner — the same log
+    as the in-process composer's, each composite once. Then a new pipeline on the same store
+    and Spark directory (a restart) resumes the job from its checkpoint: the rest of the day
+    is delivered, nothing twice. Over each store's event log: SQLite (the jobs' directory
+    beside its file) and Redis (its stream)."""
+    text = document("P1", "P2", "P6", "P7")
     events = [*DAY[:300], SENTINEL]
     want = replayed(text, events)
-    pipeline = Pipeline(store, links(), composer="spark", spark=spark, batch=100)
+    store: Store = (SqliteStore(tmp_path / "evamed.db") if kind == "sqlite"
+                    else RedisStore(request.getfixturevalue("redis_url")))
+    where = None if kind == "sqlite" else str(tmp_path / "spark")
+    pipeline = Pipeline(store, links(), composer="spark", spark=spark, batch=100,
+                        spark_dir=where)
     pipeline.start()
     subscribe(pipeline, store, "mixed", text)
-    assert pipeline.placement("alice", "mixed") == {"P1": "inprocess", "P2": "spark",
-                                                    "P7": "spark"}
-    publish(store, pipeline, events)
-    pipeline.stop(timeout=300)
-    got = [json.loads(i.payload) for i in store.read_notifications("alice", "mixed", 0, 10_000)]
+    assert pipeline.placement("alice", "mixed") == {"P1": "spark", "P2": "spark",
+                                                    "P6": "inprocess", "P7": "spark"}
+    publish(store, pipeline, events[:150])
+    settle(pipeline, store)
+    pipeline.stop()
+    restarted = Pipeline(store, links(), composer="spark", spark=spark, batch=100,
+                         spark_dir=where)
+    restarted.start()
+    publish(store, restarted, events[150:])
+    got = arrived(store, "alice", "mixed", len(want), restarted)
+    restarted.stop()
+    store.close()
     assert sorted(g["cloudevent"] for g in got) == sorted(want)
     by_profile = {g["profile"]: g["services"] for g in got}
-    assert by_profile.get("P7") == [OWN_FEED] and by_profile["P1"] == ["jams", "trucks"]
+    assert by_profile["P7"] == by_profile["P1"] == [OWN_FEED] and by_profile["P6"] == ["trucks"]
+
+
+def _over_the_log(doc: ast.Document, services: list[ServiceInfo], trace: list[Any],
+                  sizes: list[int] | None) -> None:
+    """The profiles Spark would compose, through their runners over ``services`` (batches of
+    ``sizes``), give exactly the composites of one engine over the whole log — what the Spark
+    job computes (its equality with the engine: tests/test_spark.py)."""
+    sub = ast.Document(doc.classes, tuple(
+        p.profile for p in (plan_federated(p, doc, services, live=True) for p in doc.profiles)
+        if composed_by_spark(p, doc)))
+    engine = Engine(EngineConfig(tick=1))
+    engine.add_document(sub)
+    want = [n for e in trace for n in engine.push(e)] + engine.close()
+    got = delivered(sub, services, trace, sizes, live=True)
+    assert (sorted(composite_line(n)[1] for n in got)
+            == sorted(composite_line(n)[1] for n in want))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(**SCENARIOS)
+def test_what_spark_composes_the_runners_decide_as_one_engine_over_the_log(
+        doc: ast.Document, services: list[ServiceInfo], trace: list[Any], sizes: list[int],
+        live: bool) -> None:
+    """Issue 15 item 4: a profile whose leaves are all memoryless (the mediator's own feed
+    and clock, a service's filter of one class) is exact composed over the event log — random
+    profiles over services of random groups and coverage."""
+    assume(any(composed_by_spark(plan_federated(p, doc, services, live=True), doc)
+               for p in doc.profiles))
+    _over_the_log(doc, services, trace, sizes)
+
+
+def test_what_spark_composes_of_the_papers_profiles_is_exact() -> None:
+    """The same on the paper's document and the logistics day, over a service per kind of
+    source (P1's operands at two services; P6's sequence goes whole to the locations
+    service: not Spark's)."""
+    doc = parse(Path("examples/logistics/profiles.eva").read_text())
+    services = [service("traffic", "cg2", types=("traffic.*",)),
+                service("locations", "cg3", types=("truck.location",)),
+                service("trips", "cg4", types=("truck.departure", "truck.arrival"))]
+    placed = {p.name: composed_by_spark(plan_federated(p, doc, services, live=True), doc)
+              for p in doc.profiles}
+    assert placed == {"P1": True, "P2": True, "P3": True, "P4": True, "P5": True,
+                      "P6": False, "P7": True}
+    _over_the_log(doc, services, [from_cloudevent(e, i) for i, e in enumerate(DAY)], [64])
 
 
 def test_a_watermark_decides_what_waits_on_time(store: Store) -> None:

@@ -113,6 +113,7 @@ class Mediator:
         """``real``: with the real pipeline (else the double)."""
         self.store = SqliteStore(path)
         limits = config.pop("limits", Limits(rate=0))
+        config.setdefault("composer", "inprocess")  # not a Spark test: no JVM
         self.config = Config(listen="127.0.0.1:0", limits=limits, **config)
         self.running: Running = serve(self.config, store=self.store,
                                       pipeline=None if real else Pipeline)
@@ -718,6 +719,7 @@ def test_sigterm_stops_within_seconds_while_a_base_service_is_down(tmp_path: Pat
         config = tmp_path / "mediator.toml"
         config.write_text(f'listen = "127.0.0.1:{free_port()}"\n'
                           f'store = "sqlite:///{tmp_path / "m.db"}"\nlog_level = "INFO"\n'
+                          'composer = "inprocess"\n'
                           f'[[services]]\nname = "traffic"\ngroup = "cg2"\n'
                           f'address = "{service.address}"\ntypes = ["traffic.*"]\n')
         token = cli("clients", "add", "alice", "--config", str(config)).strip()

@@ -15,8 +15,9 @@ One scenario, in order, because each step starts from what the one before left:
    and of a second day published afterwards it misses nothing;
 4. a second client cannot list, read, explain, tail or cancel the first client's profile.
 
-And the same path once with the Spark composer: ``evamed serve`` with ``composer = "spark"``
-over a SQLite store, P1 at the mediator alone (no services), composed by the Spark job.
+That scenario runs the in-process composer (the services' runners). And the same path once
+with the default composer, Spark: ``evamed serve`` over a SQLite store, P1 at the mediator alone
+(no services), composed by a live Spark job, the mediator SIGKILLed mid-stream and restarted.
 
 Serial (xdist group "service"; the Spark one in the "spark" group, with the other Spark
 tests): processes and ports, a few seconds each.
@@ -52,6 +53,13 @@ def p1_document() -> str:
     lines = PROFILES.read_text().splitlines()
     return "\n".join(line for line in lines
                      if line.startswith(("class Jam ", "class TruckA ", "profile P1 "))) + "\n"
+
+
+P1_STYLE = """class Jam = type == "traffic.jam"
+class Truck = type == "truck.location"
+profile J = ((all_dup(Jam), last_dup(Truck))_5min)_all_pairs
+"""
+"""P1 of the paper in any area: more composites a day than P1's one or two."""
 
 
 def second_day() -> list[dict[str, Any]]:
@@ -100,12 +108,13 @@ class Process:
                 self.proc.wait()
 
 
-def replay(events: list[dict[str, Any]], tmp_path: Path) -> list[dict[str, Any]]:
-    """What ``evamed replay`` prints for P1 over ``events`` (the reference)."""
+def replay(events: list[dict[str, Any]], tmp_path: Path, profiles: Path = PROFILES,
+           profile: str = "P1") -> list[dict[str, Any]]:
+    """What ``evamed replay`` prints for the profile over ``events`` (the reference)."""
     trace = tmp_path / "trace.jsonl"
     trace.write_text("".join(json.dumps(e) + "\n" for e in events))
-    out = subprocess.run([EVAMED, "replay", "--profiles", str(PROFILES), "--events", str(trace),
-                          "--profile", "P1"], capture_output=True, text=True, timeout=60,
+    out = subprocess.run([EVAMED, "replay", "--profiles", str(profiles), "--events", str(trace),
+                          "--profile", profile], capture_output=True, text=True, timeout=60,
                          check=True)
     return [json.loads(line) for line in out.stdout.splitlines()]
 
@@ -130,6 +139,7 @@ def system(tmp_path: Path) -> Iterator[dict[str, Any]]:
         config.write_text(f"""
 listen = "127.0.0.1:{free_port()}"
 store = "{redis.url}/0"
+composer = "inprocess"
 log_level = "WARNING"
 
 [limits]
@@ -229,35 +239,47 @@ def _us(text: str) -> int:
 # The worker that runs tests/test_spark.py (one JVM at a time). Only the one mark: xdist
 # groups a test by all its marks joined ("service_spark" would be a group of its own).
 @pytest.mark.xdist_group("spark")
-def test_p1_through_a_served_spark_composer_is_what_replay_gives(tmp_path: Path) -> None:
-    """``evamed serve`` with ``composer = "spark"`` and no services: P1 is the mediator's own
-    (no service covers its classes), composed by the Spark composer (its streaming job, local
-    mode, in the mediator's process). The client receives what ``evamed replay`` prints for
-    the logistics day — compared as a multiset: the Spark composer hands each batch's
-    composites over in its own order within the batch, and the log keeps that order."""
+def test_p1_through_the_default_spark_composer_survives_a_sigkill(tmp_path: Path) -> None:
+    """``evamed serve`` with the default composer (Spark) and no services: a P1-style profile
+    (a jam and a truck report within 5 min, in any area: a dozen composites a day) is the
+    mediator's own, composed by a live Spark job over the event log (local mode, in the
+    mediator's process), its checkpoint beside the SQLite store. The mediator is SIGKILLed
+    once the first composites were delivered, before the rest of the day is published, and
+    started again: the job resumes from its checkpoint, the client from its token — it
+    receives what ``evamed replay`` prints for the day, each composite once (compared as a
+    multiset: the job hands a micro-batch's composites over in its own order within it)."""
+    store = tmp_path / "mediator.db"
     config = tmp_path / "mediator.toml"
     config.write_text(f"""
 listen = "127.0.0.1:{free_port()}"
-store = "sqlite:///{tmp_path / 'mediator.db'}"
-composer = "spark"
+store = "sqlite:///{store}"
 log_level = "WARNING"
 
 [limits]
 rate = 0
 """)
     token = cli("clients", "add", "alice", "--config", str(config)).strip()
+    profiles = tmp_path / "p1.eva"
+    profiles.write_text(P1_STYLE)
     events = day(7)
-    expected = replay(events, tmp_path)
+    expected = replay(events, tmp_path, profiles, "J")
+    assert len(expected) >= 10
+    half = 180  # past the first instant that decides composites (the 174th event)
     mediator = Process("serve", "--config", str(config))
-    alice = MediatorClient(mediator.address, token)
+    alice = MediatorClient(mediator.address, token, reconnect_for=180)
     try:
-        assert alice.add_profile(p1_document()).plans == ("P1: decompose, mediator",)
-        assert alice.explain(name="P1").json[0]["composer"] == "spark"
-        reader = Reader(alice.subscribe(name="P1"))
-        result = alice.publish(events, advance_to=_us("2026-03-03T00:00:00Z"))
-        assert (result.accepted, result.dead_lettered) == (len(events), 0)
-        reader.wait_for(len(expected), seconds=60)
-        time.sleep(0.5)  # nothing more comes
+        assert alice.add_profile(P1_STYLE, name="J").plans == ("J: decompose, mediator",)
+        assert alice.explain(name="J").json[0]["composer"] == "spark"
+        reader = Reader(alice.subscribe(name="J"))
+        assert alice.publish(events[:half]).accepted == half
+        reader.wait_for(1, seconds=240)  # the first micro-batch takes Spark a while
+        mediator.kill()
+        assert (tmp_path / "mediator.db.spark" / "composer-0" / "checkpoint").is_dir()
+        mediator.start()
+        result = alice.publish(events[half:], advance_to=_us("2026-03-03T00:00:00Z"))
+        assert (result.accepted, result.dead_lettered) == (len(events) - half, 0)
+        reader.wait_for(len(expected), seconds=240)
+        time.sleep(2)  # nothing more comes
         got = composites(reader.got)
         assert sorted(got, key=json.dumps) == sorted(expected, key=json.dumps)
         assert len({n.id for n in reader.got}) == len(got)  # each once

@@ -33,8 +33,8 @@ def tune_gc() -> None:
 class Composer(StrEnum):
     """Where composites are composed (mediator.config.COMPOSERS)."""
 
-    inprocess = "inprocess"  # in the mediator's process: the lowest latency
-    spark = "spark"          # the Spark streaming composer (local mode embedded)
+    spark = "spark"          # the Spark streaming composer fed the event log (the default)
+    inprocess = "inprocess"  # in the mediator's process: the lowest latency, no Java
 
 
 def serve(
@@ -49,7 +49,7 @@ def serve(
         help="The store: sqlite:///abs/path.db, sqlite://relative.db or "
              "redis://host:port/db. [default: sqlite://evamed.db]", show_default=False)] = None,
     composer: Annotated[Composer | None, typer.Option(
-        help="inprocess or spark. [default: inprocess]", show_default=False)] = None,
+        help="spark or inprocess. [default: spark]", show_default=False)] = None,
 ) -> None:
     """Run the mediator: the eva.mediator.v1 API (subscriptions, Publish), standard health
     checking and server reflection, and the pipeline over the configured services.

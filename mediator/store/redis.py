@@ -177,6 +177,7 @@ class RedisStore:
 
     def __init__(self, url: str) -> None:
         connection, self.prefix = redis_options(url)
+        self.url = connection  # for a reader of its own: the Spark composer's (its password too)
         self.where = _where(connection)
         self._redis = redis.Redis.from_url(connection)
         try:

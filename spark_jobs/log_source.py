@@ -1,0 +1,171 @@
+"""The embedded live feed: a Python streaming Data Source over the SQLite store's event log
+(mediator/store/sqlite.py, table ``events``: position, line), so the streaming job reads what
+``Publish`` accepted itself, in log order (docs/spark.md, "What runs where in the mediator
+service"). The deployed counterpart over the Redis store's stream is
+spark_jobs/redis_io.py.
+
+* Offsets are log positions (``{"position": n}``): a restarted query resumes after the last
+  position its checkpoint committed, and a micro-batch re-run after a crash reads the same
+  positions again.
+* Rows are ``value STRING, seq LONG``: the line as accepted and its position (the arrival
+  order the job keeps).
+* ``cap`` (option): a file holding the newest position the job may read yet — the position the
+  mediator's pipeline has evaluated. A profile registered at pipeline position P sees the
+  events after P; the job never reads past P before that registration is in its profile
+  table, so it never evaluates an event its profiles should have seen without them.
+* ``max_rows`` (option): at most that many positions per micro-batch (a restart after a long
+  stop catches up in bounded batches).
+
+It opens its own read-only connection (WAL: it reads while the mediator writes), in the
+Python worker that plans the batches and in each task that reads one; never the store's.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar
+from urllib.parse import quote
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+
+SCHEMA = "value STRING, seq LONG"
+PAGE = 10_000
+"""Rows per read: a batch's positions are read in pages, not as one result set."""
+
+
+def read_cap(path: str | None) -> int | None:
+    """The newest position the job may read, from the cap file (None: no cap). A file not yet
+    written caps at 0: the pipeline has evaluated nothing."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="ascii") as handle:
+            return int(handle.read().strip() or 0)
+    except FileNotFoundError:
+        return 0
+    except ValueError as exc:
+        raise ValueError(f"the cap file {path} does not hold a log position: {exc}") from None
+
+
+def read_limit(options: dict[str, str]) -> ReadLimit:
+    """``max_rows`` as Spark's read limit (none given: everything available)."""
+    rows = options.get("max_rows")
+    if rows is None:
+        return ReadAllAvailable()
+    if not rows.isdigit() or int(rows) < 1:
+        raise ValueError(f"option max_rows: found {rows!r}, expected a whole number ≥ 1")
+    return ReadMaxRows(int(rows))
+
+
+class _Range(InputPartition):
+    def __init__(self, start: int, end: int) -> None:
+        self.start = start
+        self.end = end
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    # Read-only, by URI (the path quoted: a '?' or '#' in it is no URI syntax): a missing file
+    # is an error here, never an empty new database.
+    return sqlite3.connect(f"file:{quote(os.path.realpath(path))}?mode=ro", uri=True,
+                           timeout=10.0)
+
+
+class _Reader(DataSourceStreamReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        if "path" not in options:
+            raise ValueError("the evamed_sqlite_log source needs option path: the SQLite "
+                             "store's file")
+        self.path = options["path"]
+        self.cap = options.get("cap")
+        self.start = int(options.get("start", "0"))
+        self.limit = read_limit(options)
+
+    def initialOffset(self) -> dict[str, Any]:
+        return {"position": self.start}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return self.limit
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        begin = int(start["position"])
+        db = _connect(self.path)
+        try:
+            (head,) = db.execute("SELECT head FROM counters WHERE log = 'events'").fetchone()
+        finally:
+            db.close()
+        end = int(head)
+        cap = read_cap(self.cap)
+        if cap is not None:
+            end = min(end, cap)
+        if isinstance(limit, ReadMaxRows):
+            end = min(end, begin + limit.max_rows)
+        return {"position": max(begin, end)}  # a cap moved back (a restart's replay): wait
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        first, last = int(start["position"]), int(end["position"])
+        return [_Range(first, last)] if last > first else []
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[str, int]]:
+        assert isinstance(partition, _Range)
+        db = _connect(self.path)
+        try:
+            cursor = partition.start
+            while cursor < partition.end:  # (start, end], in pages
+                page = db.execute("SELECT position, line FROM events WHERE position > ? AND "
+                                  "position <= ? ORDER BY position LIMIT ?",
+                                  (cursor, partition.end, PAGE)).fetchall()
+                if not page:
+                    return  # trimmed meanwhile: what is gone no live profile needs
+                for position, line in page:
+                    yield (line, position)
+                cursor = page[-1][0]
+        finally:
+            db.close()
+
+    def commit(self, end: dict[str, Any]) -> None:
+        pass  # the log is the mediator's: its pipeline trims it, not this reader
+
+
+class LogSource(DataSource):
+    """What the event-log sources share: the schema, and a reader of their options."""
+
+    reader: ClassVar[type[Any]]  # its stream reader class, of the options
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return self.reader(dict(self.options))
+
+
+def bounded(reader: Any, cap: str | None, max_rows: int | None) -> Any:
+    """A stream reader (``spark.readStream``) with the options ``cap`` and ``max_rows``."""
+    if cap:
+        reader = reader.option("cap", cap)
+    if max_rows:
+        reader = reader.option("max_rows", str(max_rows))
+    return reader
+
+
+class SqliteLogSource(LogSource):
+    """``spark.readStream.format("evamed_sqlite_log").option("path", FILE)`` (options
+    ``cap``, ``start``, ``max_rows``: the module docstring)."""
+
+    reader = _Reader
+
+    @classmethod
+    def name(cls) -> str:
+        return "evamed_sqlite_log"
+
+
+def sqlite_log_lines(spark: Any, path: str, *, cap: str | None = None, start: int = 0,
+                     max_rows: int | None = None) -> Any:
+    """The SQLite store's event log at ``path`` as a stream of (value, seq) lines, from the
+    position after ``start`` (a fresh query; a restarted one resumes from its checkpoint)."""
+    spark.dataSource.register(SqliteLogSource)
+    reader = (spark.readStream.format("evamed_sqlite_log").option("path", path)
+              .option("start", str(start)))
+    return bounded(reader, cap, max_rows).load()
