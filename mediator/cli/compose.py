@@ -28,7 +28,7 @@ def compose(
     spool: Annotated[Path | None, typer.Option(help="Directory of CloudEvents JSON-lines "
                                                     "files, taken in modification order.")]
         = None,
-    redis: Annotated[str | None, typer.Option(help="Redis URL: read the notification log and "
+    redis: Annotated[str | None, typer.Option(help="Redis URL: read the store's event log and "
                                                    "write composites back, instead of "
                                                    "--spool/--out.")] = None,
     out: Annotated[Path | None, typer.Option(help="With --spool: composites and dead letters "
@@ -41,7 +41,9 @@ def compose(
     buckets: Annotated[int, typer.Option(help="Engines per profile (hash buckets of `per` "
                                               "partitions).")] = 16,
     max_files: Annotated[int | None, typer.Option(help="Spool files per micro-batch.")] = None,
-    master: Annotated[str, typer.Option(help="Spark master.")] = "local[2]",
+    master: Annotated[str, typer.Option(help="Spark master: local[N], or a cluster's URL "
+                                             "(spark://host:7077; docs/spark.md, \"On a "
+                                             "cluster\").")] = "local[2]",
     once: Annotated[bool, typer.Option(help="Process what is there now, then stop.")] = False,
 ) -> None:
     """Run the streaming composition job (Spark Structured Streaming): profiles over a spool
@@ -52,7 +54,7 @@ def compose(
     from spark_jobs.job import start
     from spark_jobs.processor import refusal
     from spark_jobs.redis_io import redis_lines, redis_sink
-    from spark_jobs.session import build_session
+    from spark_jobs.session import SparkStartError, build_session
     from spark_jobs.sinks import directory_sink
 
     if (profiles is None) == (table is None):
@@ -65,9 +67,16 @@ def compose(
     tick_us = span_option(tick, "tick") or 1_000_000
     late_us = span_option(lateness, "lateness") or 0
     delay = f"{late_us // 1000} milliseconds"  # Spark's watermark delay: the same lateness
+    # Absolute: a cluster's executors run in directories of their own, where a relative path
+    # (the profile table in the checkpoint) would name another file or none.
+    checkpoint = checkpoint.resolve()
+    spool, out, table = (None if p is None else p.resolve() for p in (spool, out, table))
     checkpoint.mkdir(parents=True, exist_ok=True)
     job = _job(checkpoint, profiles, table, since, tick_us, late_us, tuple(source or ()), buckets)
-    spark = build_session(master, "evamed-compose")
+    try:
+        spark = build_session(master, "evamed-compose", log=str(checkpoint / "spark.log"))
+    except SparkStartError as exc:
+        fail(str(exc), one_line=True)
     if redis is not None:
         query = start(spark, job, "", str(checkpoint / "spark"), redis_sink(redis),
                       lines=redis_lines(spark, redis), lateness=delay)
