@@ -442,7 +442,9 @@ class _Sparks:
         from spark_jobs.session import build_session
 
         if self.spark is None:
-            self.spark = build_session()
+            # The JVM's output to the data directory, where an operator looks (docs/operations.md)
+            os.makedirs(self.root, exist_ok=True)
+            self.spark = build_session(log=os.path.join(self.root, "spark.log"))
         return self.spark
 
     def _composer(self, slot: int, start: int) -> LiveComposer:
