@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import gc
 import heapq
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
@@ -262,23 +261,14 @@ class Engine:
         if start is None and self._done_until is not None:
             # Registration is at the engine's progress: what it has processed is in the past.
             start = max(self._done_until, self._progress or self._done_until)
-        # The cyclic collector is paused while the profiles are compiled, as it is for a
-        # snapshot: once every 700 new objects it would pass over all of them, every one kept —
-        # half the time of registering 10⁵ profiles (benchmarks/engine.py --only register).
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            for profile in doc.profiles:
-                if wanted is not None and profile.name not in wanted:
-                    continue
-                entry = self._register(doc_id, profile, self._next_index, start)
-                self._next_index += 1
-                if start is not None:
-                    self._started(entry)
-                names.append(profile.name)
-        finally:
-            if collecting:
-                gc.enable()
+        for profile in doc.profiles:
+            if wanted is not None and profile.name not in wanted:
+                continue
+            entry = self._register(doc_id, profile, self._next_index, start)
+            self._next_index += 1
+            if start is not None:
+                self._started(entry)
+            names.append(profile.name)
         self._changed()
         return names
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from eva import ast
+from eva import ast, classes
 from eva.engine import Engine, EngineConfig, replay
 from eva.events import Event
 from eva.parser import parse
@@ -18,6 +19,18 @@ from tests.strategies import CLASSES, trace_of
 def profile_doc(text: str) -> ast.Document:
     """A document with the test classes and one profile ``P`` given as ``"= expr"`` etc."""
     return parse(CLASSES + "profile P" + text + "\n")
+
+
+@contextmanager
+def index_switched(on: bool) -> Iterator[None]:
+    """Engines (their ClassIndex) made inside use the predicate index, or evaluate every
+    candidate predicate one by one (``eva.classes.INDEXED``)."""
+    saved = classes.INDEXED
+    classes.INDEXED = on
+    try:
+        yield
+    finally:
+        classes.INDEXED = saved
 
 
 def signature(notes: list[Notification]) -> list[tuple[object, ...]]:

@@ -1,7 +1,9 @@
 """The incremental engine equals the reference evaluator — on every operator × EIS × EIC ×
 evaluation time, with random operands nested to depth 3, on random traces, with garbage
 collection on (also swept before every event) and off (so collection is shown never to change
-an answer)."""
+an answer), with the predicate index on and off (so matching by look-up is shown to answer as
+evaluating each class predicate does), over classes on ``type`` alone and classes with data
+filters."""
 
 from __future__ import annotations
 
@@ -19,21 +21,34 @@ from eva.events import Event
 from eva.parser import parse
 from eva.printer import expr_text
 from eva.reference import evaluate, evaluate_profile
-from tests.helpers import signature
+from tests.helpers import index_switched, signature
 from tests.strategies import CLASSES, documents, expressions, traces
 
 DUPS = [ast.FIRST, ast.LAST, ast.ALL, ast.nth(2)]
 EVALUATIONS = ["", " evaluate end_of_interval"]
+DATA_CLASSES = (
+    # CLASSES's names over the traces' data.k (1 or 2): by hash, by range with a residual
+    # test, filtering half the c events, and a disjunction (evaluated).
+    'class A = type == "a" and data.k in [1, 2.0]\n'
+    'class B = type == "b" and data.k >= 1 and data.k != 3\n'
+    'class C = type == "c" and data.k == 1\n'
+    'class AB = type in ["a", "b"] and data.k < 2 or type == "b"\n'
+    'class T = every 4us\n'
+)
+class_sets = st.sampled_from([CLASSES, DATA_CLASSES])
 
 
 def assert_engine_equals_reference(doc: ast.Document, trace: list[Event], tick: int = 1) -> None:
     expected = signature(evaluate(doc, trace, tick=tick))
     # Collection as it runs (lazily, per partition, and swept now and then), on every event
-    # (a sweep before each), and off.
-    for config in (EngineConfig(tick=tick), EngineConfig(tick=tick, sweep=1),
-                   EngineConfig(tick=tick, gc=False)):
-        got = signature(replay(doc, trace, config=config))
-        assert got == expected, f"{config}\n{doc.profiles[0]}"
+    # (a sweep before each), and off; the predicate index on, and off.
+    for config, indexed in ((EngineConfig(tick=tick), True),
+                            (EngineConfig(tick=tick, sweep=1), True),
+                            (EngineConfig(tick=tick, gc=False), True),
+                            (EngineConfig(tick=tick), False)):
+        with index_switched(indexed):
+            got = signature(replay(doc, trace, config=config))
+        assert got == expected, f"{config}, index {'on' if indexed else 'off'}\n{doc}"
 
 
 BINARY = [(op, l, r, p, e) for op in ("disjunction", "conjunction", "sequence")
@@ -54,12 +69,12 @@ def _binary(op: str, left: ast.Dup, right: ast.Dup, pairs: ast.Pairs,
                          ids=lambda v: str(v).strip() or "continuous")
 @settings(max_examples=12)
 @given(a=expressions(2), b=expressions(2), span=st.sampled_from([1, 3, 8, None]),
-       trace=traces())
+       trace=traces(), classes=class_sets)
 def test_binary_operator_matches_reference_on_random_traces(
         op: str, left: ast.Dup, right: ast.Dup, pairs: ast.Pairs, evaluation: str,
-        a: ast.Expr, b: ast.Expr, span: int | None, trace: list[Event]) -> None:
+        a: ast.Expr, b: ast.Expr, span: int | None, trace: list[Event], classes: str) -> None:
     expr = _binary(op, left, right, pairs, a, b, span)
-    doc = parse(CLASSES + f"profile P{evaluation} = {expr_text(expr)}\n")
+    doc = parse(classes + f"profile P{evaluation} = {expr_text(expr)}\n")
     assert_engine_equals_reference(doc, trace)
 
 
@@ -67,49 +82,51 @@ def test_binary_operator_matches_reference_on_random_traces(
 @pytest.mark.parametrize("anchored", [False, True])
 @settings(max_examples=60)
 @given(inner=expressions(2), anchor=expressions(1), span=st.sampled_from([1, 2, 3, 5]),
-       dup=st.sampled_from(DUPS), trace=traces())
+       dup=st.sampled_from(DUPS), trace=traces(), classes=class_sets)
 def test_negation_matches_reference_on_random_traces(
         pairs: ast.Pairs, anchored: bool, inner: ast.Expr, anchor: ast.Expr, span: int,
-        dup: ast.Dup, trace: list[Event]) -> None:
+        dup: ast.Dup, trace: list[Event], classes: str) -> None:
     neg = ast.Negation(inner, span, pairs)
     expr: ast.Expr = neg
     if anchored:
         expr = ast.Sequence(ast.Operand(dup, anchor), ast.Operand(ast.ALL, neg), span + 1,
                             ast.Pairs.ALL)
-    doc = parse(CLASSES + f"profile P = {expr_text(expr)}\n")
+    doc = parse(classes + f"profile P = {expr_text(expr)}\n")
     assert_engine_equals_reference(doc, trace)
 
 
 @pytest.mark.parametrize("pairs", list(ast.Pairs))
 @pytest.mark.parametrize("index", [1, 2, 3])
 @settings(max_examples=30)
-@given(inner=expressions(2), trace=traces())
+@given(inner=expressions(2), trace=traces(), classes=class_sets)
 def test_selection_matches_reference_on_random_traces(
-        pairs: ast.Pairs, index: int, inner: ast.Expr, trace: list[Event]) -> None:
-    doc = parse(CLASSES + f"profile P = {expr_text(ast.Selection(inner, index, pairs))}\n")
+        pairs: ast.Pairs, index: int, inner: ast.Expr, trace: list[Event], classes: str) -> None:
+    doc = parse(classes + f"profile P = {expr_text(ast.Selection(inner, index, pairs))}\n")
     assert_engine_equals_reference(doc, trace)
 
 
 @settings(max_examples=1500)
-@given(doc=documents(3), trace=traces(max_size=30))
+@given(doc=class_sets.flatmap(lambda c: documents(3, classes=c)), trace=traces(max_size=30))
 def test_random_profiles_of_depth_3_match_reference(doc: ast.Document, trace: list[Event]) -> None:
     assert_engine_equals_reference(doc, trace)
 
 
 @settings(max_examples=200)
-@given(doc=documents(2), trace=traces(), tick=st.sampled_from([1, 2, 5]))
+@given(doc=class_sets.flatmap(lambda c: documents(2, classes=c)), trace=traces(),
+       tick=st.sampled_from([1, 2, 5]))
 def test_default_clock_granularity_is_respected(doc: ast.Document, trace: list[Event],
                                                 tick: int) -> None:
     assert_engine_equals_reference(doc, trace, tick=tick)
 
 
 @settings(max_examples=400)
-@given(expr=expressions(3), trace=traces(max_size=30), evaluation=st.sampled_from(EVALUATIONS))
+@given(expr=expressions(3), trace=traces(max_size=30), evaluation=st.sampled_from(EVALUATIONS),
+       classes=class_sets)
 def test_partitions_dropped_at_rest_answer_as_kept_ones(expr: ast.Expr, trace: list[Event],
-                                                        evaluation: str) -> None:
+                                                        evaluation: str, classes: str) -> None:
     """Every profile partitioned: with a sweep before every event, each partition at rest is
     dropped and made anew by its key's next event — the answers stay the reference's."""
-    doc = parse(CLASSES + f"profile P per data.k{evaluation} = {expr_text(expr)}\n")
+    doc = parse(classes + f"profile P per data.k{evaluation} = {expr_text(expr)}\n")
     assert_engine_equals_reference(doc, trace)
 
 
