@@ -1,27 +1,40 @@
 """Base services: native evaluation speed per language, the --via path against plain replay,
-and events/s through a gRPC base service. Prints a table; numbers go to docs/performance.md.
+and events/s through a gRPC base service, each the median (min–max) of --repeat runs after a
+warm-up run (the first run of a service pays for connecting, starting its streams and the
+first parses: it measured about half the rate of the next ones). Prints a table; numbers go
+to docs/performance.md.
 
-    .venv/bin/python benchmarks/backends.py [--events 20000]
+    .venv/bin/python benchmarks/backends.py [--events 20000] [--repeat 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
+import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/ is not installed
 
 from adapters.backends.native import run
 from adapters.backends.registry import language
 from adapters.backends.service import serve
 from adapters.client import BaseClient
 from adapters.federation import via
+from benchmarks.engine import spread
+from benchmarks.replay import decimals
+from eva.ast import Document
 from eva.events import Event, from_cloudevent
 from eva.parser import parse
 from eva.reference import evaluate
 from examples.logistics.generate import day
+
+ROOT = Path(__file__).resolve().parents[1]
 
 QUERIES = {
     "cg1": 'OR([type = "a" & data.k = 1], [type = "b"])',
@@ -40,56 +53,70 @@ def stream(n: int, seed: int = 1) -> list[Event]:
                   {"k": rng.randint(1, 3)}) for i in range(n)]
 
 
-def best_of(runs: int, work: object) -> float:
+def timed(runs: int, work: Callable[[], object]) -> list[float]:
+    """Seconds of ``runs`` calls of ``work``, after one that is not counted."""
+    work()
     times = []
     for _ in range(runs):
         start = time.perf_counter()
-        work()  # type: ignore[operator]
+        work()
         times.append(time.perf_counter() - start)
-    return min(times)
+    return times
 
 
-def native_speed(n: int) -> None:
+def native_speed(n: int, repeat: int) -> None:
     events = stream(n)
-    print(f"native evaluation, {n:,} events (a/b/c uniform, one per second), best of 3")
-    print(f"  {'group':6} {'events/s':>10} {'detections':>11}  query")
+    print(f"native evaluation, {n:,} events (a/b/c uniform, one per second), median (min–max) "
+          f"of {repeat}")
+    print(f"  {'group':6} {'events/s':>28} {'detections':>11}  query")
     for group, text in QUERIES.items():
         query = language(group).parse(text)
         count = len(run(query, events))
-        seconds = best_of(3, lambda query=query: run(query, events))
-        print(f"  {group:6} {n / seconds:>10,.0f} {count:>11,}  {text.splitlines()[-1][:60]}")
+        rates = [n / t for t in timed(repeat, functools.partial(run, query, events))]
+        print(f"  {group:6} {spread(rates):>28} {count:>11,}  {text.splitlines()[-1][:60]}")
 
 
-def via_overhead() -> None:
-    doc = parse(Path("examples/logistics/profiles.eva").read_text())
+def via_overhead(repeat: int) -> None:
+    doc = parse((ROOT / "examples" / "logistics" / "profiles.eva").read_text())
     trace = [from_cloudevent(e, i) for i, e in enumerate(day(7))]
-    plain = best_of(3, lambda: evaluate(doc, trace))
-    print(f"\n--via on the logistics day ({len(trace)} events, P1–P7), best of 3")
-    print(f"  {'path':8} {'ms':>8}")
-    print(f"  {'plain':8} {plain * 1000:>8.1f}  (reference evaluator)")
+    print(f"\n--via on the logistics day ({len(trace)} events, P1–P7), median (min–max) of "
+          f"{repeat}")
+    print(f"  {'path':8} {'ms':>22}")
+    plain = timed(repeat, lambda: evaluate(doc, trace))
+    print(f"  {'plain':8} {decimals([t * 1000 for t in plain]):>22}  (reference evaluator)")
     for group in ("cg0", "cg1", "cg2", "cg3", "cg4", "cg5"):
-        seconds = best_of(3, lambda group=group: via(language(group), doc, trace))
-        print(f"  {group:8} {seconds * 1000:>8.1f}")
+        times = timed(repeat, functools.partial(via_group, group, doc, trace))
+        print(f"  {group:8} {decimals([t * 1000 for t in times]):>22}")
 
 
-def grpc_throughput(n: int) -> None:
+def via_group(group: str, doc: Document, trace: list[Event]) -> object:
+    return via(language(group), doc, trace)
+
+
+def grpc_throughput(n: int, repeat: int) -> None:
+    """Events published to a cg3 service with one (unpacked) subscription, until the last
+    notification is back."""
     running = serve("cg3", "127.0.0.1:0")
     events = stream(n, seed=2)
+    received: list[int] = []
     try:
         with BaseClient(f"127.0.0.1:{running.port}") as client:
             client.wait_ready()
-            calls = client.subscribe(QUERIES["cg3"], "bench")
-            assert next(calls).ready
-            received: list[int] = []
-            reader = threading.Thread(target=lambda: received.extend(1 for _ in calls))
-            reader.start()
-            start = time.perf_counter()
-            client.publish(events)
-            client.unsubscribe("bench")
-            reader.join()
-            seconds = time.perf_counter() - start
-        print(f"\ngRPC: {n:,} events published to a cg3 service with one subscription: "
-              f"{n / seconds:,.0f} events/s, {len(received):,} notifications streamed back")
+
+            def publish() -> None:
+                received.clear()
+                calls = client.subscribe(QUERIES["cg3"], "bench")
+                assert next(calls).ready
+                reader = threading.Thread(target=lambda: received.extend(1 for _ in calls))
+                reader.start()
+                client.publish(events)
+                client.unsubscribe("bench")
+                reader.join()
+
+            rates = [n / t for t in timed(repeat, publish)]
+        print(f"\ngRPC: {n:,} events published to a cg3 service with one subscription, "
+              f"median (min–max) of {repeat}: {spread(rates)} events/s, {len(received):,} "
+              "notifications streamed back (one message each)")
     finally:
         running.server.stop(grace=0).wait()
 
@@ -97,10 +124,11 @@ def grpc_throughput(n: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=20_000)
+    parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    native_speed(args.events)
-    via_overhead()
-    grpc_throughput(args.events // 4)
+    native_speed(args.events, args.repeat)
+    via_overhead(args.repeat)
+    grpc_throughput(args.events // 4, args.repeat)
     print(json.dumps({"done": True}))
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar, NoReturn
 
 import orjson
 
@@ -48,17 +48,68 @@ class EventError(ValueError):
     """A malformed event; the engine routes it to the dead-letter record with this message."""
 
 
-@dataclass(frozen=True, slots=True)
 class Event:
-    """A primitive event: a CloudEvent reduced to what the algebra needs, plus the raw attributes."""
+    """A primitive event: a CloudEvent reduced to what the algebra needs, plus the raw attributes.
 
-    id: str
-    source: str
-    type: str
-    time: int
-    seq: int = 0
-    data: Any = None
-    attributes: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    A value, as the frozen dataclass it was: compared and hashed by ``(id, source, type, time,
+    seq, data)`` (not by ``attributes``), never changed once made. Written by hand rather than
+    as a dataclass for one reason: ``data`` may be kept as JSON text and parsed when first read
+    (:func:`from_fields`), which a dataclass field cannot do."""
+
+    __slots__ = ("_data", "_raw", "attributes", "id", "seq", "source", "time", "type")
+
+    _fields: ClassVar[tuple[str, ...]] = (
+        "id", "source", "type", "time", "seq", "data", "attributes")
+    """The constructor's parameters, as a named tuple lists its fields: eva/snapshot.py writes
+    an event as these values (``data`` parsed) and rebuilds it by calling the class."""
+
+    def __init__(self, id: str, source: str, type: str, time: int, seq: int = 0,
+                 data: Any = None, attributes: dict[str, Any] | None = None) -> None:
+        self.id = id
+        self.source = source
+        self.type = type
+        self.time = time
+        self.seq = seq
+        self._data: Any = data
+        self._raw: str | bytes | None = None  # data's JSON text while it is not parsed
+        self.attributes: dict[str, Any] = {} if attributes is None else attributes
+
+    @property
+    def data(self) -> Any:
+        """The ``data`` member, parsed on first read when the event was made from its text."""
+        raw = self._raw
+        if raw is not None:
+            self._data = _data_of(raw)
+            self._raw = None
+        return self._data
+
+    def renumbered(self, seq: int) -> Event:
+        """The same event with arrival number ``seq`` (its data still unparsed if it was)."""
+        event = Event(self.id, self.source, self.type, self.time, seq, self._data,
+                      self.attributes)
+        event._raw = self._raw
+        return event
+
+    def _values(self) -> tuple[Any, ...]:
+        return (self.id, self.source, self.type, self.time, self.seq, self.data)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Event):
+            return NotImplemented
+        return self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())  # a TypeError for dict data, as the dataclass's was
+
+    def __repr__(self) -> str:
+        return (f"Event(id={self.id!r}, source={self.source!r}, type={self.type!r}, "
+                f"time={self.time!r}, seq={self.seq!r}, data={self.data!r}, "
+                f"attributes={self.attributes!r})")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled (Spark) as its constructor's arguments, data parsed.
+        return (Event, (self.id, self.source, self.type, self.time, self.seq, self.data,
+                        self.attributes))
 
     @property
     def key(self) -> Key:
@@ -80,8 +131,12 @@ class Event:
         value: Any
         if head == "data":
             value = self.data
-        elif head in ("id", "source", "type"):
-            value = getattr(self, head)
+        elif head == "id":
+            value = self.id
+        elif head == "source":
+            value = self.source
+        elif head == "type":
+            value = self.type
         elif head == "time":
             value = self.time
         else:
@@ -91,6 +146,35 @@ class Event:
                 return None
             value = value[part]
         return value
+
+
+def from_fields(id: str, source: str, type: str, time: int, seq: int = 0,
+                data: str | bytes | None = None,
+                attributes: dict[str, Any] | None = None) -> Event:
+    """An event whose envelope was parsed elsewhere (Spark's ``from_json``, a batch reader):
+    ``data`` is the raw JSON text of the data member (None: absent), parsed only when something
+    reads ``event.data`` (a predicate on ``data.…``, a ``per`` key, a snapshot, an output).
+    The caller has validated the envelope (non-empty strings; ``time`` in µs from an RFC 3339
+    text) and gives the data member's JSON text as it stood in a line that parsed.
+
+    Reading never raises (it runs inside a predicate): the text is read with a line's rules
+    (orjson; json for what orjson refuses or rounds — NaN, integers past 64 bits) and, if it
+    still does not parse or nests deeper than a line's data may (``MAX_DEPTH`` − 1), ``data``
+    reads as the text itself, a JSON string: nothing lost, nothing raised, and visible in every
+    output. (A JSON string value must therefore come quoted: ``"abc"`` is the string abc; the
+    bare text abc, which is not JSON, also reads as abc.)"""
+    event = Event(id, source, type, time, seq, None, attributes)
+    event._raw = data
+    return event
+
+
+def _data_of(raw: str | bytes) -> Any:
+    """A data member's JSON text, parsed (:func:`from_fields`); the text itself if it is not
+    JSON a line could carry."""
+    try:
+        return _json_value(raw, MAX_DEPTH - 1)
+    except EventError:
+        return raw if isinstance(raw, str) else raw.decode("utf-8", "backslashreplace")
 
 
 def field_path(path: str) -> tuple[str, tuple[str, ...]]:
@@ -116,11 +200,14 @@ _RFC3339 = re.compile(r"([0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2
                       r"(?:\.([0-9]+))?(?:[Zz]|([+-])([0-9]{2}):([0-9]{2}))", re.ASCII)
 _NO_OFFSET = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?",
                         re.ASCII)
-# The common shape (a second, optional 3 or 6 fractional digits, Z): its second is looked up
-# in a per-second cache that only the full parse fills, so only checked seconds are found.
-_STAMP = re.compile(r"(.{19})(?:\.([0-9]{3}|[0-9]{6}))?Z", re.ASCII)
-_SECONDS: dict[str, int] = {}  # "YYYY-MM-DDTHH:MM:SS" → µs: a stream repeats its seconds
-_STAMPS: dict[int, str] = {}
+# The common shape (YYYY-MM-DDTHH:MM:SS, optional 3 or 6 fractional digits, Z) is read through a
+# per-minute cache that only the full parse fills, so only checked minutes are found: a stream
+# repeats its minutes (at one event per second a per-second cache would never hit), and any
+# second 00–59 of a valid minute is valid. Both caches are cleared when full (memory stays flat).
+_MINUTES: dict[str, int] = {}  # "YYYY-MM-DDTHH:MM" → µs
+_STAMPS: dict[int, str] = {}  # minutes since the epoch → "YYYY-MM-DDTHH:MM:"
+_CACHED = 4096
+_SECOND_TEXT = [f"{s:02d}" for s in range(60)]
 _EPOCH_DAYS = 719_163  # date(1970, 1, 1).toordinal()
 RFC3339 = "YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM)"
 MIN_TIME = -62_135_596_800_000_000
@@ -140,21 +227,25 @@ def parse_time(text: str) -> int:
     """RFC 3339 timestamp to integer microseconds since the epoch (UTC); anything else (other
     ISO 8601 forms, sub-microsecond digits that are not zero, times outside years 0001–9999 in
     UTC) raises :class:`EventError` naming what was found and what is expected."""
-    shape = _STAMP.fullmatch(text)
-    if shape is not None:
-        second, fraction = shape.group(1), shape.group(2)
-        base = _SECONDS.get(second)
+    n = len(text)
+    if (n == 20 or n == 24 or n == 27) and text[n - 1] == "Z" and text[16] == ":":
+        base = _MINUTES.get(text[:16])
         if base is None:
             try:
-                base = _parse_time(second + "Z")
+                base = _parse_time(text[:16] + ":00Z")
             except EventError:
                 return _parse_time(text)  # reported with the text as given
-            if len(_SECONDS) > 100_000:
-                _SECONDS.clear()
-            _SECONDS[second] = base
-        if fraction is None:
-            return base
-        return base + int(fraction) * (1000 if len(fraction) == 3 else 1)
+            if len(_MINUTES) >= _CACHED:
+                _MINUTES.clear()
+            _MINUTES[text[:16]] = base
+        second = text[17:19]
+        fraction = text[20:n - 1]
+        if second.isascii() and second.isdigit() and second < "60" and (
+                n == 20 or (text[19] == "." and fraction.isascii() and fraction.isdigit())):
+            base += int(second) * 1_000_000
+            if n == 20:
+                return base
+            return base + int(fraction) * (1000 if n == 24 else 1)
     return _parse_time(text)
 
 
@@ -199,13 +290,16 @@ def format_time(micros: int) -> str:
     lateness, say) is written with its proleptic Gregorian year, signed or wider than 4 digits,
     where datetime would raise."""
     seconds, frac = divmod(micros, 1_000_000)
-    stamp = _STAMPS.get(seconds)
+    minutes, second = divmod(seconds, 60)
+    stamp = _STAMPS.get(minutes)
     if stamp is None:
-        stamp = _civil(seconds)
-        if len(_STAMPS) > 100_000:
+        stamp = _civil(minutes * 60)[:-2]
+        if len(_STAMPS) >= _CACHED:
             _STAMPS.clear()
-        _STAMPS[seconds] = stamp
-    return f"{stamp}.{frac:06d}Z" if frac else f"{stamp}Z"
+        _STAMPS[minutes] = stamp
+    if frac:
+        return f"{stamp}{_SECOND_TEXT[second]}.{frac:06d}Z"
+    return stamp + _SECOND_TEXT[second] + "Z"
 
 
 def _civil(seconds: int) -> str:
@@ -237,6 +331,21 @@ def from_cloudevent(obj: Any, seq: int = 0) -> Event:
     """Validate a structured-mode CloudEvent (already JSON-decoded) and convert it."""
     if not isinstance(obj, dict):
         raise EventError("event is not a JSON object")
+    attributes = dict(obj)  # what is left once the event's own fields are taken out
+    ident = attributes.pop("id", None)
+    source = attributes.pop("source", None)
+    kind = attributes.pop("type", None)
+    time = attributes.pop("time", None)
+    data = attributes.pop("data", None)
+    if not (isinstance(ident, str) and ident and isinstance(source, str) and source
+            and isinstance(kind, str) and kind and isinstance(time, str) and time
+            and attributes.get("specversion") == "1.0"):
+        _refuse(obj)
+    return Event(ident, source, kind, parse_time(time), seq, data, attributes)
+
+
+def _refuse(obj: dict[str, Any]) -> NoReturn:
+    """Raise what is wrong with a CloudEvent's required attributes, the first thing first."""
     missing = [name for name in REQUIRED if name not in obj]
     if missing:
         raise EventError(f"missing required attribute(s): {', '.join(missing)}")
@@ -245,14 +354,31 @@ def from_cloudevent(obj: Any, seq: int = 0) -> Event:
     for name in ("id", "source", "type", "time"):
         if not isinstance(obj[name], str) or not obj[name]:
             raise EventError(f"attribute {name!r} must be a non-empty string")
-    time = parse_time(obj["time"])
-    attributes = {k: v for k, v in obj.items() if k not in ("id", "source", "type", "time", "data")}
-    return Event(obj["id"], obj["source"], obj["type"], time, seq, obj.get("data"), attributes)
+    raise AssertionError("_refuse of a valid envelope")
 
 
 def from_json_line(line: str | bytes, seq: int = 0) -> Event:
     """One JSON line (text, or bytes that must be UTF-8) to an event; anything wrong with it
     raises :class:`EventError` with what was found and where — never another exception."""
+    return from_cloudevent(_json_value(line, MAX_DEPTH), seq)
+
+
+def read_lines(lines: list[tuple[int, bytes]]) -> list[Event | EventError]:
+    """A batch of numbered JSON lines (``common.event_lines``) as events numbered by their
+    line, or the error of each line that is not one — :func:`from_json_line` of each, in one
+    loop (compiled with the engine, the loop costs no interpreted call per line)."""
+    out: list[Event | EventError] = []
+    for number, line in lines:
+        try:
+            out.append(from_cloudevent(_json_value(line, MAX_DEPTH), number))
+        except EventError as exc:
+            out.append(exc)
+    return out
+
+
+def _json_value(line: str | bytes, depth: int) -> Any:
+    """JSON text (a line, or a data member's text) as Python values, nested at most ``depth``
+    levels; anything wrong raises :class:`EventError` with what was found and where."""
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError:
@@ -265,13 +391,13 @@ def from_json_line(line: str | bytes, seq: int = 0) -> Event:
         raw = line if isinstance(line, bytes) else line.encode("utf-8", "surrogatepass")
         if raw.translate(_DIGITS).find(_LONG_RUN) >= 0 and _has_big_float(obj):
             obj = _slow_json(line)
-    # Deeper nesting needs more than 2 * MAX_DEPTH characters, and as many brackets: most
-    # lines skip the walk.
-    if len(line) > 2 * MAX_DEPTH and (
+    # Deeper nesting needs more than 2 * depth characters, and as many brackets: most lines
+    # skip the walk.
+    if len(line) > 2 * depth and (
             line.count("{") + line.count("[") if isinstance(line, str)
-            else line.count(b"{") + line.count(b"[")) > MAX_DEPTH and _too_deep(obj):
+            else line.count(b"{") + line.count(b"[")) > depth and _too_deep(obj, depth):
         raise EventError(f"JSON nested deeper than {MAX_DEPTH} levels")
-    return from_cloudevent(obj, seq)
+    return obj
 
 
 def _slow_json(line: str | bytes) -> Any:
@@ -329,8 +455,8 @@ def _has_big_float(obj: Any) -> bool:
     return False
 
 
-def _too_deep(obj: Any) -> bool:
-    """Whether ``obj`` nests containers deeper than MAX_DEPTH, without recursing."""
+def _too_deep(obj: Any, limit: int) -> bool:
+    """Whether ``obj`` nests containers deeper than ``limit``, without recursing."""
     stack: list[tuple[Any, int]] = [(obj, 1)]
     while stack:
         value, depth = stack.pop()
@@ -340,7 +466,7 @@ def _too_deep(obj: Any) -> bool:
             children = value
         else:
             continue
-        if depth > MAX_DEPTH:
+        if depth > limit:
             return True
         stack.extend((child, depth + 1) for child in children)
     return False

@@ -13,6 +13,7 @@ a consumption, a pair of parentheses.
 
 from __future__ import annotations
 
+import bisect
 import difflib
 import functools
 import math
@@ -449,20 +450,10 @@ class _Build(Transformer_NonRecursive[Token, Any]):
         return value
 
     def _span(self, token: Token) -> int | None:
-        try:
-            return parse_span(str(token))
-        except ValueError as exc:
-            raise self._error(str(exc), _start(token)) from None
+        return _span_value(str(token), _start(token), self._error)
 
     def _int(self, token: Token, digits: str, what: str) -> int:
-        significant = digits.lstrip("0")
-        if not significant:
-            raise self._error(f"found {_quote(str(token))}, expected an index of at least 1: "
-                              f"{what} starts at 1", _start(token))
-        if len(significant) > 19 or int(significant) > ast.MAX_INT:
-            raise self._error(f"found {_quote(str(token))}, expected an index of at most "
-                              f"{ast.MAX_INT}: {what} is a 64-bit integer", _start(token))
-        return int(significant)
+        return _index_value(str(token), digits, what, _start(token), self._error)
 
     # ---- predicates
     def or_pred(self, items: list[Any]) -> ast.Predicate:
@@ -504,18 +495,7 @@ class _Build(Transformer_NonRecursive[Token, Any]):
 
     def number(self, items: list[Any]) -> int | float:
         token: Token = items[0]
-        text = str(token)
-        if any(c in text for c in ".eE"):
-            value = float(text)
-            if not math.isfinite(value):
-                raise self._error(f"found {_quote(text)}, expected a finite number: numbers "
-                                  "are 64-bit floats (at most about 1.8e308)", _start(token))
-            return value
-        digits = text.lstrip("-").lstrip("0")
-        if len(digits) > 19 or not -ast.MAX_INT - 1 <= int(text) <= ast.MAX_INT:
-            raise self._error(f"found {_quote(text)}, expected an integer from {-ast.MAX_INT - 1} "
-                              f"to {ast.MAX_INT}: integers are 64-bit", _start(token))
-        return int(text)
+        return _number_value(str(token), _start(token), self._error)
 
     def true(self, _: list[Any]) -> bool:
         return True
@@ -527,44 +507,423 @@ class _Build(Transformer_NonRecursive[Token, Any]):
         return None
 
     def _string(self, token: Token) -> str:
-        """Decode a string literal's JSON escapes; a bad one is an error at its position."""
-        text, base = str(token), token.start_pos or 0
-        out: list[str] = []
-        i, end = 1, len(text) - 1
-        while i < end:
-            c = text[i]
-            if c == "\\":
-                e = text[i + 1]  # the grammar puts a character after every backslash
-                if e in _ESCAPES:
-                    out.append(_ESCAPES[e])
-                    i += 2
-                    continue
-                if e != "u":
-                    raise self._error(f"found the escape {_quote(text[i:i + 2])}, expected one "
-                                      r"of \" \\ \/ \b \f \n \r \t \uXXXX", base + i)
-                digits = text[i + 2:i + 6]
-                if not _HEX4.fullmatch(digits):
-                    raise self._error(f"found {_quote(text[i:i + 6])}, expected \\u and four "
-                                      "hexadecimal digits", base + i)
-                code = int(digits, 16)
-                if 0xD800 <= code < 0xDC00 and _LOW.match(text, i + 6):
-                    low = int(text[i + 8:i + 12], 16)
-                    out.append(chr(0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)))
-                    i += 12
-                    continue
-                if 0xD800 <= code < 0xE000:
-                    raise self._error(f"found the lone surrogate {_quote(text[i:i + 6])}, "
-                                      "expected a character: \\uD800–\\uDBFF must be followed "
-                                      "by \\uDC00–\\uDFFF (a UTF-16 pair)", base + i)
-                out.append(chr(code))
-                i += 6
+        return _string_value(str(token), token.start_pos or 0, self._error)
+
+
+Raise = Callable[[str, int], Exception]
+"""Makes the exception for a message at a position (the builder's ProfileError, the fast
+path's giving up)."""
+
+
+def _span_value(text: str, pos: int, error: Raise) -> int | None:
+    try:
+        return parse_span(text)
+    except ValueError as exc:
+        raise error(str(exc), pos) from None
+
+
+def _index_value(text: str, digits: str, what: str, pos: int, error: Raise) -> int:
+    significant = digits.lstrip("0")
+    if not significant:
+        raise error(f"found {_quote(text)}, expected an index of at least 1: {what} starts "
+                    "at 1", pos)
+    if len(significant) > 19 or int(significant) > ast.MAX_INT:
+        raise error(f"found {_quote(text)}, expected an index of at most {ast.MAX_INT}: "
+                    f"{what} is a 64-bit integer", pos)
+    return int(significant)
+
+
+def _number_value(text: str, pos: int, error: Raise) -> int | float:
+    if any(c in text for c in ".eE"):
+        value = float(text)
+        if not math.isfinite(value):
+            raise error(f"found {_quote(text)}, expected a finite number: numbers are 64-bit "
+                        "floats (at most about 1.8e308)", pos)
+        return value
+    digits = text.lstrip("-").lstrip("0")
+    if len(digits) > 19 or not -ast.MAX_INT - 1 <= int(text) <= ast.MAX_INT:
+        raise error(f"found {_quote(text)}, expected an integer from {-ast.MAX_INT - 1} to "
+                    f"{ast.MAX_INT}: integers are 64-bit", pos)
+    return int(text)
+
+
+def _string_value(text: str, base: int, error: Raise) -> str:
+    """Decode a string literal's JSON escapes; a bad one is an error at its position."""
+    if "\\" not in text and text.isprintable():
+        return text[1:-1]  # nothing to decode, nothing to refuse: most strings
+    out: list[str] = []
+    i, end = 1, len(text) - 1
+    while i < end:
+        c = text[i]
+        if c == "\\":
+            e = text[i + 1]  # the grammar puts a character after every backslash
+            if e in _ESCAPES:
+                out.append(_ESCAPES[e])
+                i += 2
                 continue
-            if c < " " or "\ud800" <= c <= "\udfff":
-                raise self._error(f"found the raw character U+{ord(c):04X} in a string, "
-                                  r"expected it escaped (e.g. \t, \n or \u0009)", base + i)
-            out.append(c)
-            i += 1
-        return "".join(out)
+            if e != "u":
+                raise error(f"found the escape {_quote(text[i:i + 2])}, expected one "
+                            r"of \" \\ \/ \b \f \n \r \t \uXXXX", base + i)
+            digits = text[i + 2:i + 6]
+            if not _HEX4.fullmatch(digits):
+                raise error(f"found {_quote(text[i:i + 6])}, expected \\u and four "
+                            "hexadecimal digits", base + i)
+            code = int(digits, 16)
+            if 0xD800 <= code < 0xDC00 and _LOW.match(text, i + 6):
+                low = int(text[i + 8:i + 12], 16)
+                out.append(chr(0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)))
+                i += 12
+                continue
+            if 0xD800 <= code < 0xE000:
+                raise error(f"found the lone surrogate {_quote(text[i:i + 6])}, "
+                            "expected a character: \\uD800–\\uDBFF must be followed "
+                            "by \\uDC00–\\uDFFF (a UTF-16 pair)", base + i)
+            out.append(chr(code))
+            i += 6
+            continue
+        if c < " " or "\ud800" <= c <= "\udfff":
+            raise error(f"found the raw character U+{ord(c):04X} in a string, "
+                        r"expected it escaped (e.g. \t, \n or \u0009)", base + i)
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+# ---------------------------------------------------------------- the fast path
+#
+# lark reads a document at about 2,500 profiles a second here (its lexer, parse tree and
+# position propagation; issue 17 wants 10,000 in under 2 s). Most documents are well formed,
+# so a direct reader takes them first: one pass over the text, the AST built as it goes, for
+# well-formed text only. At anything it does not read — every error, and any form where lark's
+# contextual lexer might read a word otherwise (a name that starts like a keyword of higher
+# priority, a span followed by letters) — it gives up and lark reads the document, so errors
+# and their messages are lark's and the builder's, unchanged. tests/test_language.py checks
+# that both give the same AST (positions included) on random documents and mutations of them.
+# Nesting deeper than _FAST_DEPTH is left to lark too: the reader recurses per parenthesis,
+# bounded by that, and nothing unbounded recurses on the input.
+
+
+class _GiveUp(Exception):
+    """The fast path met what it does not read: lark reads the document."""
+
+
+def _give_up(message: str, pos: int) -> Exception:
+    return _GiveUp()
+
+
+_FAST_DEPTH = 48
+# One match per token, the blanks and comments before it skipped (lark's %ignore).
+_TOKEN = re.compile(r'(?:[\t \f\r\n]+|#[^\n]*)*(?:(?P<STRING>"(?:[^"\\\n]|\\.)*")'
+                    r"|(?P<CMP>==|!=|<=|>=|<|>)|(?P<PUNCT>[()\[\],;|=._-])"
+                    r"|(?P<WORD>[A-Za-z0-9][A-Za-z0-9_]*)|(?P<OTHER>[^\t \f\r\n#]))")
+_BLANK_END = re.compile(r"(?:[\t \f\r\n]+|#[^\n]*)*\Z")
+_NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
+_KEYWORDS = frozenset(("class", "every", "from", "profile", "per", "evaluate", "not", "or", "and",
+                       "in", "true", "false", "null"))
+_PAIRS_WORDS = frozenset(("all_pairs", "unique_pairs", "repeated_pairs"))
+_EVAL_WORDS = frozenset(("continuous", "end_of_interval"))
+_DUP_WORD = re.compile(r"(?:first|last|all|[0-9]+)_dup")
+_SPAN_WORD = re.compile(r"[0-9]+(?:us|ms|s|min|h|d|weeks)")
+# Terminals of higher priority than NAME (grammar.lark): a word starting like one of them is
+# not read as a name here.
+_PRIORITY_PREFIX = re.compile(r"(?:first|last|all)_dup|all_pairs|unique_pairs|repeated_pairs|"
+                              r"continuous|end_of_interval|inf")
+_VALUES = {"true": True, "false": False, "null": None}
+_DIGIT_CHARS = frozenset("0123456789")
+
+
+def _word_kind(word: str) -> str:
+    """The terminal a word is read as here ("OTHER": one the fast path leaves to lark)."""
+    if word in _KEYWORDS:
+        return word
+    if word in _PAIRS_WORDS:
+        return "PAIRS"
+    if word in _EVAL_WORDS:
+        return "EVAL_MODE"
+    if word == "inf" or _SPAN_WORD.fullmatch(word):
+        return "SPAN"
+    if _DUP_WORD.fullmatch(word):
+        return "DUP"
+    if word.isdigit():
+        return "INT"
+    if word[0].isalpha() and not _PRIORITY_PREFIX.match(word):
+        return "NAME"
+    return "OTHER"
+
+
+class _Fast:
+    """The direct reader of a well-formed document (see above); raises _GiveUp."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        kinds: dict[str, str] = {}  # a word's kind, once per distinct word
+        tokens: list[tuple[str, str, int]] = []
+        for m in _TOKEN.finditer(source):
+            group = m.lastgroup or ""  # every alternative is a group
+            text = m.group(group)
+            if group == "WORD":
+                kind = kinds.get(text)
+                if kind is None:
+                    kind = kinds[text] = _word_kind(text)
+            elif group == "PUNCT":
+                kind = text
+            else:
+                kind = group
+            tokens.append((kind, text, m.start(group)))
+        end = tokens[-1][2] + len(tokens[-1][1]) if tokens else 0
+        if not _BLANK_END.match(source, end):
+            raise _GiveUp  # blanks the token pattern does not skip
+        tokens.append(("EOF", "", len(source)))
+        self.tokens = tokens
+        self.i = 0
+        self.newlines = [m.start() for m in re.finditer("\n", source)]
+        self.depth = 0
+
+    # ---- tokens
+    def peek(self) -> tuple[str, str, int]:
+        return self.tokens[self.i]
+
+    def position(self, start: int) -> tuple[int, int]:
+        """(line, column) of a token, as lark counts them."""
+        line = bisect.bisect_right(self.newlines, start)
+        return line + 1, start - (self.newlines[line - 1] + 1 if line else 0) + 1
+
+    def take(self, kind: str) -> tuple[str, int]:
+        """The next token's text and start, which must be of ``kind``."""
+        found, text, start = self.tokens[self.i]
+        if found != kind:
+            raise _GiveUp
+        self.i += 1
+        return text, start
+
+    def at(self, kind: str) -> bool:
+        return self.tokens[self.i][0] == kind
+
+    def enter(self) -> None:
+        self.depth += 1
+        if self.depth > _FAST_DEPTH:
+            raise _GiveUp
+
+    # ---- statements
+    def document(self) -> ast.Document:
+        classes: list[ast.ClassDef] = []
+        profiles: list[ast.Profile] = []
+        while True:
+            kind = self.peek()[0]
+            if kind == "class":
+                classes.append(self.class_def())
+            elif kind == "profile":
+                profiles.append(self.profile_def())
+            elif kind == "EOF":
+                return ast.Document(tuple(classes), tuple(profiles))
+            else:
+                raise _GiveUp
+
+    def class_def(self) -> ast.ClassDef:
+        line, column = self.position(self.take("class")[1])
+        name, _ = self.take("NAME")
+        self.take("=")
+        body: ast.Predicate | ast.Every
+        if self.at("every"):
+            self.take("every")
+            text, at = self.take("SPAN")
+            period = _span_value(text, at, _give_up)
+            if period is None or period <= 0:
+                raise _GiveUp
+            anchor = None
+            if self.at("from"):
+                self.take("from")
+                anchor = _string_value(*self.take("STRING"), _give_up)
+            body = ast.Every(period, anchor)
+        else:
+            body = self.pred()
+        return ast.ClassDef(name, body, line, column)
+
+    def profile_def(self) -> ast.Profile:
+        line, column = self.position(self.take("profile")[1])
+        name, _ = self.take("NAME")
+        per = None
+        if self.at("per"):
+            self.take("per")
+            per = self.path()
+        mode = ast.Evaluation.CONTINUOUS
+        if self.at("evaluate"):
+            self.take("evaluate")
+            mode = ast.Evaluation(self.take("EVAL_MODE")[0])
+        self.take("=")
+        return ast.Profile(name, self.complete(), per, mode, line, column)
+
+    def path(self) -> str:
+        names = [self.take("NAME")[0]]
+        while self.at("."):
+            self.take(".")
+            names.append(self.take("NAME")[0])
+        return ".".join(names)
+
+    # ---- composite expressions
+    def complete(self) -> ast.Expr:
+        value = self.expr()
+        if isinstance(value, _Partial):
+            raise _GiveUp
+        return value
+
+    def expr(self) -> ast.Expr | _Partial:
+        kind, text, start = self.peek()
+        if kind == "NAME":
+            self.i += 1
+            return ast.Prim(text, *self.position(start))
+        self.enter()
+        value = self.group()
+        self.depth -= 1
+        if self.at("_"):
+            raise _GiveUp  # a suffix too many
+        return value
+
+    def group(self) -> ast.Expr | _Partial:
+        self.take("(")
+        kind = self.peek()[0]
+        if kind == "DUP":
+            left = self.operand()
+            sep = self.peek()[0]
+            if sep not in (";", ",", "|"):
+                raise _GiveUp
+            self.take(sep)
+            right = self.operand()
+            self.take(")")
+            self.take("_")
+            if sep == "|":
+                return ast.Disjunction(left, right, ast.Pairs(self.take("PAIRS")[0]))
+            span = _span_value(*self.take("SPAN"), _give_up)
+            binary = ast.Sequence if sep == ";" else ast.Conjunction
+            return _Partial("", lambda p: binary(left, right, span, p), 0, 0)
+        if kind == "not":
+            self.take("not")
+            negated = self.complete()
+            self.take(")")
+            self.take("_")
+            finite = _span_value(*self.take("SPAN"), _give_up)
+            if finite is None:
+                raise _GiveUp
+            return _Partial("", lambda p: ast.Negation(negated, finite, p), 0, 0)
+        inner = self.expr()
+        if self.at("["):
+            if isinstance(inner, _Partial):
+                raise _GiveUp
+            self.take("[")
+            text, at = self.take("INT")
+            index = _index_value(text, text, "the selection index", at, _give_up)
+            self.take("]")
+            self.take(")")
+            self.take("_")
+            return ast.Selection(inner, index, ast.Pairs(self.take("PAIRS")[0]))
+        self.take(")")
+        if not isinstance(inner, _Partial):
+            raise _GiveUp  # an expression alone in parentheses
+        self.take("_")
+        return inner.make(ast.Pairs(self.take("PAIRS")[0]))
+
+    def operand(self) -> ast.Operand:
+        text, at = self.take("DUP")
+        kind = text[: -len("_dup")]
+        if kind in ("first", "last", "all"):
+            dup = ast.Dup(ast.DupKind(kind))
+        else:
+            dup = ast.nth(_index_value(text, kind, "the index of <n>_dup", at, _give_up))
+        self.take("(")
+        value = self.complete()
+        self.take(")")
+        return ast.Operand(dup, value)
+
+    # ---- predicates
+    def pred(self) -> ast.Predicate:
+        self.enter()
+        out = self.conjunct()
+        while self.at("or"):
+            self.take("or")
+            out = ast.Or(out, self.conjunct())
+        self.depth -= 1
+        return out
+
+    def conjunct(self) -> ast.Predicate:
+        out = self.negated()
+        while self.at("and"):
+            self.take("and")
+            out = ast.And(out, self.negated())
+        return out
+
+    def negated(self) -> ast.Predicate:
+        nots = 0
+        while self.at("not"):
+            self.take("not")
+            nots += 1
+        out = self.atom()
+        for _ in range(nots):
+            out = ast.Not(out)
+        return out
+
+    def atom(self) -> ast.Predicate:
+        if self.at("("):
+            self.take("(")
+            inner = self.pred()
+            self.take(")")
+            return inner
+        path = self.path()
+        if self.at("CMP"):
+            op = self.take("CMP")[0]
+            return ast.Compare(path, op, self.value())
+        if self.at("in"):
+            self.take("in")
+            self.take("[")
+            values = [self.value()]
+            while self.at(","):
+                self.take(",")
+                values.append(self.value())
+            self.take("]")
+            return ast.Compare(path, "in", tuple(values))
+        if "." in path:
+            raise _GiveUp
+        return ast.ClassRef(path)
+
+    def value(self) -> Any:
+        kind, text, start = self.peek()
+        if kind == "STRING":
+            self.take("STRING")
+            return _string_value(text, start, _give_up)
+        if kind in _VALUES:
+            self.take(kind)
+            return _VALUES[kind]
+        number = _NUMBER.match(self.source, start)
+        if number is None or not (kind == "-" or text[:1] in _DIGIT_CHARS):
+            raise _GiveUp
+        end = number.end()
+        if end < len(self.source) and (self.source[end].isalnum() or self.source[end] in "_."):
+            raise _GiveUp
+        while self.tokens[self.i][2] < end:  # the tokens the number is made of
+            self.i += 1
+        return _number_value(number.group(), start, _give_up)
+
+
+def _fast_parse(source: str) -> ast.Document | None:
+    """The document of well-formed ``source`` read directly, or None: lark is to read it."""
+    try:
+        return _Fast(source).document()
+    except _GiveUp:
+        return None
+
+
+def _lark_parse(source: str, filename: str) -> ast.Document:
+    """The document of ``source`` read by lark and the builder; raises ProfileError."""
+    try:
+        tree = _parser().parse(source)
+    except UnexpectedInput as exc:
+        raise _syntax_error(exc, source, filename) from None
+    try:
+        doc: ast.Document = _Build(source, filename).transform(tree)
+    except VisitError as exc:  # lark wraps what the builder raises
+        if isinstance(exc.orig_exc, ProfileError):
+            raise exc.orig_exc from None
+        raise
+    return doc
 
 
 def parse(source: str | bytes, filename: str = "<profiles>") -> ast.Document:
@@ -580,16 +939,9 @@ def parse(source: str | bytes, filename: str = "<profiles>") -> ast.Document:
     if isinstance(source, bytes):
         source = decode(source, filename)
     source = source.removeprefix("\ufeff")  # a byte-order mark some editors write
-    try:
-        tree = _parser().parse(source)
-    except UnexpectedInput as exc:
-        raise _syntax_error(exc, source, filename) from None
-    try:
-        doc: ast.Document = _Build(source, filename).transform(tree)
-    except VisitError as exc:  # lark wraps what the builder raises
-        if isinstance(exc.orig_exc, ProfileError):
-            raise exc.orig_exc from None
-        raise
+    doc = _fast_parse(source)
+    if doc is None:
+        doc = _lark_parse(source, filename)
     problem = validate(doc)
     if problem is not None:
         message, line, column = problem

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner, Result
 
 from eva.events import from_cloudevent
@@ -13,6 +16,7 @@ from eva.notify import to_cloudevent
 from eva.parser import parse
 from eva.reference import evaluate
 from mediator.cli import app
+from tests.strategies import documents, traces
 
 runner = CliRunner()
 PROFILES = ('class A = type == "a"\nclass B = type == "b"\n'
@@ -39,6 +43,26 @@ def test_check_summarises_profiles(files: tuple[Path, Path]) -> None:
     result = runner.invoke(app, ["check", str(files[0])])
     assert result.exit_code == 0, result.output
     assert "S" in result.output and "sequence" in result.output and "5s" in result.output
+
+
+def test_check_of_many_profiles_is_a_summary_and_verbose_the_table(tmp_path: Path) -> None:
+    """Past TABLE_AT_MOST profiles check prints what the table's columns hold, counted (a
+    table of thousands of rows was most of its time); --verbose prints the table."""
+    from mediator.cli.check import TABLE_AT_MOST
+
+    path = tmp_path / "many.eva"
+    count = TABLE_AT_MOST + 5
+    path.write_text('class A = type == "a"\nclass B = type == "b"\n' + "".join(
+        f"profile S{i} per data.k = ((all_dup(A); all_dup(B))_{i + 1}s)_all_pairs\n"
+        for i in range(count)) + "profile U = ((all_dup(A); all_dup(A))_inf)_all_pairs\n")
+    result = runner.invoke(app, ["check", str(path)])
+    assert result.exit_code == 0, result.output
+    assert f"2 classes, {count + 1} profiles" in result.output
+    assert f"sequence {count + 1}" in result.output and f"partitioned (per): {count}" in (
+        result.output)
+    assert f"{count} bounded, 1 unbounded: U (" in result.output and "S3" not in result.output
+    verbose = runner.invoke(app, ["check", "--verbose", str(path)])
+    assert verbose.exit_code == 0 and "S3" in verbose.output and "data.k" in verbose.output
 
 
 def test_check_reports_unbounded_state(tmp_path: Path) -> None:
@@ -451,3 +475,101 @@ def test_compose_refuses_a_checkpoint_laid_out_otherwise(tmp_path: Path,
     retimed = compose("--buckets", "4", "--tick", "2s")
     assert retimed.exit_code == 2 and "config" in retimed.output, retimed.output
     assert started == [4, 4]
+
+
+# ------------------------------------------------------------------ replay's reader and writer
+
+
+@settings(max_examples=60, deadline=None)
+@given(doc=documents(), trace=traces(max_size=30),
+       broken=st.lists(st.tuples(st.integers(0, 40), st.sampled_from(
+           [b"{", b'{"id": 1}', b"[1]", b"\xff\xfe", b'{"specversion": "1.0"}', b"null"])),
+           max_size=4),
+       lateness=st.sampled_from([0, 2]), batch=st.sampled_from([1, 3, 1024]))
+def test_replay_writes_what_the_line_by_line_reader_and_dict_writer_wrote(
+        doc: Any, trace: list[Any], broken: list[tuple[int, bytes]], lateness: int,
+        batch: int) -> None:
+    """runs.replay_plain (batches of lines through events.read_lines, composites from
+    prebuilt fragments, written a batch at a time) writes, to the byte, what reading line by
+    line with from_json_line and writing json.dumps(to_cloudevent(n)) wrote — composites and
+    dead letters, in order, whatever the batch size."""
+    import io
+
+    from eva.engine import Engine, EngineConfig
+    from eva.events import EventError, from_json_line
+    from eva.events import to_cloudevent as event_json
+    from mediator.cli import runs
+
+    lines = [json.dumps(event_json(e)).encode() + b"\n" for e in trace]
+    for at, line in broken:
+        lines.insert(at % (len(lines) + 1), line + b"\n")
+    numbered = list(enumerate(lines, start=1))
+    config = EngineConfig(allowed_lateness=lateness, horizon=10**9)
+
+    want_out, want_dead = io.StringIO(), io.StringIO()
+    engine = Engine(config, runs.DeadLetters(want_dead))
+    engine.add_document(doc)
+    notes = []
+    for number, line in numbered:
+        try:
+            event = from_json_line(line, seq=number)
+        except EventError as exc:
+            engine.malformed(f"line {number}: {exc}", runs.raw(line))
+            continue
+        notes += engine.push(event)
+    notes += engine.close(None)
+    want_out.write("".join(json.dumps(to_cloudevent(n)) + "\n" for n in notes))
+
+    got_out, got_dead = io.StringIO(), io.StringIO()
+    saved = runs.BATCH
+    runs.BATCH = batch
+    try:
+        counts = runs.replay_plain(doc, None, iter(numbered), config, None, got_out,
+                                   runs.DeadLetters(got_dead))
+    finally:
+        runs.BATCH = saved
+    assert got_out.getvalue() == want_out.getvalue()
+    assert got_dead.getvalue() == want_dead.getvalue()
+    assert sum(counts.values()) == len(notes)
+
+
+MEMORY = """
+import resource, sys
+from eva.engine import EngineConfig
+from eva.parser import parse
+from mediator.cli import runs
+
+n = int(sys.argv[1])
+doc = parse('class A = type == "A"\\nclass B = type == "B"\\n'
+            'profile P = ((all_dup(A); all_dup(B))_5s)_all_pairs\\n')
+
+def lines():
+    for i in range(n):
+        yield i + 1, (b'{"specversion": "1.0", "id": "e%d", "source": "s", "type": "%s", '
+                      b'"time": "%s", "data": {"key": "k%d"}}' % (
+                          i, b"ABC"[i % 3:i % 3 + 1], runs.format_time(
+                              1_767_225_600_000_000 + i * 1_000_000).encode(), i % 10_000))
+
+class Null:
+    def write(self, text):
+        return len(text)
+
+runs.replay_plain(doc, None, lines(), EngineConfig(), None, Null(), runs.DeadLetters(Null()))
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+@pytest.mark.slow
+def test_replay_memory_is_flat_in_the_trace() -> None:
+    """Peak memory of a replay of 10x the events within 1.2x (issue 17): nothing is kept per
+    event — admitted events only for --via and --engine spark, time caches bounded."""
+    import subprocess
+    import sys
+
+    def peak(n: int) -> int:
+        out = subprocess.run([sys.executable, "-c", MEMORY, str(n)], capture_output=True,
+                             text=True, check=True)
+        return int(out.stdout.split()[-1])
+
+    small, large = peak(20_000), peak(200_000)
+    assert large <= 1.2 * small, (small, large)

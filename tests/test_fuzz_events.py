@@ -18,8 +18,10 @@ from eva.events import (
     Event,
     EventError,
     format_time,
+    from_fields,
     from_json_line,
     parse_time,
+    read_lines,
     to_cloudevent,
 )
 from eva.notify import composite_line, dead_letter_record
@@ -188,3 +190,50 @@ def test_integers_in_data_survive_exactly(value: Any, as_bytes: bool, ascii_only
     text = json.dumps(obj, ensure_ascii=ascii_only)
     event = from_json_line(text.encode() if as_bytes else text)
     assert json.dumps(event.data) == json.dumps(value)  # 10**22 and 1e22 print differently
+
+
+@FUZZ
+@given(st.lists(st.one_of(mutated_events(), st.binary(max_size=80)), min_size=1, max_size=8))
+def test_the_batch_reader_reads_each_line_as_from_json_line(lines: list[bytes]) -> None:
+    """events.read_lines (the replay reader) gives, line by line, the event from_json_line
+    gives or its error, with the same message: never another exception."""
+    batch = list(enumerate(lines, start=1))
+    for (number, line), got in zip(batch, read_lines(batch), strict=True):
+        try:
+            want = from_json_line(line, number)
+        except EventError as exc:
+            assert isinstance(got, EventError) and str(got) == str(exc)
+        else:
+            assert isinstance(got, Event) and repr(got) == repr(want)  # repr: NaN too
+
+
+LAZY = parse('class T = type == "t" and data.area == "A"\nclass U = data.n.k > 0\n'
+             "profile P per data.n = ((all_dup(T); all_dup(U))_1h)_all_pairs\n")
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=60), st.text(anychar, max_size=60),
+                 json_values.map(json.dumps), int_values.map(json.dumps)))
+def test_data_kept_as_text_never_raises_and_reads_as_a_lines_data(text: str | bytes) -> None:
+    """from_fields with any data text: reading it (a predicate, a per key, an output) never
+    raises; a text that is one JSON value reads as that value does in a line."""
+    event = from_fields("e1", "s", "t", 0, 0, text)
+    engine = Engine(EngineConfig())
+    engine.add_document(LAZY)
+    engine.push(event)
+    engine.push(from_fields("e2", "s", "u", 1, 1, text))
+    for n in engine.close():
+        composite_line(n)
+    json.dumps(to_cloudevent(event)).encode("utf-8", "surrogatepass")
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return  # not one JSON value: reads as the text (tests/test_events.py)
+    raw = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
+    line = (b'{"specversion": "1.0", "id": "e1", "source": "s", "type": "t", '
+            b'"time": "2026-01-01T00:00:00Z", "data": ' + raw + b"}")
+    try:
+        want = from_json_line(line)
+    except EventError:
+        return
+    assert repr(from_fields("e1", "s", "t", 0, 0, text).data) == repr(want.data)

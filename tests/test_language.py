@@ -141,3 +141,67 @@ def test_parse_of_print_is_identity(doc: ast.Document) -> None:
 def test_printing_is_canonical(doc: ast.Document) -> None:
     text = to_text(doc)
     assert to_text(parse(text)) == text
+
+
+# ------------------------------------------------------------------ the fast path against lark
+
+# What mutations insert: tokens, near-tokens and characters lark reads otherwise or refuses.
+PIECES = ["(", ")", "[", "]", ",", ";", "|", "=", "==", ".", "_", "-", '"', "\\", "#", "\n",
+          " ", "\t", "\v", "\r", "not ", " and ", " or ", " in ", "all_dup", "3_dup", "0_dup",
+          "all_pairs", "5s", "5m", "inf", "info", "continuous", "class ", "profile ", "per ",
+          "evaluate ", "every ", "from ", "true", "null", "1.5", "1e5", "-0", "9" * 20, "é",
+          "\u00a0", "first_dupx", "x", "A", "T"]
+
+
+def same_reading(text: str) -> bool:
+    """The fast reader gives lark's document (positions included) or leaves it to lark;
+    whether it read it."""
+    from eva.parser import _fast_parse, _lark_parse
+
+    fast = _fast_parse(text)
+    if fast is None:
+        return False
+    assert repr(fast) == repr(_lark_parse(text, "x")), text
+    return True
+
+
+@settings(max_examples=300, deadline=None)
+@given(doc=documents(), blanks=st.lists(st.sampled_from([" ", "  ", "\n", "\t", " # c\n",
+                                                          "\r\n", ""]), min_size=1))
+def test_the_fast_reader_reads_documents_as_lark_does(doc: ast.Document,
+                                                      blanks: list[str]) -> None:
+    """Every printed document is read by the fast path, as lark reads it — also with other
+    blanks and comments between its tokens (the positions move)."""
+    text = to_text(doc)
+    assert same_reading(text)
+    spaced = "".join(c + blanks[i % len(blanks)] if c in " (),;=" else c
+                     for i, c in enumerate(text))
+    same_reading(spaced)
+
+
+@settings(max_examples=600, deadline=None)
+@given(doc=documents(), edits=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 2),
+                                                 st.sampled_from(PIECES)), min_size=1,
+                                       max_size=3))
+def test_the_fast_reader_reads_mutated_documents_as_lark_or_not_at_all(
+        doc: ast.Document, edits: list[tuple[int, int, str]]) -> None:
+    """Characters inserted, dropped or replaced: what the fast path reads, lark reads the
+    same; the rest (errors above all) it leaves to lark, whose message is unchanged."""
+    text = to_text(doc)
+    for at, edit, piece in edits:
+        i = at % (len(text) + 1)
+        text = (text[:i] + piece + text[i:] if edit == 0 else text[:i] + text[i + 1:]
+                if edit == 1 else text[:i] + piece + text[i + 1:])
+    same_reading(text)
+
+
+def test_the_fast_reader_leaves_errors_and_rare_forms_to_lark() -> None:
+    from eva.parser import _fast_parse
+
+    for text in ['class A = type == "a"\nprofile P = ((all_dup(A); all_dup(A))_5)_all_pairs\n',
+                 'class info = type == "a"\n', "class A = x ==\n", "profile P = (A)\n",
+                 'class A = type == "\\q"\n', "class A = data.k == 1x\n",
+                 "profile P = " + "(" * 60 + "A[1])_all_pairs" * 60 + "\n"]:
+        assert _fast_parse(text) is None, text
+    assert same_reading('class info_x = type == "a"\n') is False  # lark: a name
+    assert parse('class info = type == "a"\n').classes[0].name == "info"

@@ -1,7 +1,9 @@
-"""``evamed check``: parse and validate a profile file, and summarise each profile."""
+"""``evamed check``: parse and validate a profile file; a summary of what it holds, or a line
+per profile (``--verbose``, or a file of at most ``TABLE_AT_MOST`` profiles)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -13,24 +15,71 @@ if TYPE_CHECKING:
     from eva import ast
 
 COLUMNS = ("profile", "classes", "operators", "per", "evaluation", "retention")
+TABLE_AT_MOST = 20
+"""Profiles a file may have for the table to be shown without ``--verbose``: a table of
+thousands of rows is read by nobody and took most of check's time (rich lays out every row)."""
+NAMED = 5
+"""Unbounded profiles named in the summary (then "and N more")."""
 
 
-def check(file: Annotated[Path, typer.Argument(help="A profile file.")]) -> None:
-    """Parse and validate a profile file; summarise each profile."""
+def check(file: Annotated[Path, typer.Argument(help="A profile file.")],
+          verbose: Annotated[bool, typer.Option(
+              "--verbose", "-v", help="A line per profile (the default up to "
+              f"{TABLE_AT_MOST} profiles).")] = False) -> None:
+    """Parse and validate a profile file; summarise what it holds (each profile with
+    --verbose)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     doc = load(file)
-    table = Table(title=f"{file}: {len(doc.classes)} classes, {len(doc.profiles)} profiles")
-    for column in COLUMNS:
-        table.add_column(column)
-    for profile in doc.profiles:
-        table.add_row(*_row(doc, profile))
-    Console().print(table)
+    order = {c.name: i for i, c in enumerate(doc.classes)}  # a profile's classes in file order
+    rows = [_row(order, profile) for profile in doc.profiles]
+    title = f"{file}: {len(doc.classes):,} classes, {len(doc.profiles):,} profiles"
+    console = Console()
+    if verbose or len(rows) <= TABLE_AT_MOST:
+        table = Table(title=escape(title))
+        for column in COLUMNS:
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*(escape(cell) for cell in row))
+        console.print(table)
+        return
+    console.print(escape(title), highlight=False, soft_wrap=True)
+    for line in _summary(rows):
+        console.print("  " + escape(line), highlight=False, soft_wrap=True)
 
 
-def _row(doc: ast.Document, profile: ast.Profile) -> tuple[str, ...]:
-    """A profile's line of the summary, in the order of COLUMNS."""
+def _summary(rows: list[tuple[str, ...]]) -> list[str]:
+    """The table's columns counted: operators, partitioning, evaluation, retention."""
+    operators: Counter[str] = Counter()
+    for row in rows:
+        operators.update(set(row[2].split(", ")))
+    evaluations = Counter(row[4] for row in rows)
+    unbounded = [row for row in rows if row[5].startswith("unbounded")]
+    per = sum(1 for row in rows if row[3] != "-")
+    out = ["operators: " + _counts(operators) + " (profiles using each)",
+           f"partitioned (per): {per:,}",
+           "evaluation: " + _counts(evaluations)]
+    if unbounded:
+        named = "; ".join(f"{row[0]} {row[5].removeprefix('unbounded ')}"
+                          for row in unbounded[:NAMED])
+        more = f"; and {len(unbounded) - NAMED:,} more" if len(unbounded) > NAMED else ""
+        out.append(f"retention: {len(rows) - len(unbounded):,} bounded, {len(unbounded):,} "
+                   f"unbounded: {named}{more}")
+    else:
+        out.append(f"retention: all {len(rows):,} bounded")
+    out.append("(--verbose: a line per profile)")
+    return out
+
+
+def _counts(counter: Counter[str]) -> str:
+    return ", ".join(f"{name} {count:,}" for name, count in counter.most_common())
+
+
+def _row(order: dict[str, int], profile: ast.Profile) -> tuple[str, ...]:
+    """A profile's line of the table, in the order of COLUMNS (``order``: each class's
+    position in the file)."""
     from eva import ast
     from eva.retention import retention
     from eva.units import format_span
@@ -41,6 +90,7 @@ def _row(doc: ast.Document, profile: ast.Profile) -> tuple[str, ...]:
                  ast.Sequence: "sequence", ast.Negation: "negation", ast.Selection: "selection"}
     r = retention(profile.expr)
     kept = format_span(r.horizon) if r.horizon is not None else f"unbounded ({r.reason})"
-    return (profile.name, ", ".join(c.name for c in doc.classes if c.name in used),
+    return (profile.name, ", ".join(sorted((name for name in used if name in order),
+                                           key=order.__getitem__)),
             ", ".join(operators[type(n)] for n in nodes if type(n) in operators) or "primitive",
             profile.per or "-", str(profile.evaluation), kept)

@@ -12,12 +12,13 @@ from __future__ import annotations
 import heapq
 import json
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
+from itertools import islice
 from typing import TYPE_CHECKING, Any, TextIO
 
 from eva.engine import DeadLetter, Engine, EngineConfig
-from eva.events import Event, EventError, format_time, from_json_line
+from eva.events import Event, EventError, format_time, from_json_line, read_lines
 from eva.notify import composite_line, dead_letter_record
 from eva.semantics import Notification
 
@@ -46,17 +47,60 @@ def raw(line: bytes) -> str:
     return line.rstrip(b"\n").decode("utf-8", "backslashreplace")
 
 
-def _admit(engine: Engine, lines: Lines, end: int | None,
-           emit: Callable[[list[Notification]], None]) -> None:
+BATCH = 1024
+"""Lines decoded at a time (events.read_lines: one loop per batch, compiled with the engine),
+and composites written at a time (one write of their joined lines). Output from a trace on
+stdin therefore comes a batch at a time."""
+
+
+def _read(engine: Engine, lines: Lines) -> Iterator[Event]:
+    """The events of ``lines``, each numbered by its line (its ``seq``), decoded a batch at a
+    time; a line that is not an event becomes ``engine``'s dead letter when the consumer
+    reaches it, so dead letters keep the order of the trace."""
+    source = iter(lines)
+    while batch := list(islice(source, BATCH)):
+        for (number, line), event in zip(batch, read_lines(batch), strict=True):
+            if isinstance(event, EventError):
+                engine.malformed(f"line {number}: {event}", raw(line))
+            else:
+                yield event
+
+
+class Composites:
+    """The sink of composites: CloudEvents JSON lines to ``out`` (a batch at a time: call
+    ``flush`` at the end), counted per profile."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.counts: Counter[str] = Counter()
+        self.pending: list[Notification] = []
+
+    def __call__(self, notifications: list[Notification]) -> None:
+        if notifications:
+            self.pending += notifications
+            if len(self.pending) >= BATCH:
+                self.flush()
+
+    def flush(self) -> None:
+        counts = self.counts
+        lines = []
+        for n in self.pending:
+            counts[n.profile] += 1
+            lines.append(composite_line(n)[1])
+        if lines:
+            self.out.write("\n".join(lines) + "\n")
+        self.pending = []
+
+
+def _admit(engine: Engine, lines: Lines, end: int | None, emit: Composites) -> None:
     """Push every line through ``engine`` (a malformed one is a dead letter), then close it."""
-    for number, line in lines:
-        try:
-            event = from_json_line(line, seq=number)
-        except EventError as exc:
-            engine.malformed(f"line {number}: {exc}", raw(line))
-            continue
-        emit(engine.push(event))
-    emit(engine.close(end))
+    push = engine.push
+    try:
+        for event in _read(engine, lines):
+            emit(push(event))
+        emit(engine.close(end))
+    finally:
+        emit.flush()  # what was found before an interruption is written too
 
 
 class Admitted:
@@ -87,7 +131,7 @@ class Admitted:
             admitted = engine.admitted
             assert admitted is not None
             for event in admitted:
-                numbered = replace(event, seq=self.count)
+                numbered = event.renumbered(self.count)
                 self.count += 1
                 heapq.heappush(pending, (numbered.key, numbered))
             admitted.clear()
@@ -95,12 +139,7 @@ class Admitted:
             while pending and (head is None or pending[0][0][0] < head):
                 yield heapq.heappop(pending)[1]
 
-        for number, line in self.lines:
-            try:
-                event = from_json_line(line, seq=number)
-            except EventError as exc:
-                engine.malformed(f"line {number}: {exc}", raw(line))
-                continue
+        for event in _read(engine, self.lines):
             engine.push(event)
             yield from ready(False)
         engine.close(self.end)
@@ -112,17 +151,11 @@ def replay_plain(doc: ast.Document, wanted: list[str] | None, lines: Lines,
                  dead: DeadLetters) -> Counter[str]:
     """The composites of the profiles (``wanted``: only these) over the trace, by the
     incremental engine, to ``out`` as CloudEvents JSON lines; the count per profile."""
-    counts: Counter[str] = Counter()
-
-    def emit(notifications: list[Notification]) -> None:
-        for n in notifications:
-            counts[n.profile] += 1
-            out.write(composite_line(n)[1] + "\n")
-
     engine = Engine(config, dead)
     engine.add_document(doc, wanted)
+    emit = Composites(out)
     _admit(engine, lines, end, emit)
-    return counts
+    return emit.counts
 
 
 def transport(group: str, tick: int, address: str | None) -> Connect:
@@ -146,13 +179,7 @@ def replay_via(group: str, doc: ast.Document, wanted: list[str] | None, lines: L
     federation = through_group(language(group, config.tick), doc, wanted,
                                transport=transport(group, config.tick, address),
                                tick=config.tick, end=end)
-    counts: Counter[str] = Counter()
-
-    def emit(notifications: list[Notification]) -> None:
-        for n in notifications:
-            counts[n.profile] += 1
-            out.write(composite_line(n)[1] + "\n")
-
+    emit = Composites(out)
     admitted = Admitted(lines, config, end, dead)
     try:
         for event in admitted:
@@ -161,8 +188,9 @@ def replay_via(group: str, doc: ast.Document, wanted: list[str] | None, lines: L
             emit(federation.push([event]))
         emit(federation.close(end))
     finally:
+        emit.flush()
         federation.unsubscribe()
-    return counts
+    return emit.counts
 
 
 def replay_spark(source: str, wanted: list[str] | None, lines: Lines, config: EngineConfig,
