@@ -92,6 +92,9 @@ def timeline(events: Sequence[Event], notes: Sequence[Notification], path: Path,
                 points.append(found)
         for (t1, r1), (t2, r2) in pairwise(points):
             _arc(ax, _when(t1), r1, _when(t2), r2, colours[n.profile])
+        if len(points) == 1:  # a composite of one event (a filter, a selection): a ring on it
+            ax.scatter([_when(points[0][0])], [points[0][1]], s=90, facecolors="none",
+                       edgecolors=colours[n.profile], linewidths=1.5, zorder=4)
         arcs.append(Arc(n.profile, n.occ.events))
     for p in profiles:
         ax.plot([], [], color=colours[p], label=p)

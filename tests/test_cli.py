@@ -573,3 +573,31 @@ def test_replay_memory_is_flat_in_the_trace() -> None:
 
     small, large = peak(20_000), peak(200_000)
     assert large <= 1.2 * small, (small, large)
+
+
+@pytest.mark.parametrize("shape", ["json", "table", "compact"])
+def test_replay_formats_and_expand_show_the_same_composites(files: tuple[Path, Path],
+                                                            shape: str) -> None:
+    """--format table|compact and --expand print each composite once, with its contributing
+    events (type, source, time) inlined when expanded; plain JSON lines are unchanged."""
+    profiles, events = files
+    plain = runner.invoke(app, ["replay", "--profiles", str(profiles), "--events", str(events)])
+    result = runner.invoke(app, ["replay", "--profiles", str(profiles), "--events", str(events),
+                                 "--format", shape, "--expand"])
+    assert plain.exit_code == result.exit_code == 0, result.output
+    composites = [json.loads(line) for line in plain.stdout.splitlines()]
+    if shape == "json":
+        got = [json.loads(line) for line in result.stdout.splitlines()]
+        assert [g["data"].pop("events") for g in got] == [
+            [{"id": "a1", "type": "a", "source": "urn:test", "time": "2026-03-02T10:00:01Z"},
+             {"id": "b1", "type": "b", "source": "urn:test", "time": "2026-03-02T10:00:03Z"}],
+            [{"id": "a2", "type": "a", "source": "urn:test", "time": "2026-03-02T10:00:10Z"},
+             {"id": "absence@2026-03-02T10:00:12Z"}]]
+        assert got == composites
+        return
+    text = result.stdout
+    assert text.count("a@urn:test 2026-03-02T10:00:01Z") == 1
+    assert "absence@2026-03-02T10:00:12Z" in text
+    rows = [line for line in text.splitlines() if line.startswith("2026")]
+    assert len(rows) == len(composites)
+    assert (text.startswith("time ") if shape == "table" else not text.startswith("time"))

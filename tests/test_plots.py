@@ -4,6 +4,7 @@ the engine answers."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -68,3 +69,15 @@ def test_fig3_by_the_engine_is_the_paper_and_the_docs() -> None:
 def test_fig3_is_drawn(tmp_path: Path) -> None:
     fig3_figure(tmp_path / "fig3.png")
     assert written(tmp_path / "fig3.png")
+
+
+def test_replay_plot_draws_the_composites_it_prints(tmp_path: Path) -> None:
+    from examples.logistics.generate import day
+
+    events = tmp_path / "day.jsonl"
+    events.write_text("".join(json.dumps(e) + "\n" for e in day(7)))
+    result = CliRunner().invoke(app, ["replay", "--profiles", str(PAPER), "--events",
+                                      str(events), "--plot", str(tmp_path / "day.png")])
+    assert result.exit_code == 0, result.output
+    assert written(tmp_path / "day.png")
+    assert "304 events and 57 composites drawn" in result.stderr

@@ -6,8 +6,9 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from contextlib import ExitStack
+from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TextIO
+from typing import TYPE_CHECKING, Annotated, Any, TextIO
 
 import typer
 
@@ -23,6 +24,15 @@ from mediator.cli.common import (
     span_option,
     time_option,
 )
+
+
+class Shape(StrEnum):
+    """How composites are printed (mediator.cli.runs.SHAPES)."""
+
+    json = "json"
+    table = "table"
+    compact = "compact"
+
 
 if TYPE_CHECKING:
     from eva import ast
@@ -59,11 +69,25 @@ def replay(
                                              "or spark (the same engine in Spark tasks, local "
                                              "mode unless --master).")] = "inprocess",
     master: Annotated[str, typer.Option(help="Spark master for --engine spark.")] = "local[2]",
+    format: Annotated[Shape, typer.Option(
+        help="json: CloudEvents JSON lines; table: aligned columns; compact: a line each.")
+                      ] = Shape.json,
+    expand: Annotated[bool, typer.Option(
+        help="Inline each composite's contributing events (type, source, time); keeps the "
+             "trace's events in memory.")] = False,
+    plot: Annotated[Path | None, typer.Option(
+        help="Also draw the trace and its composites (PNG): a row per event type, each "
+             "composite an arc over its constituents; keeps the trace in memory.",
+        show_default=False)] = None,
 ) -> None:
     """Evaluate profiles over a trace; composites go to stdout as CloudEvents JSON lines.
 
     With --native G --query FILE, evaluate one native query of group G's language instead;
-    its notifications go to stdout as JSON lines."""
+    its notifications go to stdout as JSON lines.
+
+    Example: evamed replay --profiles examples/logistics/profiles.eva --events day.jsonl
+    --format compact --expand
+    """
     tick_us = span_option(tick, "tick") or 0
     if tick_us <= 0:
         fail(f"--tick {tick!r}: expected a positive span such as 1s")
@@ -73,6 +97,8 @@ def replay(
     if native is not None:
         if query is None or profiles is not None or via is not None:
             fail("--native takes --query (and no --profiles or --via)")
+        if format is not Shape.json or expand or plot:
+            fail("--format, --expand and --plot are for composites: not with --native")
         _native(native, query, events, end, tick_us, service)
         return
     if profiles is None:
@@ -83,6 +109,8 @@ def replay(
         fail("--engine spark and --via exclude each other")
     if engine_name == "spark":
         require_java()
+        if plot is not None:
+            fail("--plot draws what the in-process engine (or --via) computes: drop --engine spark")
     doc = load(profiles)
     names = known_profiles(doc, profile, profiles)
     wanted = profile or None
@@ -101,18 +129,24 @@ def replay(
             sink = stack.enter_context(open(dead_letter, "w", encoding="utf-8"))
         dead = runs.DeadLetters(sink)
         lines = event_lines(events, stack)
+        emit = runs.Composites(out, str(format), {} if expand or plot else None,
+                               [] if plot else None)
         if via is not None:
-            counts = _via(via, doc, wanted, lines, config, end, service, out, dead)
+            counts = _via(via, doc, wanted, lines, config, end, service, out, dead, emit)
         elif engine_name == "spark":
             from spark_jobs.session import SparkStartError
 
             try:
                 counts = runs.replay_spark(profiles.read_text(encoding="utf-8"), wanted, lines,
-                                           config, end, master, out, dead)
+                                           config, end, master, out, dead,
+                                           None if emit.events is None and format is Shape.json
+                                           else emit)
             except SparkStartError as exc:  # before any composite: no Java, a bad --master
                 fail(str(exc), one_line=True)
         else:
-            counts = runs.replay_plain(doc, wanted, lines, config, end, out, dead)
+            counts = runs.replay_plain(doc, wanted, lines, config, end, out, dead, emit)
+    if plot is not None and emit.notes is not None and emit.events is not None:
+        _plot(plot, emit.events, emit.notes)
     if summary:
         _summary(profile or names, counts, dead.count)
 
@@ -147,9 +181,21 @@ def _summary(names: list[str], counts: Counter[str], letters: int) -> None:
     err.print(table)
 
 
+def _plot(path: Path, events: dict[str, Any], notes: list[Any]) -> None:
+    """--plot: the trace and its composites as a picture (mediator.plots.timeline)."""
+    from mediator.plots import timeline
+
+    trace = sorted(events.values(), key=lambda e: e.key)
+    try:
+        timeline(trace, notes, path)
+    except OSError as exc:
+        fail(f"cannot write {path}: {exc.strerror or exc}")
+    err.print(f"{len(trace)} events and {len(notes)} composites drawn in {path}")
+
+
 def _via(group: str, doc: ast.Document, wanted: list[str] | None, lines: runs.Lines,
          config: EngineConfig, end: int | None, address: str | None, out: TextIO,
-         dead: runs.DeadLetters) -> Counter[str]:
+         dead: runs.DeadLetters, emit: runs.Composites) -> Counter[str]:
     """:func:`runs.replay_via`; exit 2 if the service cannot be reached or refuses a query."""
     from rich.markup import escape
 
@@ -157,7 +203,7 @@ def _via(group: str, doc: ast.Document, wanted: list[str] | None, lines: runs.Li
     from mediator.cli import runs
 
     try:
-        return runs.replay_via(group, doc, wanted, lines, config, end, address, out, dead)
+        return runs.replay_via(group, doc, wanted, lines, config, end, address, out, dead, emit)
     except ConnectionError as exc:
         fail(str(exc))
     except PushRefused as exc:  # a limit of the native language: one line, no traceback

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from eva.engine import DeadLetter, Engine, EngineConfig
 from eva.events import Event, EventError, format_time, from_json_line, read_lines
-from eva.notify import composite_line, dead_letter_record
+from eva.notify import composite_line, dead_letter_record, to_cloudevent
 from eva.semantics import Notification
 
 if TYPE_CHECKING:
@@ -53,27 +53,42 @@ and composites written at a time (one write of their joined lines). Output from 
 stdin therefore comes a batch at a time."""
 
 
-def _read(engine: Engine, lines: Lines) -> Iterator[Event]:
+def _read(engine: Engine, lines: Lines, keep: dict[str, Event] | None = None) -> Iterator[Event]:
     """The events of ``lines``, each numbered by its line (its ``seq``), decoded a batch at a
     time; a line that is not an event becomes ``engine``'s dead letter when the consumer
-    reaches it, so dead letters keep the order of the trace."""
+    reaches it, so dead letters keep the order of the trace. ``keep``: every event by id
+    (for --expand and --plot, which name the contributing events)."""
     source = iter(lines)
     while batch := list(islice(source, BATCH)):
         for (number, line), event in zip(batch, read_lines(batch), strict=True):
             if isinstance(event, EventError):
                 engine.malformed(f"line {number}: {event}", raw(line))
             else:
+                if keep is not None:
+                    keep[event.id] = event
                 yield event
+
+
+SHAPES = ("json", "table", "compact")
+"""How composites are printed: CloudEvents JSON lines (for programs), an aligned table or one
+short line each (for people)."""
 
 
 class Composites:
     """The sink of composites: CloudEvents JSON lines to ``out`` (a batch at a time: call
-    ``flush`` at the end), counted per profile."""
+    ``flush`` at the end), counted per profile — or another ``shape``, with the contributing
+    events inlined when ``events`` (by id) is given (--expand). ``notes``: a list that keeps
+    every composite (--plot)."""
 
-    def __init__(self, out: TextIO) -> None:
+    def __init__(self, out: TextIO, shape: str = "json", events: dict[str, Event] | None = None,
+                 notes: list[Notification] | None = None) -> None:
         self.out = out
         self.counts: Counter[str] = Counter()
         self.pending: list[Notification] = []
+        self.shape = shape
+        self.events = events
+        self.notes = notes
+        self.header = shape == "table"
 
     def __call__(self, notifications: list[Notification]) -> None:
         if notifications:
@@ -84,19 +99,57 @@ class Composites:
     def flush(self) -> None:
         counts = self.counts
         lines = []
+        plain = self.shape == "json" and self.events is None
         for n in self.pending:
             counts[n.profile] += 1
-            lines.append(composite_line(n)[1])
+            lines.append(composite_line(n)[1] if plain else self.formatted(to_cloudevent(n)))
+        if self.notes is not None:
+            self.notes += self.pending
         if lines:
+            self.head()
             self.out.write("\n".join(lines) + "\n")
         self.pending = []
 
+    def head(self) -> None:
+        """The table's header, before its first row."""
+        if self.header:
+            self.out.write(f"{'time':<20}  {'profile':<10}  {'partition':<12}  events\n")
+            self.header = False
 
-def _admit(engine: Engine, lines: Lines, end: int | None, emit: Composites) -> None:
+    def formatted(self, body: dict[str, Any]) -> str:
+        """A composite's CloudEvent (``to_cloudevent``) in this sink's shape."""
+        data = body["data"]
+        named = [self._event(ident) for ident in data["constituents"]]
+        if self.shape == "json":
+            data["events"] = named
+            return json.dumps(body, ensure_ascii=False)
+        events = [f"{e['type']}@{e['source']} {e['time']}" if "type" in e else e["id"]
+                  for e in named] if self.events is not None else data["constituents"]
+        partition = "" if "partition" not in data else json.dumps(data["partition"],
+                                                                  ensure_ascii=False)
+        if self.shape == "compact":
+            return " ".join([body["time"], body["subject"], *([partition] if partition else []),
+                             "(" + ", ".join(events) + ")"])
+        gap = "\n" + " " * 48
+        return (f"{body['time']:<20}  {body['subject']:<10}  {partition:<12}  "
+                + gap.join(events))
+
+    def _event(self, ident: str) -> dict[str, Any]:
+        """A contributing event as --expand shows it; a tick or a passive event (not in the
+        trace) by its id, which names its class and time."""
+        event = (self.events or {}).get(ident)
+        if event is None:
+            return {"id": ident}
+        return {"id": ident, "type": event.type, "source": event.source,
+                "time": format_time(event.time)}
+
+
+def _admit(engine: Engine, lines: Lines, end: int | None, emit: Composites,
+           keep: dict[str, Event] | None = None) -> None:
     """Push every line through ``engine`` (a malformed one is a dead letter), then close it."""
     push = engine.push
     try:
-        for event in _read(engine, lines):
+        for event in _read(engine, lines, keep):
             emit(push(event))
         emit(engine.close(end))
     finally:
@@ -110,7 +163,8 @@ class Admitted:
     instant (no event before it can come any more); ``origin``: where its clock started."""
 
     def __init__(self, lines: Lines, config: EngineConfig, end: int | None,
-                 dead: DeadLetters) -> None:
+                 dead: DeadLetters, keep: dict[str, Event] | None = None) -> None:
+        self.keep = keep
         self.engine = Engine(config, dead)
         # Filled by the engine as it admits: an event held beyond the horizon is decided by
         # the next one, so "refused or not" is not known when a line is pushed.
@@ -139,7 +193,7 @@ class Admitted:
             while pending and (head is None or pending[0][0][0] < head):
                 yield heapq.heappop(pending)[1]
 
-        for event in _read(engine, self.lines):
+        for event in _read(engine, self.lines, self.keep):
             engine.push(event)
             yield from ready(False)
         engine.close(self.end)
@@ -148,13 +202,14 @@ class Admitted:
 
 def replay_plain(doc: ast.Document, wanted: list[str] | None, lines: Lines,
                  config: EngineConfig, end: int | None, out: TextIO,
-                 dead: DeadLetters) -> Counter[str]:
+                 dead: DeadLetters, emit: Composites | None = None) -> Counter[str]:
     """The composites of the profiles (``wanted``: only these) over the trace, by the
-    incremental engine, to ``out`` as CloudEvents JSON lines; the count per profile."""
+    incremental engine, to ``out`` as CloudEvents JSON lines (or ``emit``, a sink of another
+    shape); the count per profile."""
     engine = Engine(config, dead)
     engine.add_document(doc, wanted)
-    emit = Composites(out)
-    _admit(engine, lines, end, emit)
+    emit = emit or Composites(out)
+    _admit(engine, lines, end, emit, emit.events)
     return emit.counts
 
 
@@ -170,7 +225,7 @@ def transport(group: str, tick: int, address: str | None) -> Connect:
 
 def replay_via(group: str, doc: ast.Document, wanted: list[str] | None, lines: Lines,
                config: EngineConfig, end: int | None, address: str | None, out: TextIO,
-               dead: DeadLetters) -> Counter[str]:
+               dead: DeadLetters, emit: Composites | None = None) -> Counter[str]:
     """What :func:`replay_plain` writes, through the whole transformation path to group
     ``group``'s base service: plan, render, native evaluation, post-filter."""
     from adapters.backends.registry import language
@@ -179,8 +234,8 @@ def replay_via(group: str, doc: ast.Document, wanted: list[str] | None, lines: L
     federation = through_group(language(group, config.tick), doc, wanted,
                                transport=transport(group, config.tick, address),
                                tick=config.tick, end=end)
-    emit = Composites(out)
-    admitted = Admitted(lines, config, end, dead)
+    emit = emit or Composites(out)
+    admitted = Admitted(lines, config, end, dead, emit.events)
     try:
         for event in admitted:
             if admitted.origin is not None:
@@ -194,14 +249,15 @@ def replay_via(group: str, doc: ast.Document, wanted: list[str] | None, lines: L
 
 
 def replay_spark(source: str, wanted: list[str] | None, lines: Lines, config: EngineConfig,
-                 end: int | None, master: str, out: TextIO, dead: DeadLetters) -> Counter[str]:
+                 end: int | None, master: str, out: TextIO, dead: DeadLetters,
+                 emit: Composites | None = None) -> Counter[str]:
     """What :func:`replay_plain` writes, by the same engine in Spark tasks (``source``: the
     profile file's text, which the tasks parse)."""
     from spark_jobs.batch import replay, spooled
     from spark_jobs.session import build_session
 
     counts: Counter[str] = Counter()
-    admitted = Admitted(lines, config, end, dead)
+    admitted = Admitted(lines, config, end, dead, emit.events if emit is not None else None)
     with spooled(admitted) as events:
         if not events.count or admitted.origin is None:
             return counts
@@ -210,7 +266,11 @@ def replay_spark(source: str, wanted: list[str] | None, lines: Lines, config: En
         for composite in replay(build_session(master), source, events,
                                 config=replace(config, horizon=None), origin=admitted.origin,
                                 end=end, profiles=wanted):
-            counts[json.loads(composite)["subject"]] += 1
+            body = json.loads(composite)
+            counts[body["subject"]] += 1
+            if emit is not None:
+                emit.head()
+                composite = emit.formatted(body)
             out.write(composite + "\n")
     return counts
 
