@@ -172,6 +172,11 @@ def _hint(source: str, pos: int, found: str, expected: set[str]) -> str:
                 "with the operators |, ',', ';', not and [i] (docs/language.md)")
     if found == "'not'":
         return ": a negation is written ((not E)_span)_pairs"
+    if re.search(r"\bnot\s*$", source[max(0, pos - 40):pos]):
+        # `all_dup(not B)`: a negation needs its own span and consumption, also as an operand
+        name = found.strip("'")
+        return (f": a negation is written ((not E)_span)_pairs, also as an operand: "
+                f"all_dup(((not {name})_10min)_all_pairs)")
     if found == "'('" and re.search(r"[A-Za-z0-9_]\s*$", source[max(0, pos - 40):pos]):
         return (": only a duplicate selection (first_dup, last_dup, all_dup, <n>_dup) is "
                 "followed by '('")

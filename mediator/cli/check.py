@@ -27,7 +27,10 @@ def check(file: Annotated[Path, typer.Argument(help="A profile file.")],
               "--verbose", "-v", help="A line per profile (the default up to "
               f"{TABLE_AT_MOST} profiles).")] = False) -> None:
     """Parse and validate a profile file; summarise what it holds (each profile with
-    --verbose)."""
+    --verbose). An error names the line and column, what was found and what was expected.
+
+    Example: evamed check examples/logistics/profiles.eva
+    """
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table

@@ -26,7 +26,10 @@ def base_service(
 ) -> None:
     """Run the reference base service of a language group: eva.base.v1.BaseService (native
     queries in, native notifications out), standard health checking and server reflection.
-    SIGTERM or SIGINT: health says NOT_SERVING for a second, then calls get 2 s to finish."""
+    SIGTERM or SIGINT: health says NOT_SERVING for a second, then calls get 2 s to finish.
+
+    Example: evamed base-service --group cg3 --listen 127.0.0.1:50053
+    """
     import asyncio
 
     from adapters.backends.service import run
