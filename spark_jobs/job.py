@@ -1,13 +1,19 @@
 """The streaming composition job: the Spark plan from input lines to a sink, and the guard that
 keeps a checkpoint to the layout it was written with. Data flow (docs/spark.md):
 
-    spool directory (spark_jobs/spool.py) or the Redis log (spark_jobs/redis_io.py)
+    spool directory (spark_jobs/spool.py), the store's log (spark_jobs/log_source.py) or the
+    Redis log (spark_jobs/redis_io.py): lines (value, seq)
+      → parse_lines, in the JVM: each line's envelope as columns (id, source, type, time in
+        µs, data as JSON text) where the JVM reads it as the engine would; any other line
+        whole
       → fan-out (mapInPandas): each event to the (profile, bucket) keys it belongs to, by the
-        profile table (spark_jobs/profiles.py); event rows carry no event time, anchor rows
-        carry each frame's newest time
+        profile table (spark_jobs/profiles.py) — the row copied, not rewritten; event rows
+        carry no event time, anchor rows carry each frame's newest time, drop rows clear a
+        removed profile's keys
       → withWatermark(ts, lateness): moved by the anchors only
       → groupBy(profile, bucket).transformWithStateInPandas: one engine per key
-        (spark_jobs/processor.py)
+        (spark_jobs/processor.py; its state by partition, spark_jobs/state.py)
+      → composites as columns, their JSON written in the JVM (composite_json)
       → foreachBatch: composites and dead letters to a sink per batch id (spark_jobs/sinks.py;
         a re-run batch after a restart overwrites its own output: no loss, no duplicates)
 
@@ -25,28 +31,22 @@ from functools import reduce
 from typing import TYPE_CHECKING, Any
 
 from eva.engine import EngineConfig
-from eva.events import Event, EventError, from_json_line
-from eva.snapshot import FORMAT as SNAPSHOT_FORMAT
-from spark_jobs.processor import ANCHOR, anchor_line, composer_processor
-from spark_jobs.profiles import profiles, route
+from eva.events import MAX_DEPTH
+from eva.notify import SOURCE
+from spark_jobs.processor import ANCHOR, DROP, anchor_line, composer_processor, parsed_events
+from spark_jobs.profiles import profiles, removed, router
 from spark_jobs.sinks import Sink
 from spark_jobs.spool import spool_lines, write_whole
+from spark_jobs.state import FORMAT as STATE_FORMAT
 
 if TYPE_CHECKING:
     import pandas as pd
-
-ROUTED = "profile STRING, bucket INT, seq LONG, ts TIMESTAMP, line STRING"
-OUT = "kind STRING, profile STRING, ident STRING, payload STRING"
-
 
 @dataclass(frozen=True)
 class StreamJob:
     table: str  # path of the profile table (profiles.write_table); read again whenever it changes
     config: dict[str, Any]  # EngineConfig.to_json(): plain data, shipped with every task
     buckets: int = 16
-    # A key's engine is written whole again once its log holds this many rows (a call with
-    # more rows writes it at once; calls with few rows, and timer calls, only log).
-    log_rows: int = 2_000
 
 
 # ------------------------------------------------------------------ the checkpoint's layout
@@ -66,16 +66,16 @@ def check_layout(checkpoint: str, job: StreamJob) -> None:
     evaluate a partition in two engines (or in none of its old state), and another
     configuration would mix two in one job."""
     config = EngineConfig.from_json(job.config).to_json()  # checked, in its canonical form
-    layout = {"buckets": job.buckets, "config": config, "state": SNAPSHOT_FORMAT}
+    layout = {"buckets": job.buckets, "config": config, "state": STATE_FORMAT}
     path = os.path.join(checkpoint, LAYOUT)
     if not os.path.exists(path):
         os.makedirs(checkpoint, exist_ok=True)
         write_whole(path, json.dumps(layout))
         return
     found = _recorded(checkpoint, path)
-    if found.get("state", 1) != SNAPSHOT_FORMAT:  # format 1 (pickles) had no such entry
+    if found.get("state", 1) != STATE_FORMAT:  # format 1 (pickles) had no such entry
         raise LayoutError(f"checkpoint {checkpoint} holds state in format {found.get('state', 1)}"
-                          f"; this evamed reads format {SNAPSHOT_FORMAT} only (data, where 1 "
+                          f"; this evamed reads format {STATE_FORMAT} only (data, where 1 "
                           "was pickles): start on a fresh checkpoint")
     if found != layout:
         had = found.get("config")
@@ -105,54 +105,175 @@ def _recorded(checkpoint: str, path: str) -> dict[str, Any]:
     return found
 
 
+# ------------------------------------------------------------------ parsing, in the JVM
+
+PARSED = ("seq LONG, id STRING, source STRING, type STRING, time LONG, data STRING, "
+          "attrs STRING, line STRING")
+"""The input as the fan-out gets it: a line the JVM parsed as its envelope's columns (``time``
+in µs, ``data`` the data member's JSON text, ``attrs`` the extension attributes as a JSON
+object or null, ``line`` null); any other line as itself (``line``, the rest null), for the
+engine to parse and, if malformed, report as replay reports it."""
+ROUTED = f"profile STRING, bucket INT, ts TIMESTAMP, {PARSED}"
+OUT = ("kind STRING, profile STRING, ident STRING, time LONG, partition STRING, "
+       "constituents ARRAY<STRING>, payload STRING")
+"""The processor's rows: a composite as columns (``payload`` null; the JVM writes its JSON,
+``composite_json``), or a row whose ``payload`` Python wrote (a dead letter, a composite with
+text the JVM's quoting would write otherwise than Python's json)."""
+
+EXTRAS = ("subject", "datacontenttype", "dataschema")
+"""The optional attributes a JVM-parsed line may carry besides the required ones and data:
+a line with any other is parsed in Python (its attributes are the engine's to keep)."""
+_END = '{"evamed:end":""}'
+# The JVM's JSON reader stops at the end of the first value and ignores what follows, where
+# a line's reader refuses it: each line is read as the first element of an array that must
+# end with this marker, so a line with anything after its object is not vouched for — nor
+# one holding the marker's key itself (a line cannot spell it otherwise: no \u escapes).
+_STAMP = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{3}|\.[0-9]{6})?Z$"
+# A map of strings reads a number, boolean, object or array as its JSON text: a value of this
+# shape may not have been a string. (Unicode escapes, numbers the JVM would round — runs of 19
+# digits or more — go to Python whole: the JVM reads \ud800 and big integers otherwise.)
+_NOT_SURELY_STRING = r"(?s)^(-?[0-9][0-9.eE+-]*|true|false|[\[{].*)$"
+_RAW = r"\\u|[0-9]{19}"
+
+
+def parse_lines(lines: Any) -> Any:
+    """The input stream (``value``, ``seq``) as PARSED rows: the envelope read by Spark's JSON
+    reader, vouched for only where the engine's own reader (eva.events.from_json_line) would
+    read the same event — otherwise the line travels whole."""
+    import pyspark.sql.functions as F
+
+    parsed = F.from_json(F.concat(F.lit("["), "value", F.lit("," + _END + "]")),
+                         "ARRAY<MAP<STRING, STRING>>",
+                         {"allowSingleQuotes": "false", "allowNonNumericNumbers": "false"})
+    m = F.col("m")
+    value = F.col("value")
+
+    def text(name: str) -> Any:
+        return F.try_element_at(m, F.lit(name))
+
+    def string(name: str) -> Any:  # a non-empty JSON string
+        return (F.length(text(name)) > 0) & ~text(name).rlike(_NOT_SURELY_STRING)
+
+    def string_or_absent(name: str) -> Any:
+        return text(name).isNull() | ~text(name).rlike(_NOT_SURELY_STRING)
+
+    allowed = ("specversion", "id", "source", "type", "time", "data", *EXTRAS)
+    present = reduce(lambda a, b: a + b, [F.map_contains_key(m, k).cast("int") for k in allowed])
+    us = F.unix_micros(F.try_to_timestamp(text("time")))
+    vouched = (
+        (F.size("a") == 2)
+        & (F.try_element_at(F.try_element_at("a", F.lit(2)), F.lit("evamed:end")) == "")
+        & ~value.contains('"evamed:end"')
+        & (F.size(m) == present)
+        & (text("specversion") == "1.0")
+        & ~value.rlike(r'"specversion"\s*:\s*[^\s"]')  # 1.0 as a number reads as "1.0" too
+        & string("id") & string("source") & string("type")
+        & reduce(lambda a, b: a & b, [string_or_absent(k) for k in EXTRAS])
+        & text("time").rlike(_STAMP) & ~text("time").startswith("0000") & us.isNotNull()
+        # data: absent, null, or not a string (a string reads as its text, unquoted); no
+        # number past a double's range (the JVM writes it as the string "Infinity")
+        & ~value.rlike(r'"data"\s*:\s*"')
+        & ~F.coalesce(text("data"), F.lit("")).contains("Infinity")
+        & ~value.rlike(_RAW)
+        & ((F.length(value) <= 2 * MAX_DEPTH)
+           | (F.length(value) - F.length(F.translate(value, "{[", "")) <= MAX_DEPTH)))
+    extras = F.when(reduce(lambda a, b: a | b, [F.map_contains_key(m, k) for k in EXTRAS]),
+                    F.to_json(F.map_filter(m, lambda k, _: k.isin(*EXTRAS))))
+    ok = F.coalesce(vouched, F.lit(False))
+    return (lines.select("value", "seq", parsed.alias("a"))
+            .select("value", "seq", F.try_element_at("a", F.lit(1)).alias("m"), "a")
+            .select("seq", *[F.when(ok, c).alias(name) for name, c in (
+                        ("id", text("id")), ("source", text("source")), ("type", text("type")))],
+                    # 0, not null, for a whole line: pandas would read the column as floats
+                    F.when(ok, us).otherwise(F.lit(0)).alias("time"),
+                    *[F.when(ok, c).alias(name) for name, c in (
+                        ("data", text("data")), ("attrs", extras))],
+                    F.when(~ok, value).alias("line")))
+
+
 # ------------------------------------------------------------------ the plan
 
 
 def fan_out(job: StreamJob, frame: pd.DataFrame) -> pd.DataFrame:
-    """One frame of input lines as ROUTED rows: each event to its (profile, bucket) keys, and
-    anchors carrying the frame's newest time."""
+    """One frame of PARSED rows as ROUTED rows: each event to its (profile, bucket) keys (the
+    row itself copied, not rewritten), anchors carrying the frame's newest time, and a drop
+    row to every bucket of a removed profile (its keys' state goes at once, processor.DROP)."""
     import pandas as pd
 
-    events: list[Event | None] = []
-    for line in frame["value"]:
-        try:
-            events.append(from_json_line(line))
-        except EventError:
-            events.append(None)
+    events = parsed_events(frame)
+    keys_of = router(job.table, job.buckets).keys  # once per frame: profiles come and go
+    table = sorted(profiles(job.table).items())
+    taken: list[int] = []
+    names: list[str] = []
+    groups: list[int] = []
+    for position, event in enumerate(events):
+        for profile, group in keys_of(event):
+            taken.append(position)
+            names.append(profile)
+            groups.append(group)
+    # Event rows carry no event time: Spark would drop a row behind its watermark unseen,
+    # and the engine reports it as a late dead letter instead.
+    routed = frame.iloc[taken].assign(profile=names, bucket=groups)
+    routed["ts"] = pd.Series(pd.NaT, index=routed.index, dtype="datetime64[ns, UTC]")
+    marks: list[tuple[str, int, int, int | None, str | None]] = []
     times = [e.time for e in events if e is not None]
-    seqs = frame["seq"].tolist()
-    table = sorted(profiles(job.table).items())  # once per frame: profiles come and go
-    out: list[tuple[str, int, int, int | None, str]] = []
-    for line, seq, event in zip(frame["value"], seqs, events, strict=True):
-        # Event rows carry no event time: Spark would drop a row behind its watermark
-        # unseen, and the engine reports it as a late dead letter instead.
-        out.extend((profile, group, seq, None, line)
-                   for profile, group in route(table, job.buckets, event))
-    # Anchors carry the frame's newest time (they alone move the watermark) to every
-    # profile without `per` (its one key: clock-only profiles stay alive) — and to one
-    # key at least, so that an event no profile wants (a heartbeat) still moves the
-    # watermark, which is global: every key's timer for a buffered instant then fires.
-    keys = [name for name, (_, per, _) in table if per is None] or [n for n, _ in table[:1]]
     if times:
-        first = anchor_line(seqs, events)
-        out.extend((name, 0, ANCHOR, max(times), first) for name in keys)
-    routed = pd.DataFrame(out, columns=["profile", "bucket", "seq", "ts", "line"])
-    routed["ts"] = pd.to_datetime(routed["ts"], unit="us", utc=True)
-    return routed
+        # Anchors carry the frame's newest time (they alone move the watermark) to every
+        # profile without `per` (its one key: clock-only profiles stay alive) — and to one
+        # key at least, so that an event no profile wants (a heartbeat) still moves the
+        # watermark, which is global: every key's timer for a buffered instant then fires.
+        keys = [name for name, (_, per, _) in table if per is None] or [n for n, _ in table[:1]]
+        first = anchor_line(frame["seq"].tolist(), events)
+        marks.extend((name, 0, ANCHOR, max(times), first) for name in keys)
+    marks.extend((name, group, DROP, None, None) for name in removed(job.table)
+                 for group in range(job.buckets))
+    if not marks:
+        return routed[ROUTED_COLUMNS]
+    extra = pd.DataFrame(marks, columns=["profile", "bucket", "seq", "ts", "line"]).assign(
+        id=None, source=None, type=None, time=0, data=None, attrs=None)
+    extra["ts"] = pd.to_datetime(extra["ts"], unit="us", utc=True)
+    return pd.concat([routed, extra[ROUTED_COLUMNS]], ignore_index=True)[ROUTED_COLUMNS]
 
 
-def _by_source(spark: Any, lines: Any, sources: tuple[str, ...]) -> list[Any]:
-    """The input split into one part per declared source, each to be watermarked on its own
-    (Spark's ``min`` policy then takes the slowest); one part without declared sources."""
+ROUTED_COLUMNS = [column.split()[0] for column in ROUTED.split(", ")]
+
+
+def _by_source(spark: Any, parsed: Any, sources: tuple[str, ...]) -> list[Any]:
+    """The PARSED input split into one part per declared source, each to be watermarked on its
+    own (Spark's ``min`` policy then takes the slowest); one part without declared sources."""
     import pyspark.sql.functions as F
 
     if len(sources) <= 1:
-        return [lines]
+        return [parsed]
     spark.conf.set("spark.sql.streaming.multipleWatermarkPolicy", "min")
-    source = F.get_json_object("value", "$.source")
+    source = F.coalesce(F.col("source"), F.get_json_object("line", "$.source"))
     # Lines of other sources, and malformed lines, go with the first source's.
     first = ~source.isin(*sources[1:]) | source.isNull()
-    return [lines.where(first)] + [lines.where(source == s) for s in sources[1:]]
+    return [parsed.where(first)] + [parsed.where(source == s) for s in sources[1:]]
+
+
+def composite_json() -> Any:
+    """A composite row's CloudEvent JSON, written in the JVM from its columns: the text
+    ``eva.notify.composite_line`` writes, to the byte (the processor leaves a composite to the
+    JVM only when its text needs no escape: processor.as_columns)."""
+    import pyspark.sql.functions as F
+
+    time = F.col("time")
+    fraction = F.pmod(time, F.lit(1_000_000))
+    stamp = F.concat(F.date_format(F.timestamp_micros(time), "yyyy-MM-dd'T'HH:mm:ss"),
+                     F.when(fraction == 0, F.lit("Z")).otherwise(F.concat(
+                         F.lit("."), F.lpad(fraction.cast("string"), 6, "0"), F.lit("Z"))))
+    name = F.concat(F.lit('"'), F.col("profile"), F.lit('"'))
+    ids = F.when(F.size("constituents") == 0, F.lit("[]")).otherwise(F.concat(
+        F.lit('["'), F.array_join("constituents", '", "'), F.lit('"]')))
+    partition = F.when(F.col("partition").isNull(), F.lit("")).otherwise(
+        F.concat(F.lit(', "partition": '), F.col("partition")))
+    return F.concat(
+        F.lit('{"specversion": "1.0", "id": "'), F.col("ident"),
+        F.lit(f'", "source": {json.dumps(SOURCE)}, "type": "eva.composite", "subject": '), name,
+        F.lit(', "time": "'), stamp,
+        F.lit('", "datacontenttype": "application/json", "data": {"profile": '), name,
+        F.lit(', "constituents": '), ids, partition, F.lit("}}"))
 
 
 def start(spark: Any, job: StreamJob, spool: str, checkpoint: str, sink: Sink, *,
@@ -173,7 +294,7 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str, sink: Sink, *
     def routed(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         return (fan_out(job, frame) for frame in frames)
 
-    parts = _by_source(spark, lines, EngineConfig.from_json(job.config).sources)
+    parts = _by_source(spark, parse_lines(lines), EngineConfig.from_json(job.config).sources)
     watermarked = reduce(lambda a, b: a.union(b), [
         part.mapInPandas(routed, ROUTED).withWatermark("ts", lateness) for part in parts])
     composed = (watermarked
@@ -186,6 +307,10 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str, sink: Sink, *
         # Through Arrow: collect() would build a Row per composite in the driver.
         sink(batch_id, list(batch.toPandas().itertuples(index=False)))
 
-    writer = composed.writeStream.foreachBatch(each).option("checkpointLocation", checkpoint)
+    import pyspark.sql.functions as F
+
+    written = composed.select("kind", "profile", "ident",
+                              F.coalesce("payload", composite_json()).alias("payload"))
+    writer = written.writeStream.foreachBatch(each).option("checkpointLocation", checkpoint)
     writer = writer.trigger(**trigger) if trigger else writer
     return writer.start()

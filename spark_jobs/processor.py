@@ -3,71 +3,80 @@
 between the fan-out (spark_jobs/job.py), which hands each key its rows in arrival order, and
 the sinks, which get the composites and dead letters its engines report.
 
-State per key: ``snapshot`` (the engine at some call, with its registration token), ``log``
-(the input of every call since: rows and watermark, compressed) and ``head`` (a stamp naming
-the state after the latest call, the token, the rows logged). A call takes the worker's cached
-engine when its stamp is the head's, else restores the snapshot and replays the log; it
-appends its own input to the log, and writes a fresh snapshot instead once the log holds
-``StreamJob.log_rows`` rows. Snapshots are exact and the engine deterministic, so a replayed
-engine is the engine that was cached. All of it is data, never code (docs/spark.md).
+A row is an event as the JVM parsed it (id, source, type, time in µs, data as JSON text:
+``eva.events.from_fields``, data parsed only when read) or a line the JVM did not vouch for,
+parsed here as the engine's reader parses every line (malformed: the same dead letter as
+replay's). The key's engine comes from its state (spark_jobs/state.py: the worker's cache, or
+a lazy restore of the core and the partitions it needs); a call stores the core and the
+partitions it changed. Composites leave as columns (``as_columns``) and the JVM writes their
+JSON (job.composite_json).
 """
 
 from __future__ import annotations
 
 import json
 import re
-import uuid
-import zlib
-from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from eva.engine import DeadLetter, Engine, EngineConfig
-from eva.events import Event, EventError, from_json_line
-from eva.notify import composite_line, dead_letter_record
+from eva.events import MAX_TIME, MIN_TIME, Event, EventError, from_fields, from_json_line
+from eva.notify import composite_id, composite_line, dead_letter_record
 from eva.semantics import Notification
-from eva.snapshot import MAX_STATE_BYTES, SnapshotError, inflate, restore, snapshot
+from eva.snapshot import SnapshotError
 from spark_jobs.profiles import Registration, profiles
 from spark_jobs.routing import document
+from spark_jobs.state import CheckpointError, GroupKey, KeyState, refused
 
 if TYPE_CHECKING:  # job.py builds its plan around this processor: the settings only, for types
     import pandas as pd
 
     from spark_jobs.job import StreamJob
 
+__all__ = ["CheckpointError", "composer_processor", "refusal"]
+
 ANCHOR = -1  # a row that only keeps a profile without `per` alive (its clock may report)
 # and tells it its frame's first event (anchor_line)
+DROP = -2  # a row that only reaches a removed profile's key: its state goes (profiles.removed)
 
-COLUMNS = ["kind", "profile", "ident", "payload"]  # of every output row (job.OUT)
-Row = tuple[str, str, str, str]
-GroupKey = tuple[str, int]  # Spark's grouping key: (profile, bucket)
-
-
-# Engines kept in the Python worker between micro-batches, by (profile, bucket): (stamp of the
-# state they hold, engine). Spark reuses its Python workers, so a key's engine is often still
-# here (about half the calls on local[2], where a state partition goes to whichever worker is
-# free); on a miss (another worker, a restart, a retried batch) it is rebuilt from the state
-# store.
-# The processor class is shipped to the workers by value, globals and all, so it reaches the
-# cache only through this module (shipped by reference).
-_ENGINES: OrderedDict[GroupKey, tuple[str, Engine]] = OrderedDict()
-_CACHED = 20_000
+FIELDS = ["seq", "id", "source", "type", "time", "data", "attrs", "line"]  # job.PARSED
+Row = tuple[int, str | None, str | None, str | None, int, str | None, str | None, str | None]
+COLUMNS = ["kind", "profile", "ident", "time", "partition", "constituents", "payload"]  # job.OUT
+Out = tuple[str, str, str, int, str | None, list[str], str | None]
 
 
-def _cached(key: GroupKey, stamp: str) -> Engine | None:
-    """The worker's engine for the key if it holds the state named by ``stamp`` (taken out:
-    a call that fails half-way must not leave a half-fed engine behind)."""
-    found = _ENGINES.pop(key, None)
-    return found[1] if found is not None and found[0] == stamp else None
+# ------------------------------------------------------------------ rows and events
 
 
-def _keep(key: GroupKey, stamp: str, engine: Engine | None) -> None:
-    _ENGINES.pop(key, None)
-    if engine is not None:
-        _ENGINES[key] = (stamp, engine)
-        while len(_ENGINES) > _CACHED:
-            _ENGINES.popitem(last=False)
+def event_of(row: Row) -> Event:
+    """The event of a row: from the JVM's columns, or its line parsed (EventError if it is
+    malformed, with the message replay reports)."""
+    seq, ident, source, kind, time, data, attrs, line = row
+    if line is not None:
+        return from_json_line(line, seq)
+    assert ident is not None and source is not None and kind is not None  # vouched for
+    attributes: dict[str, Any] = {"specversion": "1.0"}
+    if attrs is not None:
+        attributes.update(orjson.loads(attrs))
+    return from_fields(ident, source, kind, time, seq, data, attributes)
+
+
+def rows_of(frame: pd.DataFrame) -> list[Row]:
+    return list(zip(*(frame[name].tolist() for name in FIELDS), strict=True))
+
+
+def parsed_events(frame: pd.DataFrame) -> list[Event | None]:
+    """The fan-out's view of a frame of PARSED rows: each row's event, None if malformed."""
+    out: list[Event | None] = []
+    for row in rows_of(frame):
+        try:
+            out.append(event_of(row))
+        except EventError:
+            out.append(None)
+    return out
 
 
 # ------------------------------------------------------------------ one call's evaluation
@@ -88,7 +97,7 @@ def _anchor_first(line: str) -> tuple[int, int] | None:
     return (seq, time) if type(seq) is int and type(time) is int else None
 
 
-def _begin_at_first(engine: Engine, rows: list[tuple[int, str]], watermark: int | None) -> None:
+def _begin_at_first(engine: Engine, rows: list[Row], watermark: int | None) -> None:
     """Start the clock of an engine registered at the job's first event as replay starts it:
     just before the first event in arrival order, less the allowed lateness. A profile
     without ``per`` gets every frame's first event (anchors), so its first event is the job's;
@@ -98,8 +107,9 @@ def _begin_at_first(engine: Engine, rows: list[tuple[int, str]], watermark: int 
     cover every source, or, once the job's watermark moves (every source has reported), at
     its earliest event held or seen in that call (docs/spark.md, "Registration")."""
     late = engine.config.allowed_lateness
-    firsts = [first for seq, line in rows
-              if seq == ANCHOR and (first := _anchor_first(line)) is not None]
+    firsts = [first for row in rows
+              if row[0] == ANCHOR and row[7] is not None
+              and (first := _anchor_first(row[7])) is not None]
     if not engine.config.sources:
         if firsts:
             engine.begin(min(firsts)[1] - late - 1)
@@ -107,31 +117,31 @@ def _begin_at_first(engine: Engine, rows: list[tuple[int, str]], watermark: int 
     if watermark is None:
         return
     times = [time for _, time in firsts]
-    for seq, line in rows:
-        if seq != ANCHOR:
+    for row in rows:
+        if row[0] >= 0:
             with suppress(EventError):  # a malformed line has no time
-                times.append(from_json_line(line).time)
+                times.append(row[4] if row[7] is None else event_of(row).time)
     held = engine.next_instant()  # an engine not begun holds only buffered events
     times += [held] if held is not None else []
     if times:
         engine.begin(min(times) - late - 1)
 
 
-def _step(engine: Engine, rows: list[tuple[int, str]], watermark: int | None,
+def _step(engine: Engine, rows: list[Row], watermark: int | None,
           registered: int | None) -> list[Notification]:
-    """One call's work on a key's engine, the same live and in a replay of the log: the
-    clock to the watermark (events behind it are then late, and dead-lettered as such), then the
-    rows in arrival order. ``registered`` None: registered at the job's first event."""
+    """One call's work on a key's engine: the clock to the watermark (events behind it are
+    then late, and dead-lettered as such), then the events in arrival order. ``registered``
+    None: registered at the job's first event."""
     if registered is None and engine.origin is None:
         _begin_at_first(engine, rows, watermark)
     notes = engine.advance(watermark) if watermark is not None and engine.origin is not None else []
-    for seq, line in rows:
-        if seq == ANCHOR:
+    for row in rows:
+        if row[0] < 0:  # an anchor or a drop row: no event
             continue
         try:
-            event = from_json_line(line, seq=seq)
+            event = event_of(row)
         except EventError as exc:
-            engine.malformed(str(exc), line)
+            engine.malformed(str(exc), row[7])
             continue
         if registered is not None and event.time <= registered:
             continue  # before the profile was registered: not its event (Def. 3.5)
@@ -139,13 +149,15 @@ def _step(engine: Engine, rows: list[tuple[int, str]], watermark: int | None,
     return notes
 
 
-def _evaluate(engine: Engine, rows: list[tuple[int, str]], watermark: int | None,
+def _evaluate(engine: Engine, rows: list[Row], watermark: int | None,
               registered: int | None) -> tuple[list[Notification], list[str]]:
-    """``_step`` live: the composites, and the dead letters it reported as JSON lines."""
+    """``_step`` with the dead letters it reported as JSON lines."""
     letters: list[str] = []
     engine.dead_letter = lambda letter: letters.append(json.dumps(dead_letter_record(letter)))
-    notes = _step(engine, rows, watermark, registered)
-    engine.dead_letter = _ignore  # a cached engine keeps no reference to this call's list
+    try:
+        notes = _step(engine, rows, watermark, registered)
+    finally:
+        engine.dead_letter = _ignore  # a cached engine keeps no reference to this call's list
     return notes, letters
 
 
@@ -165,12 +177,31 @@ def _timer(upcoming: int, watermark_ms: int) -> int:
     return max(-(-(upcoming + 1) // 1000), watermark_ms + 1)
 
 
-# ------------------------------------------------------------------ state store entries
+# ------------------------------------------------------------------ output
 
 
-class CheckpointError(ValueError):
-    """State in a checkpoint that this job did not write (or an older, pickle-based one):
-    refused, never run."""
+def as_columns(profile: str, note: Notification) -> Out:
+    """A composite as the processor's output row. Its JSON is the JVM's to write
+    (job.composite_json) when its text needs no escape — constituent ids of printable ASCII
+    without quotes or backslashes, a time in years 0001–9999 — as json's ASCII encoder would
+    write them as they are; otherwise the row carries the line ``composite_line`` wrote."""
+    occ = note.occ
+    ids = "".join(occ.events)
+    if (ids.isascii() and ids.isprintable() and '"' not in ids and "\\" not in ids
+            and MIN_TIME <= occ.time <= MAX_TIME):
+        return ("composite", profile, composite_id(note), occ.time,
+                _partition_json(note.partition), list(occ.events), None)
+    ident, line = composite_line(note)
+    return ("composite", profile, ident, 0, None, [], line)
+
+
+def _partition_json(value: Any) -> str | None:
+    if value is None:
+        return None
+    if type(value) is str and value.isascii() and value.isprintable() and '"' not in value \
+            and "\\" not in value:
+        return '"' + value + '"'  # what json.dumps writes for it
+    return json.dumps(value)
 
 
 def refusal(exc: BaseException) -> str | None:
@@ -178,36 +209,6 @@ def refusal(exc: BaseException) -> str | None:
     exception (which carries the Python worker's traceback), or None if it was not one."""
     found = re.search(r"CheckpointError: (.+)", str(exc))
     return found.group(1).strip() if found else None
-
-
-def _pack(rows: list[tuple[int, str]], watermark: int | None) -> bytes | None:
-    """A log entry; None if its text is over MAX_STATE_BYTES, which ``_unpack`` refuses (the
-    call then writes a snapshot instead)."""
-    # Data only (JSON), like the engine snapshots: a checkpoint must not be able to run code.
-    text = json.dumps([watermark, rows], separators=(",", ":")).encode()
-    return zlib.compress(text, 1) if len(text) <= MAX_STATE_BYTES else None
-
-
-def _unpack(blob: bytes) -> tuple[int | None, list[tuple[int, str]]]:
-    failure: str | None = None
-    try:  # inflate stops past MAX_STATE_BYTES: a zlib bomb is not inflated whole
-        watermark, rows = json.loads(inflate(blob))
-        entries = [(seq, line) for seq, line in rows]
-    except Exception as exc:  # the trust boundary, as in snapshot.restore
-        # Bytes from the state store: besides ValueError and TypeError, JSON nested deeper than
-        # the stack is a RecursionError, and a huge document a MemoryError.
-        failure = f"{type(exc).__name__}: {str(exc)[:200]}"
-    if failure is not None:  # raised outside the handler: what was read is freed with it
-        raise CheckpointError(f"a log entry that is not this job's ({failure})")
-    if not (watermark is None or _int64(watermark)) or not all(
-            _int64(seq) and type(line) is str for seq, line in entries):
-        raise CheckpointError("a log entry that is not this job's (expected [watermark, "
-                              "[[seq, line], …]] with 64-bit integers)")
-    return watermark, entries
-
-
-def _int64(value: object) -> bool:
-    return type(value) is int and -(2**63) <= value < 2**63
 
 
 # ------------------------------------------------------------------ one key's calls
@@ -220,95 +221,49 @@ class KeyProcessor:
     def __init__(self, job: StreamJob, handle: Any) -> None:
         self.job = job
         self.handle = handle
-        self.snap = handle.getValueState("snapshot", "blob BINARY, token STRING")
-        self.log = handle.getListState("log", "entry BINARY")
-        self.head = handle.getValueState("head", "stamp STRING, token STRING, logged LONG")
+        self.state = KeyState(handle)
 
-    def call(self, key: GroupKey, rows: list[tuple[int, str]], watermark_ms: int) -> list[Row]:
-        """Evaluate the rows on the key's engine; store the call and arm the key's timer. The
-        output rows: (kind, profile, ident, payload)."""
+    def call(self, key: GroupKey, rows: list[Row], watermark_ms: int) -> list[Out]:
+        """Evaluate the rows on the key's engine; store what changed and arm the key's
+        timer. The output rows: COLUMNS."""
         found = profiles(self.job.table).get(key[0])
         if found is None:
-            self._drop(key)
+            self.state.drop(key)
             return []
         entry = found[0]
-        engine, logged = self._take(key, entry)
-        waiting = engine.origin is None
-        watermark = _clock(watermark_ms)
-        notes, letters = _evaluate(engine, rows, watermark, entry.registered)
-        if not waiting:  # anchors matter to an engine that has not begun only
-            rows = [row for row in rows if row[0] != ANCHOR]
-        self._store(key, entry.token, engine, logged + len(rows) + 1, rows, watermark)
-        self._clear_timers()
+        taken = self.state.take(key, entry.token)
+        engine, records = taken if taken is not None else (self._new(key, entry), None)
+        try:  # a lazily restored engine reads partition records during the call
+            notes, letters = _evaluate(engine, rows, _clock(watermark_ms), entry.registered)
+        except SnapshotError as exc:
+            raise refused(key, exc) from None
+        self.state.store(key, entry.token, engine, records)
+        self.state.clear_timers()
         upcoming = engine.next_instant()
         if upcoming is not None:
             self.handle.registerTimer(_timer(upcoming, watermark_ms))
-        out: list[Row] = [("composite", key[0], *composite_line(n)) for n in notes]
-        return out + [("dead_letter", key[0], "", text) for text in letters]
+        out = [as_columns(key[0], n) for n in notes]
+        return out + [("dead_letter", key[0], "", 0, None, [], text) for text in letters]
 
-    def _drop(self, key: GroupKey) -> None:
-        """The profile left the table: its state and timers go."""
-        _keep(key, "", None)
-        for state in (self.snap, self.log, self.head):
-            state.clear()
-        self._clear_timers()
-
-    def _clear_timers(self) -> None:
-        for timer in self.handle.listTimers():
-            self.handle.deleteTimer(timer)
-
-    def _take(self, key: GroupKey, entry: Registration) -> tuple[Engine, int]:
-        """The key's engine as the state store has it, and the rows logged since its
-        snapshot (a new engine counts as a full log, so its first call writes a
-        snapshot)."""
-        if self.head.exists():
-            stamp, token, logged = self.head.get()
-            if token == entry.token:
-                cached = _cached(key, stamp)
-                return (cached if cached is not None else self._restore(key, entry)), int(logged)
+    def _new(self, key: GroupKey, entry: Registration) -> Engine:
         engine = Engine(EngineConfig.from_json(self.job.config))
         engine.add_document(document(entry.text), [key[0]])
         if entry.registered is not None:
             engine.begin(entry.registered)  # else at its first event (_begin_at_first)
-        return engine, self.job.log_rows  # nothing in the state store yet: the call writes it
-
-    def _restore(self, key: GroupKey, entry: Registration) -> Engine:
-        """The engine of the key's snapshot, with the calls of its log replayed."""
-        blob, _ = self.snap.get()
-        try:
-            engine = restore(bytes(blob))
-            for item in self.log.get():
-                watermark, rows = _unpack(bytes(item[0]))
-                _step(engine, rows, watermark, entry.registered)
-        except (SnapshotError, CheckpointError) as exc:
-            raise CheckpointError(f"checkpoint state of profile {key[0]} bucket {key[1]} "
-                                  f"refused: {exc}") from None
         return engine
 
-    def _store(self, key: GroupKey, token: str, engine: Engine, logged: int,
-               rows: list[tuple[int, str]], watermark: int | None) -> None:
-        """Append the call's input to the log, or — once the log holds ``log_rows`` rows, or
-        for an entry too large to read back — write a snapshot and start the log afresh; then
-        name the new state and cache the engine under that name."""
-        packed = _pack(rows, watermark) if logged < self.job.log_rows else None
-        if packed is None:
-            self.snap.update((snapshot(engine), token))
-            self.log.clear()
-            logged = 0
-        else:
-            self.log.appendList([(packed,)])
-        stamp = uuid.uuid4().hex
-        self.head.update((stamp, token, logged))
-        _keep(key, stamp, engine)
 
-
-def arrival_order(frames: Iterator[pd.DataFrame]) -> list[tuple[int, str]]:
-    """A key's (seq, line) rows, from Spark's frames, in arrival order (anchors first)."""
-    rows: list[tuple[int, str]] = []
+def arrival_order(frames: Iterator[pd.DataFrame]) -> list[Row]:
+    """A key's rows, from Spark's frames, in arrival order (anchors and drops first)."""
+    rows: list[Row] = []
     for frame in frames:
-        rows.extend(zip(frame["seq"].tolist(), frame["line"].tolist(), strict=True))
-    rows.sort()
+        rows.extend(rows_of(frame))
+    rows.sort(key=_seq)
     return rows
+
+
+def _seq(row: Row) -> int:
+    return row[0]
 
 
 def composer_processor(job: StreamJob) -> Any:
@@ -317,7 +272,7 @@ def composer_processor(job: StreamJob) -> Any:
     import pandas as pd
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-    def frames(out: list[Row]) -> Iterator[pd.DataFrame]:
+    def frames(out: list[Out]) -> Iterator[pd.DataFrame]:
         if out:
             yield pd.DataFrame(out, columns=COLUMNS)
 

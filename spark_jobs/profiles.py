@@ -1,8 +1,9 @@
 """The profile table the streaming job follows: which profile documents it evaluates, since
 when, and which of their profiles were removed. The mediator writes it (``write_table``) while
 the job runs; the fan-out (spark_jobs/job.py) reads it to route each event to its (profile,
-bucket) keys (``route``) and the processor (spark_jobs/processor.py) to build and drop a key's
-engine (``profiles``), both re-reading the file whenever it changes."""
+bucket) keys (``route``) and to clear a removed profile's keys (``removed``), and the processor
+(spark_jobs/processor.py) to build and drop a key's engine (``profiles``), both re-reading the
+file whenever it changes."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from eva.classes import Matcher
-from eva.events import Event
-from spark_jobs.routing import document, event_matchers, memberships
+from eva.events import Event, field_path
+from spark_jobs.routing import bucket_at, document, envelope_only, event_matchers
 from spark_jobs.spool import write_whole
 
 
@@ -48,7 +49,7 @@ def write_table(path: str, registrations: list[Registration]) -> None:
 
 
 @lru_cache(maxsize=32)
-def _table(path: str, version: int) -> dict[str, Entry]:
+def _table(path: str, version: int) -> tuple[dict[str, Entry], tuple[str, ...]]:
     with open(path, encoding="utf-8") as handle:
         entries = [Registration(e["text"], None if e["registered"] is None else int(e["registered"]),
                                 frozenset(e.get("removed", ()))) for e in json.load(handle)]
@@ -58,20 +59,74 @@ def _table(path: str, version: int) -> dict[str, Entry]:
         for profile in doc.profiles:
             if profile.name not in entry.removed:
                 out[profile.name] = (entry, profile.per, event_matchers(profile, doc))
-    return out
+    gone = {name for entry in entries for name in entry.removed if name not in out}
+    return out, tuple(sorted(gone))
 
 
 def profiles(table: str) -> dict[str, Entry]:
     """Profile name → its entry, by the table at path ``table`` as it is now (re-read when the
     file changes: profiles come and go while the job runs)."""
-    return _table(table, os.stat(table).st_mtime_ns)
+    return _table(table, os.stat(table).st_mtime_ns)[0]
 
 
-def route(table: list[tuple[str, Entry]], buckets: int, event: Event | None) -> list[tuple[str, int]]:
-    """The (profile, bucket) keys an event belongs to, by the (sorted) profile table; a
-    malformed line (None) goes to one profile's bucket 0, whose engine reports it as a dead
-    letter."""
-    if event is None:
-        return [(name, 0) for name, _ in table[:1]]
-    return memberships(((name, per, matchers) for name, (_, per, matchers) in table), event,
-                       buckets)
+def removed(table: str) -> tuple[str, ...]:
+    """The profiles the table lists as removed (and not registered again): the fan-out sends
+    each of their buckets a drop row in every frame, so their state goes at the next
+    micro-batch, whether or not an event of theirs comes. A writer of the table may forget a
+    removed profile (or its whole document) once a micro-batch has run after its removal."""
+    return _table(table, os.stat(table).st_mtime_ns)[1]
+
+
+class Router:
+    """The (profile, bucket) keys of events, by one version of the table: a profile whose
+    classes test only ``type`` and ``source`` (routing.envelope_only) is matched once per
+    (type, source) pair seen, the others per event; a ``per`` value is read once per event and
+    profile. A malformed line (None) goes to one profile's bucket 0, whose engine reports it
+    as a dead letter."""
+
+    def __init__(self, table: dict[str, Entry], buckets: int) -> None:
+        self.buckets = buckets
+        names = sorted(table)
+        self.first = [(name, 0) for name in names[:1]]
+        routes = []
+        for name in names:
+            entry, per, matchers = table[name]
+            profile = next(p for p in document(entry.text).profiles if p.name == name)
+            routes.append((name, None if per is None else field_path(per), matchers,
+                           envelope_only(profile, document(entry.text))))
+        self.envelope = [(name, per, matchers) for name, per, matchers, only in routes if only]
+        self.other = [(name, per, matchers) for name, per, matchers, only in routes if not only]
+        self.seen: dict[tuple[str, str], list[Route]] = {}
+
+    def keys(self, event: Event | None) -> list[tuple[str, int]]:
+        if event is None:
+            return self.first
+        pair = (event.type, event.source)
+        wanted = self.seen.get(pair)
+        if wanted is None:
+            wanted = [(name, per) for name, per, matchers in self.envelope
+                      if any(match(event) for match in matchers)]
+            if len(self.seen) < 4096:  # a bound, should types or sources run wild
+                self.seen[pair] = wanted
+        if self.other:
+            wanted = wanted + [(name, per) for name, per, matchers in self.other
+                               if any(match(event) for match in matchers)]
+        out = []
+        for name, per in wanted:
+            group = 0 if per is None else bucket_at(event, per, self.buckets)
+            if group is not None:
+                out.append((name, group))
+        return out
+
+
+Route = tuple[str, tuple[str, tuple[str, ...]] | None]  # a profile and its split ``per`` path
+
+
+def router(table: str, buckets: int) -> Router:
+    """The router of the table at path ``table`` as it is now."""
+    return _router(table, os.stat(table).st_mtime_ns, buckets)
+
+
+@lru_cache(maxsize=8)
+def _router(table: str, version: int, buckets: int) -> Router:
+    return Router(_table(table, version)[0], buckets)

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from eva import ast
 from eva.classes import Matcher, compile_predicate
-from eva.events import Event
+from eva.events import Event, field_path
 from eva.parser import parse
 from eva.semantics import partition_key
 
@@ -29,12 +29,36 @@ def event_matchers(profile: ast.Profile, doc: ast.Document) -> list[Matcher]:
             if not isinstance(body := classes[name].body, ast.Every)]
 
 
+def envelope_only(profile: ast.Profile, doc: ast.Document) -> bool:
+    """Whether the profile's event classes test only ``type`` and ``source``: then whether an
+    event is the profile's follows from those two alone, and the fan-out decides it once per
+    (type, source) pair (profiles.Router)."""
+    classes = doc.class_map()
+    used = {n.name for n in ast.walk(profile.expr) if isinstance(n, ast.Prim)}
+    return all(_paths(body, classes) <= {"type", "source"} for name in used
+               if not isinstance(body := classes[name].body, ast.Every))
+
+
+def _paths(pred: ast.Predicate, classes: dict[str, ast.ClassDef]) -> set[str]:
+    if isinstance(pred, ast.Compare):
+        return {pred.path}
+    if isinstance(pred, ast.ClassRef):
+        body = classes[pred.name].body
+        return set() if isinstance(body, ast.Every) else _paths(body, classes)
+    if isinstance(pred, ast.Not):
+        return _paths(pred.operand, classes)
+    return _paths(pred.left, classes) | _paths(pred.right, classes)
+
+
 def bucket(event: Event, per: str | None, buckets: int) -> int | None:
     """The bucket of the event's partition (0 without ``per``); None if the event has no value
     for ``per`` (the profile does not see it). A stable hash, the same in every process."""
-    if per is None:
-        return 0
-    value: Any = event.field(per)
+    return 0 if per is None else bucket_at(event, field_path(per), buckets)
+
+
+def bucket_at(event: Event, per: tuple[str, tuple[str, ...]], buckets: int) -> int | None:
+    """``bucket`` of a ``per`` path split by ``field_path`` (once per table, not per event)."""
+    value: Any = event.field_at(*per)
     if value is None:
         return None
     return _bucket_of(partition_key(value), buckets)

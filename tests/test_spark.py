@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from eva import ast
 from eva.engine import Engine, EngineConfig
-from eva.events import Event
+from eva.events import REQUIRED, Event
 from eva.notify import to_cloudevent
 from eva.parser import parse
 from eva.printer import to_text
@@ -327,13 +328,14 @@ def test_composers_agree_while_profiles_come_and_go(spark: Any, tmp_path: Path) 
 
 def test_deployed_mode_reads_the_redis_log_and_writes_composites_back(
         spark: Any, tmp_path: Path, redis_url: str) -> None:
-    """Deployed mode: events from the Redis notification log (a Python streaming Data Source,
-    stream ids as offsets), composites written back to Redis keyed by id. Restarted on its
-    checkpoint half-way, the job writes every composite once."""
+    """Deployed mode: events from the Redis store's event log, as the store writes it (a
+    Python streaming Data Source, stream ids as offsets), composites written back to Redis
+    keyed by id. Restarted on its checkpoint half-way, the job writes every composite once."""
     import redis
 
     from eva.events import from_cloudevent
-    from spark_jobs.redis_io import COMPOSITE_LOG, COMPOSITES, NOTIFICATIONS, redis_lines, redis_sink
+    from mediator.store.redis import RedisStore
+    from spark_jobs.redis_io import COMPOSITE_LOG, COMPOSITES, redis_lines, redis_sink
 
     text, events, lines = logistics_day()
     trace = [from_cloudevent(e, i) for i, e in enumerate(events)]
@@ -345,8 +347,7 @@ def test_deployed_mode_reads_the_redis_log_and_writes_composites_back(
     checkpoint = str(tmp_path / "ckpt")
     half = len(events) // 2
     for batch in (events[:half], [*events[half:], SENTINEL]):
-        for e in batch:
-            client.xadd(NOTIFICATIONS, {"event": json.dumps(e)})
+        RedisStore(redis_url).append_events([json.dumps(e) for e in batch])
         query = start(spark, job, "", checkpoint, redis_sink(redis_url),
                       lines=redis_lines(spark, redis_url))
         query.processAllAvailable()
@@ -473,3 +474,235 @@ def test_declared_sources_each_have_a_watermark(spark: Any, tmp_path: Path) -> N
     letters = _written(out, "dead_letter")
     assert not letters, letters[:2]
     assert sorted(got) == sorted(want) and len(want) > 20
+
+
+# ------------------------------------------------------------------ parsing in the JVM
+
+_scalars = (st.none() | st.booleans() | st.integers(-2**70, 2**70)
+            | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=4)
+            | st.sampled_from(["{", "[1]", "5", "1.0", "true", "é", "\ud800", "NaN"]))
+_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=3)
+                       | st.dictionaries(st.sampled_from(["k", "id", "data", "time", "x"]),
+                                         inner, max_size=3), max_leaves=6)
+_times = st.sampled_from([
+    "2026-03-02T10:00:00Z", "2026-03-02T10:00:00.123Z", "2026-03-02T10:00:00.123456Z",
+    "2026-03-02T10:00:00.1234Z", "2026-03-02T11:00:00+01:00", "2026-03-02t10:00:00z",
+    "2026-02-30T10:00:00Z", "2026-03-02T10:00:60Z", "0000-01-01T00:00:00Z",
+    "0001-01-01T00:00:00Z", "9999-12-31T23:59:59.999999Z", "2026-03-02 10:00:00Z",
+    "2026-03-02T10:00:00", ""])
+
+
+@st.composite
+def _lines(draw: st.DrawFn) -> str:
+    """A line as a producer might write it: mostly a CloudEvent, with the attribute types,
+    extras, data, timestamps and spellings the engine's reader refuses or reads otherwise."""
+    good: dict[str, Any] = {"specversion": "1.0", "id": "e1", "source": "s", "type": "a",
+                            "time": "2026-03-02T10:00:00.500Z"}
+    odd = {"specversion": st.sampled_from(["1.0", 1.0, "0.3"]),
+           "id": st.sampled_from(["e1", "0f8f-ad5b", "12345", 7, "", "é\n\"x"]),
+           "source": st.sampled_from(["s", "urn:x", 5, None]),
+           "type": st.sampled_from(["a", "b", True, ["a"]]),
+           "time": _times | st.sampled_from([1_772_000_000, None]),
+           "subject": _scalars, "datacontenttype": st.sampled_from(["application/json"]),
+           "ext": _scalars}
+    changed = draw(st.sets(st.sampled_from(sorted(odd)), max_size=2))
+    obj = {name: draw(odd[name]) if name in changed else good.get(name) for name in odd
+           if name in good or name in changed}
+    for name in draw(st.sets(st.sampled_from(sorted(REQUIRED)), max_size=1)):
+        obj.pop(name)  # missing
+    if draw(st.booleans()):
+        obj["data"] = draw(_values)
+    names = list(obj)
+    order = draw(st.permutations(names))
+    obj = {name: obj[name] for name in order}
+    separators = draw(st.sampled_from([(",", ":"), (", ", ": ")]))
+    line = json.dumps(obj, ensure_ascii=draw(st.booleans()), separators=separators)
+    if not line.isascii() and any("\ud800" <= c <= "\udfff" for c in line):
+        line = json.dumps(obj, separators=separators)  # UTF-8 cannot carry a lone surrogate
+    mutation = draw(st.sampled_from([""] * 12 + [" x", '{"id":"b"}', ',{"evamed:end":""}],[1',
+                                     "truncate", "single", "array", "nan", "big", "deep", "huge"]))
+    if mutation == "truncate":
+        return line[:len(line) // 2]
+    if mutation == "single":
+        return line.replace('"', "'")
+    if mutation == "array":
+        return f"[{line}]"
+    if mutation == "nan":
+        return line.replace("}", ', "n": NaN}', 1)
+    if mutation == "huge" and "data" in obj:  # a number past a double's range, in data
+        key = '"data"' + separators[1]
+        return line.replace(key, key + '{"h": 1e400, "d": ', 1) + "}"
+    if mutation == "big":
+        return line.replace("{", '{"big": 123456789012345678901234567890, ', 1)
+    if mutation == "deep":
+        return line.replace('"data"', '"data": ' + "[" * 120 + "]" * 120 + ', "x"', 1)
+    return line + mutation
+
+
+def test_the_jvm_reads_each_line_as_the_engines_reader_does(spark: Any) -> None:
+    """parse_lines (Spark's JSON reader, in the JVM) and eva.events.from_json_line agree on
+    every line: the events the JVM vouches for equal the reader's (attributes and data
+    included, data parsed from the JVM's text), and every other line travels whole, so the
+    engine reports what replay reports — the same error message for a malformed one."""
+    from eva.events import EventError, from_json_line
+    from spark_jobs.job import parse_lines
+    from spark_jobs.processor import event_of, rows_of
+
+    vouched = 0
+
+    # No shrinking: each example is a Spark job, and the failing line is in the message.
+    @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck),
+              phases=[Phase.explicit, Phase.generate])
+    @given(st.lists(_lines(), min_size=20, max_size=60))
+    def prop(lines: list[str]) -> None:
+        nonlocal vouched
+        frame = spark.createDataFrame(list(zip(lines, range(len(lines)), strict=True)),
+                                      "value STRING, seq LONG")
+        # As the fan-out gets them: through Arrow and pandas.
+        rows = sorted(rows_of(parse_lines(frame).toPandas()), key=lambda row: row[0])
+        assert [row[0] for row in rows] == list(range(len(lines)))
+        for row, line in zip(rows, lines, strict=True):
+            try:
+                want: Any = from_json_line(line, row[0])
+            except EventError as exc:
+                want = str(exc)
+            try:
+                got: Any = event_of(row)
+            except EventError as exc:
+                got = str(exc)
+            if isinstance(want, str) or row[7] is not None:
+                assert row[7] == line and got == want, line
+                continue
+            vouched += 1
+            assert (got, repr(got.data), got.attributes) == (want, repr(want.data),
+                                                             want.attributes), line
+
+    prop()
+    assert vouched > 50  # the JVM's path is taken, not only the whole lines'
+
+
+def test_a_removed_profiles_state_is_gone_after_the_next_micro_batch(
+        spark: Any, tmp_path: Path) -> None:
+    """The state store itself (read with Spark's state data source) holds none of a removed
+    profile's keys once a micro-batch has run after its removal, though no event of it came;
+    the other profile's state stays."""
+    import time
+
+    text = ('class A = type == "a"\nclass B = type == "b"\nclass Z = type == "z"\n'
+            "profile S per data.k = ((all_dup(A); all_dup(B))_1h)_all_pairs\n"
+            "profile Q = Z\n")
+
+    def lines(kind: str, first: int) -> list[str]:
+        return [json.dumps({"specversion": "1.0", "id": f"{kind}{i}", "source": "s",
+                            "type": kind, "data": {"k": i},
+                            "time": f"2026-03-02T10:00:{i:02d}Z"})
+                for i in range(first, first + 20)]
+
+    spool, checkpoint = tmp_path / "spool", str(tmp_path / "ckpt")
+    spool.mkdir()
+    table = str(tmp_path / "profiles.json")
+    write_table(table, [Registration(text, None)])
+    query = start(spark, StreamJob(table, EngineConfig().to_json(), 4), str(spool), checkpoint,
+                  directory_sink(str(tmp_path / "out")), max_files=1)
+
+    def held(state: str) -> set[str]:  # the profiles of the keys with that state
+        return {row.key.profile for row in spark.read.format("statestore")
+                .option("path", checkpoint).option("stateVarName", state).load().collect()}
+
+    try:
+        spool_file(str(spool), "part-0.jsonl", lines("a", 0) + lines("z", 20), time.time())
+        query.processAllAvailable()
+        assert held("core") == held("parts") == {"S", "Q"}
+        write_table(table, [Registration(text, None, frozenset({"S"}))])
+        spool_file(str(spool), "part-1.jsonl", lines("z", 40), time.time() + 1)
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert held("core") == held("parts") == {"Q"}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_lines_through_the_job_are_what_replay_prints(spark: Any, tmp_path: Path,
+                                                             seed: int) -> None:
+    """A random trace with `per` keys, in files: events the JVM parses (with extension
+    attributes, data of every kind) and lines it hands on whole (a string id of digits, data
+    that is a string, an unknown extension, malformed lines), and late events — the job
+    writes the composites and dead letters replay reports, byte for byte."""
+    import random
+    import time
+
+    from eva.events import EventError, from_json_line
+    from eva.notify import composite_line, dead_letter_record
+
+    text = ('class A = type == "a"\nclass B = type == "b" and data.v > 2\n'
+            "profile S per data.k = ((all_dup(A); all_dup(B))_4s)_all_pairs\n"
+            "profile N = ((all_dup(A); all_dup(((not B)_2s)_all_pairs))_2s)_all_pairs\n")
+    rng = random.Random(seed)
+
+    def event(i: int, ms: int) -> str:
+        second = ms // 1000
+        obj: dict[str, Any] = {"specversion": "1.0", "id": f"e{i}", "source": "s",
+                               "type": rng.choice("ab"),
+                               "time": f"2026-03-02T10:{second // 60:02d}:{second % 60:02d}"
+                                       f".{ms % 1000:03d}Z",
+                               "data": {"k": rng.choice([1, 2, "x", 2.5]), "v": rng.randrange(5)}}
+        kind = rng.randrange(12)
+        if kind == 0:
+            obj["subject"] = "sub"
+        elif kind == 1:
+            obj["id"] = str(10_000 + i)  # numeric-looking: parsed in Python
+        elif kind == 2:
+            obj["data"] = "just text"
+        elif kind == 3:
+            obj["traceparent"] = "00-ab"  # an extension the JVM does not carry
+        line = json.dumps(obj)
+        return {4: line[:-3], 5: line.replace('"1.0"', "1.0")}.get(kind, line)
+
+    # In time order within a file (across keys of different buckets, the job's lateness is
+    # the watermark of the micro-batches before; replay's is every event's before it).
+    files = [[event(100 * f + i, 60_000 * f + 450 * i + rng.randrange(400)) for i in range(60)]
+             for f in range(4)]
+    files[2] += [event(900 + i, 5_000 + i) for i in range(3)]  # late: long before the newest
+    files.append([json.dumps({**SENTINEL, "source": "s"})])
+    engine = Engine(EngineConfig())
+    engine.add_document(parse(text))
+    letters: list[str] = []
+    engine.dead_letter = lambda letter: letters.append(json.dumps(dead_letter_record(letter)))
+    want: list[str] = []
+    first = None
+    for seq, line in enumerate(line for f in files for line in f):
+        try:
+            parsed = from_json_line(line, seq)
+        except EventError as exc:
+            engine.malformed(str(exc), line)
+            continue
+        if first is None:
+            first = parsed.time
+            engine.begin(first - 1)
+        want += [composite_line(n)[1] for n in engine.push(parsed)]
+    want += [composite_line(n)[1] for n in engine.close()]
+    spool, out = tmp_path / "spool", tmp_path / "out"
+    spool.mkdir()
+    for k, chunk in enumerate(files):
+        spool_file(str(spool), f"part-{k:04d}.jsonl", chunk, time.time() - 100 + k)
+    table = str(tmp_path / "profiles.json")
+    assert first is not None
+    write_table(table, [Registration(text, first - 1)])
+    query = start(spark, StreamJob(table, EngineConfig().to_json(), 4), str(spool),
+                  str(tmp_path / "ckpt"), directory_sink(str(out)), max_files=1)
+    query.processAllAvailable()
+    query.stop()
+    got = _written(out, "composite")
+    assert sorted(got) == sorted(want) and len(want) > 20, (
+        sorted(set(got) - set(want))[:3], sorted(set(want) - set(got))[:3])
+    # A malformed line is the same dead letter, message included. A late event is reported
+    # by each key it was routed to (here S's and N's), each saying how far behind that key's
+    # engine it was: the event is replay's.
+    def brief(letters: list[str]) -> set[str]:
+        return {json.dumps({k: v for k, v in record.items()
+                            if record["reason"] == "malformed" or k != "detail"})
+                for record in map(json.loads, letters)}
+
+    assert brief(_written(out, "dead_letter")) == brief(letters)
+    reasons = {json.loads(letter)["reason"] for letter in letters}
+    assert reasons == {"malformed", "late"}, reasons

@@ -18,9 +18,10 @@ import pytest
 from eva.engine import EngineConfig
 from eva.events import from_cloudevent, from_json_line
 from spark_jobs import processor as processing
-from spark_jobs.job import StreamJob
-from spark_jobs.processor import ANCHOR, CheckpointError, anchor_line, composer_processor
-from spark_jobs.profiles import Registration, profiles, route, write_table
+from spark_jobs import state
+from spark_jobs.job import StreamJob, fan_out
+from spark_jobs.processor import CheckpointError, composer_processor
+from spark_jobs.profiles import Registration, write_table
 from tests.helpers import SENTINEL, logistics_day
 
 
@@ -42,18 +43,32 @@ class _Value:
         self.value = None
 
 
-class _List:
+class _Map:
+    """Spark's MapState, counting what is read and written."""
+
     def __init__(self) -> None:
-        self.items: list[tuple[Any, ...]] = []
+        self.items: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        self.reads: list[str] = []
+        self.writes: list[str] = []
+        self.removed: list[str] = []
 
-    def get(self) -> Iterator[tuple[Any, ...]]:
-        return iter(list(self.items))
+    def exists(self) -> bool:
+        return bool(self.items)
 
-    def appendList(self, values: list[tuple[Any, ...]]) -> None:
-        self.items.extend(values)
+    def getValue(self, key: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        self.reads.append(key[0])
+        return self.items.get(tuple(key))
+
+    def updateValue(self, key: tuple[Any, ...], value: tuple[Any, ...]) -> None:
+        self.writes.append(key[0])
+        self.items[tuple(key)] = tuple(value)
+
+    def removeKey(self, key: tuple[Any, ...]) -> None:
+        self.removed.append(key[0])
+        self.items.pop(tuple(key), None)
 
     def clear(self) -> None:
-        self.items = []
+        self.items = {}
 
 
 class _Handle:
@@ -66,8 +81,8 @@ class _Handle:
     def getValueState(self, name: str, schema: str) -> _Value:
         return self.states.setdefault(name, _Value())
 
-    def getListState(self, name: str, schema: str) -> _List:
-        return self.states.setdefault(name, _List())
+    def getMapState(self, name: str, key_schema: str, value_schema: str) -> _Map:
+        return self.states.setdefault(name, _Map())
 
     def listTimers(self) -> Iterator[int]:
         return iter(sorted(self.timers))
@@ -78,6 +93,11 @@ class _Handle:
     def registerTimer(self, timer: int) -> None:
         self.timers.add(timer)
 
+    def empty(self) -> bool:
+        """Nothing of the key left in the state store."""
+        return not self.timers and all(
+            not state.exists() for state in self.states.values())
+
 
 class _Clock:
     def __init__(self, ms: int) -> None:
@@ -87,65 +107,102 @@ class _Clock:
         return self.ms
 
 
+def _jvm_json(row: Any) -> str:
+    """What job.composite_json writes in the JVM for a composite row, written here."""
+    from eva.events import format_time
+
+    name = '"' + row.profile + '"'
+    ids = "[" + ", ".join('"' + i + '"' for i in row.constituents) + "]"
+    partition = "" if row.partition is None else ', "partition": ' + row.partition
+    return ('{"specversion": "1.0", "id": "' + row.ident + '", "source": "urn:evamed", '
+            '"type": "eva.composite", "subject": ' + name + ', "time": "'
+            + format_time(row.time) + '", "datacontenttype": "application/json", "data": '
+            '{"profile": ' + name + ', "constituents": ' + ids + partition + "}}")
+
+
+def parsed(lines: list[str], first_seq: int) -> pd.DataFrame:
+    """The lines as the JVM's parse_lines hands them on (job.PARSED), by the same rule: the
+    envelope's columns for a line whose attributes are the required ones, data and the
+    extras, and whose data is no string; the line whole otherwise."""
+    from eva.events import EventError
+    from spark_jobs.job import EXTRAS
+
+    rows: list[processing.Row] = []
+    for seq, line in enumerate(lines, first_seq):
+        try:
+            event = from_json_line(line)
+            obj = json.loads(line)
+        except EventError:
+            event = None
+        allowed = {"specversion", "id", "source", "type", "time", "data", *EXTRAS}
+        if event is None or set(obj) - allowed or isinstance(obj.get("data"), str):
+            rows.append((seq, None, None, None, 0, None, None, line))
+            continue
+        extras = {k: v for k, v in obj.items() if k in EXTRAS}
+        data = None if obj.get("data") is None else json.dumps(obj["data"])
+        rows.append((seq, event.id, event.source, event.type, event.time, data,
+                     json.dumps(extras) if extras else None, None))
+    return pd.DataFrame(rows, columns=processing.FIELDS)
+
+
+class _Store:
+    """Every key's state handle, and the calls of the processor on them (as Spark makes
+    them: per micro-batch, each key's rows in one call, then the keys whose timer the
+    watermark passed). ``forget`` empties the worker's cache before every call."""
+
+    def __init__(self, job: StreamJob, forget: bool = False) -> None:
+        self.job = job
+        self.forget = forget
+        self.handles: dict[tuple[str, int], _Handle] = defaultdict(_Handle)
+        self.out: dict[str, list[str]] = defaultdict(list)
+        self.watermark = 0
+        self.seq = 0
+        state._ENGINES.clear()
+
+    def call(self, key: tuple[str, int], rows: pd.DataFrame | None) -> None:
+        if self.forget:
+            state._ENGINES.clear()
+        processor = composer_processor(self.job)
+        processor.init(self.handles[key])
+        if rows is None:
+            frames = processor.handleExpiredTimer(key, _Clock(self.watermark), None)
+        else:
+            frames = processor.handleInputRows(key, iter([rows]), _Clock(self.watermark))
+        for frame in frames:
+            for row in frame.itertuples(index=False):
+                self.out[row.kind].append(row.payload if row.payload is not None
+                                          else _jvm_json(row))
+
+    def batch(self, lines: list[str], lateness_ms: int = 0) -> None:
+        frame = parsed(lines, self.seq)
+        self.seq += len(lines)
+        routed = fan_out(self.job, frame)
+        newest = max([self.watermark, *(t.value // 1_000_000 for t in routed["ts"].dropna())])
+        for key, rows in sorted(routed.groupby(["profile", "bucket"]), key=lambda kv: kv[0]):
+            self.call((str(key[0]), int(key[1])), rows)
+        self.watermark = max(self.watermark, newest - lateness_ms)
+        for key, handle in sorted(self.handles.items()):
+            if any(timer <= self.watermark for timer in handle.timers):
+                self.call(key, None)
+
+
 def _run(job: StreamJob, files: list[list[str]], forget: bool,
          lateness_ms: int = 0) -> dict[str, list[str]]:
-    """Feed the files as micro-batches the way Spark would: per batch, each key's rows in one
-    call (the watermark is the newest time of earlier batches less the lateness), then the keys
-    whose timer the watermark passed. ``forget`` empties the worker's cache before every
-    call."""
-    handles: dict[tuple[str, int], _Handle] = defaultdict(_Handle)
-    out: dict[str, list[str]] = defaultdict(list)
-    watermark = 0
-    seq = 0
-    processing._ENGINES.clear()
-
-    def call(key: tuple[str, int], rows: list[tuple[int, str]] | None) -> None:
-        if forget:
-            processing._ENGINES.clear()
-        processor = composer_processor(job)
-        processor.init(handles[key])
-        if rows is None:
-            frames = processor.handleExpiredTimer(key, _Clock(watermark), None)
-        else:
-            frame = pd.DataFrame(rows, columns=["seq", "line"])
-            frames = processor.handleInputRows(key, iter([frame]), _Clock(watermark))
-        for frame in frames:
-            for kind, _, _, payload in frame.itertuples(index=False):
-                out[kind].append(payload)
-
+    """Feed the files as micro-batches the way Spark would (the watermark is the newest
+    time of earlier batches less the lateness)."""
+    store = _Store(job, forget)
     for lines in files:
-        table = sorted(profiles(job.table).items())
-        batch: dict[tuple[str, int], list[tuple[int, str]]] = defaultdict(list)
-        newest = watermark
-        events = [from_json_line(line) for line in lines]
-        seqs = list(range(seq, seq + len(lines)))
-        for line, event in zip(lines, events, strict=True):
-            for key in route(table, job.buckets, event):
-                batch[key].append((seq, line))
-            newest = max(newest, event.time // 1000)
-            seq += 1
-        first = anchor_line(seqs, list(events))  # the frame's first event, as the fan-out sends
-        for name, (_, per, _) in table:
-            if per is None:
-                batch.setdefault((name, 0), []).append((ANCHOR, first))
-        for key, rows in sorted(batch.items()):
-            call(key, rows)
-        watermark = max(watermark, newest - lateness_ms)
-        for key, handle in sorted(handles.items()):
-            if any(timer <= watermark for timer in handle.timers):
-                call(key, None)
-    return out
+        store.batch(lines, lateness_ms)
+    return store.out
 
 
-@pytest.mark.parametrize(("log_rows", "forget"), [(2_000, False), (2_000, True), (1, True),
-                                                  (10**9, True), (10**9, False)])
-def test_cached_or_rebuilt_the_engine_answers_the_same(tmp_path: Path, log_rows: int,
-                                                        forget: bool) -> None:
+@pytest.mark.parametrize("forget", [False, True])
+def test_cached_or_rebuilt_the_engine_answers_the_same(tmp_path: Path, forget: bool) -> None:
     text, events, want = logistics_day()
     trace = [from_cloudevent(e, i) for i, e in enumerate(events)]
     table = str(tmp_path / "profiles.json")
     write_table(table, [Registration(text, trace[0].time - 1)])
-    job = StreamJob(table, EngineConfig().to_json(), 4, log_rows)
+    job = StreamJob(table, EngineConfig().to_json(), 4)
     lines = [json.dumps(e) for e in events]
     files = [lines[i:i + 60] for i in range(0, len(lines), 60)] + [[json.dumps(SENTINEL)]]
     got = _run(job, files, forget)
@@ -153,14 +210,13 @@ def test_cached_or_rebuilt_the_engine_answers_the_same(tmp_path: Path, log_rows:
     assert not got["dead_letter"]
 
 
-@pytest.mark.parametrize(("log_rows", "forget", "lateness"), [(2_000, False, 0), (1, True, 0),
-                                                              (10**9, True, 2_000_000)])
+@pytest.mark.parametrize(("forget", "lateness"), [(False, 0), (True, 0), (True, 2_000_000)])
 def test_registered_at_the_first_event_the_job_answers_as_replay(
-        tmp_path: Path, log_rows: int, forget: bool, lateness: int) -> None:
+        tmp_path: Path, forget: bool, lateness: int) -> None:
     """A registration without a time (`evamed compose --profiles` without --since) starts as
     replay starts: at the first event less the lateness. It started in 1970, so time classes
     ticked from then (P5 fired for every day since 1970, P3 paired a 1970 tick): 20,572
-    composites for replay's 57. Engines rebuilt from snapshot and log keep the start."""
+    composites for replay's 57. Engines restored from their state keep the start."""
     from eva.engine import Engine
     from eva.events import parse_time
     from eva.notify import composite_line
@@ -175,7 +231,7 @@ def test_registered_at_the_first_event_the_job_answers_as_replay(
     want += [composite_line(n)[1] for n in engine.close(parse_time(SENTINEL["time"]))]
     table = str(tmp_path / "profiles.json")
     write_table(table, [Registration(text, None)])
-    job = StreamJob(table, config.to_json(), 4, log_rows)
+    job = StreamJob(table, config.to_json(), 4)
     lines = [json.dumps(e) for e in events]
     files = [lines[i:i + 60] for i in range(0, len(lines), 60)] + [[json.dumps(SENTINEL)]]
     got = _run(job, files, forget, lateness // 1000)
@@ -194,95 +250,49 @@ def _evil(marker: Path) -> bytes:
     return pickle.dumps(Payload())
 
 
-def _key_with_a_log(tmp_path: Path) -> tuple[_Handle, Any]:
-    """One key's state holding a snapshot and one log entry, and a call of the processor on it
-    (as on another worker, or after a restart: nothing cached)."""
-    text = 'class A = type == "a"\nprofile S = A\n'
+def _key_with_state(tmp_path: Path) -> tuple[_Handle, Any]:
+    """One key's state (a core and partition records) after two calls, and a third call of
+    the processor on it (as on another worker, or after a restart: nothing cached)."""
+    text = 'class A = type == "a"\nprofile S per data.k = A\n'
     table = str(tmp_path / "profiles.json")
     write_table(table, [Registration(text, None)])
-    job = StreamJob(table, EngineConfig().to_json(), 1, 10**9)
-    rows = [(i, json.dumps({"specversion": "1.0", "id": f"e{i}", "source": "s", "type": "a",
-                            "time": f"2026-03-02T10:00:0{i}Z"})) for i in range(3)]
+    job = StreamJob(table, EngineConfig().to_json(), 1)
+    lines = [json.dumps({"specversion": "1.0", "id": f"e{i}", "source": "s", "type": "a",
+                         "data": {"k": i % 2}, "time": f"2026-03-02T10:00:0{i}Z"})
+             for i in range(3)]  # the third call needs the first's partition: read lazily
     handle = _Handle()
 
-    def call(chunk: list[tuple[int, str]]) -> list[Any]:
-        processing._ENGINES.clear()  # as on another worker, or after a restart
+    def call(i: int) -> list[Any]:
+        state._ENGINES.clear()  # as on another worker, or after a restart
         processor = composer_processor(job)
         processor.init(handle)
-        frame = pd.DataFrame(chunk, columns=["seq", "line"])
-        return list(processor.handleInputRows(("S", 0), iter([frame]), _Clock(0)))
+        return list(processor.handleInputRows(("S", 0), iter([parsed(lines[i:i + 1], i)]),
+                                              _Clock(0)))
 
-    call(rows[:1])
-    call(rows[1:2])  # logged: the key now has a snapshot and a log entry
-    return handle, lambda: call(rows[2:])
+    call(0)
+    call(1)
+    return handle, lambda: call(2)
 
 
-@pytest.mark.parametrize("part", ["snapshot", "log"])
+@pytest.mark.parametrize("part", ["core", "parts"])
 def test_tampered_checkpoint_state_is_refused_and_runs_no_code(tmp_path: Path,
                                                                part: str) -> None:
     """Whoever can write the checkpoint directory must not run code in the workers: state
-    is data only (JSON records), and a key whose snapshot or log is not the job's fails with
-    CheckpointError naming the key — the pickle in it is never unpickled."""
-    import zlib
-
-    handle, call = _key_with_a_log(tmp_path)
+    is data only (JSON records), and a key whose core or partition record is not the job's
+    fails with CheckpointError naming the key — the pickle in it is never unpickled."""
+    handle, call = _key_with_state(tmp_path)
     marker = tmp_path / "ran"
-    if part == "snapshot":
-        token = handle.states["snapshot"].get()[1]
-        handle.states["snapshot"].update((_evil(marker), token))
+    if part == "core":
+        _, token, stamp = handle.states["core"].get()
+        handle.states["core"].update((_evil(marker), token, stamp))
     else:
-        handle.states["log"].items[0] = (zlib.compress(_evil(marker)),)
+        records = handle.states["parts"].items
+        assert len(records) == 2  # the partitions of k 0 and k 1
+        for ident in records:
+            records[ident] = (_evil(marker),)
     with pytest.raises(CheckpointError, match="profile S bucket 0 refused"):
         call()
     assert not marker.exists()
-
-
-def _inflating(head: bytes, spaces: int) -> bytes:
-    """``head`` then ``spaces`` spaces, compressed in chunks (a few KB however many)."""
-    import zlib
-
-    packer = zlib.compressobj(9)
-    body = packer.compress(head)
-    for _ in range(spaces >> 20):
-        body += packer.compress(b" " * (1 << 20))
-    return body + packer.flush()
-
-
-@pytest.mark.parametrize(("entry", "message"), [
-    (b"[" * 100_000 + b"]" * 100_000, "RecursionError"),
-    (b'[18446744073709551616,[[1,"{}"]]]', "with 64-bit integers"),
-    (b'[null,[[-9223372036854775809,"{}"]]]', "with 64-bit integers"),
-    (None, "inflates to more than 1,048,576 bytes"),
-])
-def test_a_log_entry_that_breaks_the_reader_is_refused(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, entry: bytes | None,
-        message: str) -> None:
-    """Issue 11 review: JSON nested past the stack escaped _unpack as a RecursionError, and a
-    zlib bomb was inflated whole; both are now the key's CheckpointError, as is a watermark or
-    sequence number past 64 bits (which the engine's clock would take)."""
-    import zlib
-
-    from eva import snapshot as module
-
-    monkeypatch.setattr(module, "MAX_STATE_BYTES", 1 << 20)  # the bomb stays small
-    handle, call = _key_with_a_log(tmp_path)
-    blob = _inflating(b"[null,[]]", 64 << 20) if entry is None else zlib.compress(entry)
-    handle.states["log"].items[0] = (blob,)
-    with pytest.raises(CheckpointError, match="profile S bucket 0 refused") as caught:
-        call()
-    assert message in str(caught.value), str(caught.value)
-
-
-def test_a_log_entry_too_large_to_read_back_is_a_snapshot_instead(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """_unpack refuses an entry over MAX_STATE_BYTES, so the writer never logs one: such a call
-    writes the engine's snapshot instead (and the log starts afresh)."""
-    handle, _ = _key_with_a_log(tmp_path)
-    assert len(handle.states["log"].items) == 1 and handle.states["head"].get()[2] > 0
-    monkeypatch.setattr(processing, "MAX_STATE_BYTES", 100)  # under one row's entry
-    (tmp_path / "small").mkdir()
-    handle, _ = _key_with_a_log(tmp_path / "small")
-    assert handle.states["log"].items == [] and handle.states["head"].get()[2] == 0
 
 
 def test_the_layout_records_the_configuration_by_name(tmp_path: Path) -> None:
@@ -292,7 +302,7 @@ def test_the_layout_records_the_configuration_by_name(tmp_path: Path) -> None:
     that format."""
     from dataclasses import astuple
 
-    from eva.snapshot import FORMAT
+    from spark_jobs.state import FORMAT
     from spark_jobs.job import LAYOUT, LayoutError, check_layout
 
     job = StreamJob("unused", EngineConfig().to_json(), 16)
@@ -320,3 +330,51 @@ def test_an_unreadable_layout_is_refused_clearly(tmp_path: Path, text: str,
     (tmp_path / LAYOUT).write_text(text)
     with pytest.raises(LayoutError, match=message):
         check_layout(str(tmp_path), StreamJob("unused", EngineConfig().to_json(), 16))
+
+
+def _events(spec: list[tuple[str, int, int]]) -> list[str]:
+    """Lines of events (type, data.k, second)."""
+    return [json.dumps({"specversion": "1.0", "id": f"{kind}{i}", "source": "s", "type": kind,
+                        "data": {"k": k}, "time": f"2026-03-02T10:{second // 60:02d}:"
+                                                  f"{second % 60:02d}Z"})
+            for i, (kind, k, second) in enumerate(spec)]
+
+
+@pytest.mark.parametrize("forget", [False, True])
+def test_a_call_writes_only_the_partitions_it_changed(tmp_path: Path, forget: bool) -> None:
+    """Ten partitions in one bucket: a later call with an event of one of them writes that
+    partition's record only (and the core), and a restored engine reads only that record."""
+    text = ('class A = type == "a"\nclass B = type == "b"\n'
+            "profile S per data.k = ((all_dup(A); all_dup(B))_1h)_all_pairs\n")
+    table = str(tmp_path / "profiles.json")
+    write_table(table, [Registration(text, None)])
+    store = _Store(StreamJob(table, EngineConfig().to_json(), 1), forget)
+    store.batch(_events([("a", k, k) for k in range(10)]))
+    parts = store.handles["S", 0].states["parts"]
+    assert len(parts.items) == 10 and len(parts.writes) == 10
+    parts.writes.clear()
+    parts.reads.clear()
+    store.batch(_events([("b", 3, 20)]))
+    assert parts.writes == ['[0,["int",3]]'] and len(parts.items) == 10
+    assert parts.reads == (['[0,["int",3]]'] if forget else [])
+    assert len(store.out["composite"]) == 1
+
+
+def test_a_removed_profiles_keys_are_cleared_at_the_next_micro_batch(tmp_path: Path) -> None:
+    """A removed profile's keys hold nothing after the next micro-batch, though no event of
+    theirs comes: the fan-out sends each of its buckets a drop row."""
+    text = ('class A = type == "a"\nclass B = type == "b"\nclass Z = type == "z"\n'
+            "profile S per data.k = ((all_dup(A); all_dup(B))_1h)_all_pairs\n"
+            "profile Q = Z\n")
+    table = str(tmp_path / "profiles.json")
+    write_table(table, [Registration(text, None)])
+    store = _Store(StreamJob(table, EngineConfig().to_json(), 4))
+    store.batch(_events([("a", k, k) for k in range(12)]))
+    held = [key for key, handle in store.handles.items()
+            if key[0] == "S" and not handle.empty()]
+    assert len(held) == 4  # every bucket of S holds partitions
+    write_table(table, [Registration(text, None, frozenset({"S"}))])
+    store.batch(_events([("z", 0, 30)]))  # nothing of S
+    assert all(handle.empty() for key, handle in store.handles.items() if key[0] == "S")
+    assert not store.handles["Q", 0].empty()
+    assert not any(key[0] == "S" for key in state._ENGINES)

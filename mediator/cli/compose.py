@@ -49,6 +49,7 @@ def compose(
     """Run the streaming composition job (Spark Structured Streaming): profiles over a spool
     directory or the Redis notification log, until stopped (SIGINT/SIGTERM) or, with --once,
     until the input present at the start is processed.
+
     Example: evamed compose --profiles examples/logistics/profiles.eva --spool spool/ --out out/
     --checkpoint ckpt/ --once
     """
