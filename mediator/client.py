@@ -86,6 +86,8 @@ class Notification:
     sources: tuple[str, ...]     # the sources of its contributing events, in constituent order
     services: tuple[str, ...]    # the services they came through ("mediator": its own feed)
     resume_token: str            # pass to subscribe(resume_token=…) to continue after it
+    types: tuple[str, ...] = ()  # the contributing events' types, in constituent order
+    times_us: tuple[int, ...] = ()  # and times (µs since the epoch; 0: no longer known)
 
 
 @dataclass(frozen=True)
@@ -190,7 +192,7 @@ def _retried(exc: BaseException) -> bool:
 def _notification(message: Any) -> Notification:
     return Notification(json.loads(message.cloudevent), message.id, message.profile,
                         message.subscription, tuple(message.sources), tuple(message.services),
-                        message.resume_token)
+                        message.resume_token, tuple(message.types), tuple(message.times_us))
 
 
 def _profile_info(message: Any) -> ProfileInfo:

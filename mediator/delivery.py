@@ -248,7 +248,9 @@ def notification(record: SubscriptionRecord, item: LoggedNotification) -> Any:
             cloudevent=str(fields.get("cloudevent", "")), id=item.composite_id,
             profile=str(fields.get("profile", "")), subscription=name,
             sources=[str(s) for s in fields.get("sources", [])],
-            services=[str(s) for s in fields.get("services", [])], resume_token=token)
+            services=[str(s) for s in fields.get("services", [])],
+            types=[str(t) for t in fields.get("types", [])],
+            times_us=[int(t) for t in fields.get("times", [])], resume_token=token)
     except (ValueError, AttributeError, TypeError):
         # A payload this code cannot read (written by another version): deliver what there is
         # rather than stall the stream behind it.

@@ -47,7 +47,7 @@ from adapters.federation import Federation, publish
 from adapters.links import Handle, Link
 from eva import ast
 from eva.classes import required_types
-from eva.events import TICK_SOURCE, TICK_TYPE, Event, EventError, from_json_line
+from eva.events import TICK_SOURCE, TICK_TYPE, Event, EventError, from_json_line, parse_time
 from eva.notify import composite_line
 from eva.parser import parse
 from eva.printer import to_text
@@ -152,11 +152,24 @@ def composed_by_spark(p: Plan, doc: ast.Document) -> bool:
 
 
 def payload(cloudevent: str, ident: str, profile: str, subscription: str,
-            sources: list[str], services: list[str]) -> bytes:
+            described: Described) -> bytes:
     """A notification log entry: the Notification message's fields but its resume token."""
     return json.dumps({"cloudevent": cloudevent, "id": ident, "profile": profile,
-                       "subscription": subscription, "sources": sources,
-                       "services": services}).encode()
+                       "subscription": subscription, "sources": described.sources,
+                       "services": described.services, "types": described.types,
+                       "times": described.times}).encode()
+
+
+@dataclass(frozen=True)
+class Described:
+    """What a notification says of a composite's constituents besides their ids (in their
+    order): source, type and time of each (a tick's type and time from its id; "" and 0 for
+    one no longer known), and the services they came through."""
+
+    sources: list[str]
+    types: list[str]
+    times: list[int]
+    services: list[str]
 
 
 NOT_KEPT = -1
@@ -178,6 +191,7 @@ class _Origins:
 
     def __init__(self) -> None:
         self._source: dict[str, str] = {}
+        self._kind: dict[str, tuple[str, int]] = {}  # id → (type, time), as _source
         self._via: dict[tuple[str, str], set[tuple[str, Handle]]] = {}  # by (source, id)
         self._expiry: list[tuple[int, str]] = []  # a heap: (time to forget, id)
         self.clear()
@@ -209,6 +223,7 @@ class _Origins:
             if horizon == NOT_KEPT:
                 continue
             self._source[e.id] = e.source
+            self._kind[e.id] = (e.type, e.time)
             if horizon is not None:
                 heapq.heappush(self._expiry, (e.time + horizon, e.id))
 
@@ -224,13 +239,15 @@ class _Origins:
         while self._expiry and self._expiry[0][0] < newest:
             _, ident = heapq.heappop(self._expiry)
             source = self._source.pop(ident, None)
+            self._kind.pop(ident, None)
             if source is not None:
                 self._via.pop((source, ident), None)
 
     def describe(self, constituents: Sequence[str], handles: set[tuple[str, Handle]],
-                 occurrence: Hashable = None) -> tuple[list[str], list[str]]:
-        """The sources, one per constituent, and the services they came through (each once,
-        in constituent order; a constituent no service reported: the mediator's own). The
+                 occurrence: Hashable = None) -> Described:
+        """The sources, types and times, one per constituent, and the services they came
+        through (each once, in constituent order; a constituent no service reported: the
+        mediator's own). The
         occurrence's identity names each primitive constituent's (source, id) — CloudEvents
         make only the pair unique — and is read where it does; else by id, as kept."""
         pairs = _pairs(occurrence, constituents)
@@ -245,7 +262,21 @@ class _Origins:
             via = sorted({link for link, h in handles if (link, h) in named})
             for link in via or [OWN_FEED]:
                 services[link] = None
-        return sources, list(services)
+        kinds = [self._kind.get(ident) or _clock_kind(ident) for ident in constituents]
+        return Described(sources, [k[0] for k in kinds], [k[1] for k in kinds], list(services))
+
+
+def _clock_kind(ident: str) -> tuple[str, int]:
+    """A tick's (type, time) from its id (``tick:NAME@TIME``: eva.events.tick_id), an absence's
+    (``absence@TIME``) as its own kind; ("", 0) for anything else."""
+    what, at, label = ident.rpartition("@")
+    try:
+        time = parse_time(label) if at else 0
+    except EventError:
+        return "", 0
+    if what.startswith("tick:"):
+        return TICK_TYPE + what[5:], time
+    return (what, time) if what == "absence" else ("", 0)
 
 
 def _pairs(occurrence: Hashable, constituents: Sequence[str]
@@ -972,9 +1003,8 @@ class Pipeline:
         items = []
         for n in notes:
             ident, line = composite_line(n)
-            sources, services = self._origins.describe(n.occ.events, handles, n.occ.ident)
-            items.append((ident, payload(line, ident, n.profile, sub.record.name, sources,
-                                         services)))
+            described = self._origins.describe(n.occ.events, handles, n.occ.ident)
+            items.append((ident, payload(line, ident, n.profile, sub.record.name, described)))
         self._store_items(sub.key, items)
 
     def _append_composed(self, key: Key, profile: str, body: dict[str, Any]) -> None:
@@ -985,10 +1015,10 @@ class Pipeline:
         composite may name it after the pipeline evaluated it; a job far behind the pipeline
         — catching up after a restart — may find "" for one)."""
         constituents = [str(c) for c in body["data"]["constituents"]]
-        sources, services = self._origins.describe(constituents, set())
+        described = self._origins.describe(constituents, set())
         ident = str(body["id"])
         self._store_items(key, [(ident, payload(json.dumps(body), ident, profile, key[1],
-                                                sources, services))])
+                                                described))])
 
     def _store_items(self, key: Key, items: list[tuple[str, bytes]]) -> None:
         if self._cut_short:  # decided from answers a closed link may have cut: not kept

@@ -268,6 +268,7 @@ def test_subscribe_delivers_each_composite_with_its_sources_and_services(
     first = reader.got[0]
     assert (first.profile, first.subscription, first.sources, first.services) == (
         "P", "P", ("test",), ("mediator",))
+    assert (first.types, first.times_us) == (("a",), (END - 86_400_000_000,))  # e0 at 00:00:00
     assert first.cloudevent["type"] == "eva.composite" and first.id == first.cloudevent["id"]
 
 
@@ -481,3 +482,29 @@ def test_subscribe_as_a_table_resumes_after_the_token_given(
     assert [r[:2] for r in rows[1:]] == [["2026-01-01T00:00:01Z", "P"],
                                          ["2026-01-01T00:00:02Z", "P"]]
     assert proc.returncode == 0
+
+
+def test_subscribe_compact_and_expanded_shows_the_contributing_events(
+        mediator: Mediator) -> None:
+    """--format compact --expand: a line per composite with each contributing event's type,
+    source and time, as the mediator logged them."""
+    env = {**os.environ, "EVAMED_SERVER": mediator.address, "EVAMED_TOKEN": mediator.token("a")}
+    with MediatorClient(mediator.address, env["EVAMED_TOKEN"]) as client:
+        client.add_profile(PROFILE)
+        client.publish(events(0, 2), advance_to=END)
+    for shape, want in (("compact", "2026-01-01T00:00:01Z P (a@test 2026-01-01T00:00:01Z) "
+                                    "via mediator"),
+                        ("json", '"events": [{"id": "e1", "type": "a", "source": "test", '
+                                 '"time": "2026-01-01T00:00:01Z"}]')):
+        proc = subprocess.Popen([EVAMED, "subscribe", "P", "--format", shape, "--expand"],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            assert proc.stdout is not None
+            lines = [proc.stdout.readline().strip() for _ in range(2)]
+            proc.send_signal(signal.SIGINT)
+            proc.communicate(timeout=20)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert want in lines[1], lines

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from enum import StrEnum
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 class Shape(StrEnum):
     """How each composite is printed."""
 
-    json = "json"    # one JSON object a line: for programs
-    table = "table"  # a row a composite: for people
+    json = "json"        # one JSON object a line: for programs
+    table = "table"      # a row a composite: for people
+    compact = "compact"  # one short line a composite
 
 
 _COLUMNS = (("time", 20), ("profile", 8), ("id", 24), ("sources", 2), ("services", 1))
@@ -33,9 +34,45 @@ _COLUMNS = (("time", 20), ("profile", 8), ("id", 24), ("sources", 2), ("services
 each). A value too wide for its column is cut with an ellipsis."""
 
 
-def _row(note: Notification) -> list[str]:
+def _row(note: Notification, expand: bool) -> list[str]:
+    events = _described(note) if expand else note.sources
     return [str(note.cloudevent.get("time", "")), note.profile, note.id,
-            ", ".join(note.sources), ", ".join(note.services)]
+            ", ".join(events), ", ".join(note.services)]
+
+
+def _described(note: Notification) -> list[str]:
+    return [f"{e.get('type', e['id'])}@{e.get('source', '?')} {e.get('time', '')}".strip()
+            for e in _events(note)]
+
+
+def _events(note: Notification) -> list[dict[str, Any]]:
+    """The contributing events as --expand shows them: id, type, source, time (what the
+    mediator still knew of each when it logged the composite)."""
+    from eva.events import format_time
+
+    ids = note.cloudevent.get("data", {}).get("constituents", [])
+    out = []
+    for at, ident in enumerate(ids):
+        event: dict[str, Any] = {"id": ident}
+        kind = note.types[at] if at < len(note.types) else ""
+        when = note.times_us[at] if at < len(note.times_us) else 0
+        if kind:
+            event["type"] = kind
+        if at < len(note.sources) and note.sources[at]:
+            event["source"] = note.sources[at]
+        if when:
+            event["time"] = format_time(when)
+        out.append(event)
+    return out
+
+
+def _compact(note: Notification, expand: bool) -> str:
+    data = note.cloudevent.get("data", {})
+    partition = f" {json.dumps(data['partition'], ensure_ascii=False)}" if "partition" in data \
+        else ""
+    events = _described(note) if expand else [str(i) for i in data.get("constituents", [])]
+    return (f"{note.cloudevent.get('time', '')} {note.profile}{partition} ({', '.join(events)})"
+            f" via {', '.join(note.services)}")
 
 
 def subscribe(
@@ -44,7 +81,11 @@ def subscribe(
              "--file's.", show_default=False)] = None,
     file: Annotated[Path | None, typer.Option(
         "--file", help="Register this profile document and tail it.")] = None,
-    format: Annotated[Shape, typer.Option(help="JSON lines or a table.")] = Shape.json,
+    format: Annotated[Shape, typer.Option(
+        help="JSON lines, a table, or a short line each.")] = Shape.json,
+    expand: Annotated[bool, typer.Option(
+        help="Show each composite's contributing events (type, source, time), not only "
+             "their ids.")] = False,
     resume: Annotated[str | None, typer.Option(
         help="Start after this notification's resume token (default: the oldest the log "
              "keeps).")] = None,
@@ -55,7 +96,7 @@ def subscribe(
     A lost connection is retried with back-off and resumed where it stopped: nothing is
     missed, nothing printed twice. Ctrl-C stops and prints the token to resume with.
 
-    Example: evamed subscribe --file examples/logistics/profiles.eva --format table
+    Example: evamed subscribe --file examples/logistics/profiles.eva --format compact --expand
     """
     from rich.console import Console
     from rich.markup import escape
@@ -87,10 +128,15 @@ def subscribe(
             for note in notes:
                 with shield:  # printed and remembered together: the token names the last shown
                     if format is Shape.json:
-                        print(json.dumps(asdict(note), ensure_ascii=False), flush=True)
+                        record = asdict(note)
+                        if expand:
+                            record["events"] = _events(note)
+                        print(json.dumps(record, ensure_ascii=False), flush=True)
+                    elif format is Shape.compact:
+                        console.print(escape(_compact(note, expand)), soft_wrap=True)
                     else:
                         row = table()
-                        row.add_row(*map(escape, _row(note)))
+                        row.add_row(*map(escape, _row(note, expand)))
                         console.print(row)
                     last = note
         except KeyboardInterrupt:

@@ -77,7 +77,7 @@ def run(workdir: Path, *, composer: str = "spark", seconds: float = 30.0,
         clients, notes = _subscribe(workdir, mediator, console)
         seen = Seen()
         _play(events, mqtt_port, metrics, clients[0][1], seconds, console, notes, seen)
-        return _check(workdir, events, metrics, notes, seen, console)
+        return _check(workdir, metrics, notes, seen, console)
     finally:
         for _, client in clients:
             client.close()
@@ -173,7 +173,6 @@ def _play(events: list[dict[str, Any]], mqtt_port: int, metrics: int, client: An
     radio = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="demo-trucks")
     radio.connect("127.0.0.1", mqtt_port)
     radio.loop_start()
-    lookup = {e["id"]: e for e in events}
     first, last = parse_time(events[0]["time"]), parse_time(events[-1]["time"])
     began = time.monotonic()
     sent = 0
@@ -182,12 +181,12 @@ def _play(events: list[dict[str, Any]], mqtt_port: int, metrics: int, client: An
     try:
         for over_mqtt, batch in runs(events):
             due = began + seconds * (parse_time(batch[0]["time"]) - first) / max(1, last - first)
-            _show(notes, lookup, seen, console, until=due)
+            _show(notes, seen, console, until=due)
             if over_mqtt:
                 for event in batch:
                     radio.publish(*mqtt_message(event), qos=1).wait_for_publish(10)
                 sent += len(batch)
-                _taken(metrics, sent, notes, lookup, seen, console)
+                _taken(metrics, sent, notes, seen, console)
             else:
                 result = client.publish(batch)
                 sent += len(batch)
@@ -199,7 +198,7 @@ def _play(events: list[dict[str, Any]], mqtt_port: int, metrics: int, client: An
         radio.disconnect()
 
 
-def _taken(metrics: int, count: int, notes: Notes, lookup: dict[str, Any], seen: Seen,
+def _taken(metrics: int, count: int, notes: Notes, seen: Seen,
            console: Console) -> None:
     """Wait until the mediator has taken ``count`` events in all (accepted or refused)."""
     deadline = time.monotonic() + 30
@@ -208,7 +207,7 @@ def _taken(metrics: int, count: int, notes: Notes, lookup: dict[str, Any], seen:
         if time.monotonic() > deadline:
             raise DemoError("the mediator did not take the trucks' MQTT reports within 30 s "
                             "(logs/mediator.log)")
-        _show(notes, lookup, seen, console, until=time.monotonic() + 0.02)
+        _show(notes, seen, console, until=time.monotonic() + 0.02)
 
 
 def _metric(port: int, name: str) -> float:
@@ -227,7 +226,7 @@ def _metrics(port: int, name: str) -> dict[str, float]:
     return out
 
 
-def _show(notes: Notes, lookup: dict[str, Any], seen: Seen, console: Console,
+def _show(notes: Notes, seen: Seen, console: Console,
           until: float) -> None:
     """Print the composites that arrive until the monotonic time ``until``."""
     while True:
@@ -237,14 +236,14 @@ def _show(notes: Notes, lookup: dict[str, Any], seen: Seen, console: Console,
         except queue.Empty:
             return
         if kind == "composite":
-            _row(item, lookup, seen, console)
+            _row(item, seen, console)
 
 
 COLOURS = {"P1": "red", "P2": "magenta", "P3": "yellow", "P4": "green", "P5": "cyan",
            "P6": "blue", "P7": "bright_magenta"}
 
 
-def _row(note: Any, lookup: dict[str, Any], seen: Seen, console: Console) -> None:
+def _row(note: Any, seen: Seen, console: Console) -> None:
     """A composite as a line (its time, profile, partition, services) and a line per
     contributing event — narrow enough for an 80-column terminal."""
     body = note.cloudevent
@@ -256,35 +255,37 @@ def _row(note: Any, lookup: dict[str, Any], seen: Seen, console: Console) -> Non
     through = ", ".join(dict.fromkeys(note.services))
     lines = [f"{body['time'][11:19]}  [bold {colour}]{escape(note.profile)}[/]{per}  "
              f"[dim]through {escape(through)}[/]"]
-    for ident in body["data"]["constituents"]:
-        event = lookup.get(ident)
-        if event is None:  # a tick or an absence: the mediator's clock
-            what, _, at = ident.partition("@")
-            lines.append(f"          [cyan]{escape(what.replace(':', ' '))}[/] {at[11:19]}")
+    from eva.events import format_time
+
+    # What the mediator says of each contributing event (Notification.types, sources, times_us)
+    for at, ident in enumerate(body["data"]["constituents"]):
+        kind = note.types[at] if at < len(note.types) else ""
+        when = format_time(note.times_us[at])[11:19] if at < len(note.times_us) else ""
+        if kind.startswith("eva.tick.") or kind == "absence" or not kind:
+            label = kind.removeprefix("eva.tick.") if kind.startswith("eva.tick.") else ident
+            lines.append(f"          [cyan]{escape('tick ' + label if kind else label)}[/] {when}")
             continue
-        source = (f"mqtt://{BROKER}/{event['data']['truck']}" if event["type"] ==
-                  "truck.location" else event["source"])
-        lines.append(f"          {event['type']}  [dim]{escape(source)}[/]  {event['time'][11:19]}")
+        source = note.sources[at] if at < len(note.sources) else "?"
+        lines.append(f"          {escape(kind)}  [dim]{escape(source)}[/]  {when}")
     console.print("\n".join(lines), soft_wrap=True)
 
 
 # ---------------------------------------------------------------- check
 
 
-def _check(workdir: Path, events: list[dict[str, Any]], metrics: int, notes: Notes,
+def _check(workdir: Path, metrics: int, notes: Notes,
            seen: Seen, console: Console) -> bool:
     """Wait for what replay computes over the event log, then compare and summarise."""
     from rich.status import Status
 
     expected = _replayed(workdir / "evamed.db")
-    lookup = {e["id"]: e for e in events}
     want = sum(len(v) for v in expected.values())
     deadline = time.monotonic() + 120
     with Status("waiting for the last composites", console=console):
         while (sum(len(v) for v in seen.composites.values()) < want
                and time.monotonic() < deadline):
-            _show(notes, lookup, seen, console, until=time.monotonic() + 0.2)
-    _show(notes, lookup, seen, console, until=time.monotonic() + 1.0)  # nothing more comes
+            _show(notes, seen, console, until=time.monotonic() + 0.2)
+    _show(notes, seen, console, until=time.monotonic() + 1.0)  # nothing more comes
     console.rule("summary")
     inflow = _metrics(metrics, "evamed_events_in_total")
     letters = _metrics(metrics, "evamed_dead_letters_total")

@@ -14,7 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-
 MARKER = "EVAMED_DEMO_RUN"
 
 
