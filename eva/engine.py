@@ -323,7 +323,8 @@ class Engine:
         for p in found:
             del self._profiles[p.index]
             if p.touched is not None:  # its partitions' records are kept somewhere: dropped
-                self._gone.append((p.index, [*p.partitions, *p.unloaded]))
+                # ... with those swept since the last take (in touched, no longer held)
+                self._gone.append((p.index, list({*p.partitions, *p.unloaded, *p.touched})))
             for pred in p.preds:
                 users = self._by_pred[pred]
                 users.remove(p)
@@ -999,6 +1000,9 @@ class Engine:
             engine._add_doc(doc)
         for record in state["profiles"]:
             engine._import_profile(record)
+        for pred in range(len(state["predicates"])):
+            if not engine._by_pred.get(pred):  # released before the export: not matched again
+                engine.index.release(pred)
         engine._next_index = state["next_index"]
         (engine._buffer, engine._arrivals, engine._source_max, engine._done_until,
          engine._progress, engine._max_time, engine._timers, engine._next_sweep, engine._ids,

@@ -371,7 +371,7 @@ def log_lines(store: Store, evaluated: str, start: int) -> Callable[[Any], Any]:
     if isinstance(store, SqliteStore):
         from spark_jobs.log_source import sqlite_log_lines
 
-        path = store.path
+        path = os.path.realpath(store.path)  # read by Spark's workers, wherever they run
         return lambda spark: sqlite_log_lines(spark, path, cap=evaluated, start=start,
                                               max_rows=MAX_ROWS)
     if isinstance(store, RedisStore):
@@ -394,9 +394,10 @@ class _Sparks:
     that composed it; a slot left without profiles is stopped and its directory removed."""
 
     def __init__(self, spark: Any, store: Store, root: str | None,
-                 deliver: Callable[[Key, str, dict[str, Any]], None], trigger: str | None
-                 ) -> None:
+                 deliver: Callable[[Key, str, dict[str, Any]], None], trigger: str | None,
+                 tick: int) -> None:
         self.spark = spark
+        self.tick = tick  # the runners' clock: the jobs' engines tick alike
         self.store = store
         # Resolved: Spark reads "//tmp/x" (a store URL sqlite:////tmp/x) as host tmp.
         self.root = os.path.realpath(root if root is not None else spark_dir(store))
@@ -407,6 +408,9 @@ class _Sparks:
         self.slots: list[LiveComposer | None] = []
         self.names: list[dict[str, Claim]] = self._load()  # per slot: profile → its holder
         self.live: set[int] = set()  # slots whose names are registered since this start
+        # Per slot, names removed there since this start: a micro-batch still in flight runs
+        # the old table, and its composites must not reach a new holder of the name.
+        self.retired: dict[int, set[str]] = {}
         self._marked: int | None = None  # the position in the cap file (read at first use)
         self._failed: BaseException | None = None  # a job that did not start
         self._looked = 0.0  # when failure() last asked the jobs
@@ -452,8 +456,8 @@ class _Sparks:
         slot = next((i for i, held in enumerate(self.names)
                      if names and all(held.get(n) == holder for n in names)), -1)
         if slot < 0:
-            slot = next((i for i, held in enumerate(self.names) if not set(names) & set(held)),
-                        -1)
+            slot = next((i for i, held in enumerate(self.names)
+                         if not set(names) & (set(held) | self.retired.get(i, set()))), -1)
         if slot < 0:
             self.names.append({})
             slot = len(self.names) - 1
@@ -485,8 +489,11 @@ class _Sparks:
             self.slots.append(None)
         found = self.slots[slot]
         if found is None:
+            from eva.engine import EngineConfig
+
             found = SparkComposer(
                 self.session(), os.path.join(self.root, f"composer-{slot}"),
+                EngineConfig(tick=self.tick),
                 lines=log_lines(self.store, self.evaluated, start),
                 deliver=lambda rows: self._delivered(slot, rows),
                 trigger=self.trigger or TRIGGER)
@@ -525,6 +532,7 @@ class _Sparks:
         shutil.rmtree(os.path.join(self.root, f"composer-{slot}"), ignore_errors=True)
         self.names[slot] = {}
         self.live.discard(slot)
+        self.retired.pop(slot, None)  # its job is stopped: nothing of it is in flight
         self._save()
 
     def remove(self, slot: int, names: list[str]) -> None:
@@ -533,6 +541,7 @@ class _Sparks:
             if composer is not None:
                 composer.remove(name)
             self.names[slot].pop(name, None)
+            self.retired.setdefault(slot, set()).add(name)
         if not self.names[slot]:
             self._drop(slot)
         else:
@@ -602,7 +611,7 @@ class Pipeline:
         self.on_append = on_append
         self.batch = batch
         self.trim_every = trim_every
-        self._sparks = (_Sparks(spark, store, spark_dir, self._append_composed, trigger)
+        self._sparks = (_Sparks(spark, store, spark_dir, self._append_composed, trigger, tick)
                         if composer == "spark" else None)
         self._subs: dict[Key, _Subscription] = {}
         self._handles: dict[str, int] = dict.fromkeys(self.links, 0)  # per link, all federations'

@@ -25,26 +25,48 @@ CLOCK_ROW = "time events"
 
 @dataclass(frozen=True)
 class Arc:
-    """One composite as drawn: its profile and constituents, left to right."""
+    """One composite as drawn: its profile, constituents, and the points joined — (time in
+    µs, row) of each constituent found in the trace or named by a tick or absence id."""
 
     profile: str
     events: tuple[str, ...]
+    points: tuple[tuple[int, int], ...]
 
 
-def _figure(width: float, height: float) -> tuple[Any, Any]:
+FORMATS = (".png", ".svg", ".pdf")
+
+
+class PlotError(ValueError):
+    """A picture that cannot be drawn where asked (the file's kind, or writing it)."""
+
+
+def check_path(path: Path) -> None:
+    """Refuse a file name whose kind matplotlib would not write, before any work is done."""
+    if path.suffix.lower() not in FORMATS:
+        raise PlotError(f"cannot draw {path}: found {path.suffix or 'no suffix'}, expected "
+                        f"{', '.join(FORMATS)}")
+
+
+def _figure(width: float, height: float, rows: int = 1, columns: int = 1,
+            **options: Any) -> tuple[Any, Any]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt.subplots(figsize=(width, height))
+    return plt.subplots(rows, columns, figsize=(width, height), **options)
 
 
 def _save(fig: Any, path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        check_path(path)
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+    except (OSError, ValueError) as exc:
+        raise PlotError(f"cannot draw {path}: {exc}") from None
+    finally:
+        plt.close(fig)
 
 
 def _time_of(ident: str) -> int | None:
@@ -95,7 +117,7 @@ def timeline(events: Sequence[Event], notes: Sequence[Notification], path: Path,
         if len(points) == 1:  # a composite of one event (a filter, a selection): a ring on it
             ax.scatter([_when(points[0][0])], [points[0][1]], s=90, facecolors="none",
                        edgecolors=colours[n.profile], linewidths=1.5, zorder=4)
-        arcs.append(Arc(n.profile, n.occ.events))
+        arcs.append(Arc(n.profile, n.occ.events, tuple(points)))
     for p in profiles:
         ax.plot([], [], color=colours[p], label=p)
     ax.set_yticks(range(len(rows)), list(rows))
@@ -225,13 +247,8 @@ def fig3_table() -> str:
 
 def fig3_figure(path: Path) -> None:
     """Fig. 3 drawn: the trace o o x x o x in each of the nine cells, arcs for the pairs."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     answers = fig3()
-    fig, axes = plt.subplots(3, 3, figsize=(10, 5.5), sharex=True, sharey=True)
+    fig, axes = _figure(10, 5.5, 3, 3, sharex=True, sharey=True)
     x = {ident: second for ident, _, second in FIG3_TRACE}
     for i, (row, pairs) in enumerate(FIG3_ROWS):
         for j, (column, dup) in enumerate(FIG3_COLUMNS):

@@ -11,7 +11,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from eva.engine import replay
-from eva.events import Event
+from eva.events import Event, format_time
 from eva.parser import parse
 from mediator.cli import app
 from mediator.plots import fig3, fig3_figure, fig3_table, plan_tree, timeline
@@ -39,6 +39,14 @@ def test_the_timeline_draws_an_arc_per_composite(tmp_path: Path) -> None:
     arcs = timeline(events, notes, tmp_path / "t.png")
     assert written(tmp_path / "t.png")
     assert [(a.profile, a.events) for a in arcs] == [(n.profile, n.occ.events) for n in notes]
+    rows = {"a": 0, "b": 1, "clock": 2}  # types in order of first appearance, then the clock
+    for arc, n in zip(arcs, notes, strict=True):  # each constituent's own time and row
+        assert len(arc.points) == len(n.occ.events)
+        for (time, row), ident in zip(arc.points, n.occ.events, strict=True):
+            if ident[0] in "ab" and ident[1:].isdigit():
+                assert (time, row) == (int(ident[1:]) * 1_000_000, rows[ident[0]])
+            else:  # a tick or an absence, at the time its id names
+                assert row == rows["clock"] and ident.endswith(format_time(time))
     assert {a.profile for a in arcs} == {"S", "N", "K"}  # ticks and absences drawn too
 
 
@@ -81,3 +89,11 @@ def test_replay_plot_draws_the_composites_it_prints(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert written(tmp_path / "day.png")
     assert "304 events and 57 composites drawn" in result.stderr
+
+
+def test_a_file_kind_matplotlib_cannot_write_is_one_line(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["explain", "--profiles", str(PAPER), "--profile", "P1",
+                                      "--group", "cg3", "--plot", str(tmp_path / "p.xyz")])
+    assert result.exit_code == 2
+    assert "found .xyz, expected .png, .svg, .pdf" in result.output
+    assert "Traceback" not in result.output

@@ -56,6 +56,18 @@ def test_a_recipe_reports_what_the_doc_says(name: str) -> None:
         assert [(n.partition, n.occ.events) for n in answer] == want
 
 
+@pytest.mark.parametrize(("pairs", "want"), [("unique_pairs", ["l3"]),
+                                             ("repeated_pairs", ["l3", "l6"]),
+                                             ("all_pairs", ["l3", "l4", "l5", "l6", "l7"])])
+def test_the_third_failure_under_each_consumption(pairs: str, want: list[str]) -> None:
+    """What the ThirdFailure recipe says of the three consumptions."""
+    text = BLOCKS["ThirdFailure"].replace("_unique_pairs", f"_{pairs}")
+    doc = parse(BLOCKS["classes"] + text)
+    events = shop()
+    for answer in (evaluate(doc, events), replay(doc, events)):
+        assert [n.occ.events[0] for n in answer] == want
+
+
 def mistakes() -> list[tuple[str, str]]:
     table = DOC.split("The usual mistakes")[1].split("## Errors")[0]
     rows = re.findall(r"^\| `(.+?)` \| (.+?) \|$", table, re.M)

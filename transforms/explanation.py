@@ -157,16 +157,23 @@ def decomposed_because(node: Local, cap: Capability) -> str:
 
 
 def growing(node: Remote) -> str:
-    """A warning when the service is asked for a stream that grows with the trace: an
-    operator over all pairs with no time frame, where the profile had one (a relaxation) or
-    where nothing consumes."""
+    """A warning when the service is asked for a stream that grows with the trace: an operator
+    over all pairs with no time frame — dropped by the rule (the group has none: a timed group
+    would bound it) or absent from the profile itself."""
+    from transforms.capability import PRESETS
+
+    spans = {expr_text(e): e.span for e in ast.walk(node.original)
+             if isinstance(e, (ast.Conjunction, ast.Sequence))}
     for expr in ast.walk(node.target):
         if (isinstance(expr, (ast.Conjunction, ast.Sequence)) and expr.span is None
                 and str(expr.pairs) == "all_pairs"):
             sides = f"{expr_text(expr.left.expr)} × {expr_text(expr.right.expr)}"
-            return (f"the service pairs every {sides} over the whole trace (no time frame): "
-                    "its answers grow with the trace; a group with time frames (CG-3, CG-4) "
-                    "bounds them")
+            relaxed = any(span is not None for span in spans.values())
+            timed = ", ".join(c.name for c in PRESETS.values() if c.timed)
+            why = (f"the rule dropped the profile's time frame (a timed group — {timed} — "
+                   "would keep it)" if relaxed else "the profile gives no time frame")
+            return (f"the service pairs every {sides} over the whole trace: its answers grow "
+                    f"with the trace; {why}")
     return ""
 
 

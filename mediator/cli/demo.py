@@ -38,16 +38,23 @@ def demo(
 
     Example: evamed demo --seconds 20
     """
+    import subprocess
+
+    from mediator.client import MediatorError
     from mediator.demo import DemoError, run
 
     if workdir is None:
         workdir = Path(tempfile.mkdtemp(prefix="evamed-demo-"))
-    elif workdir.exists() and any(workdir.iterdir()):
-        fail(f"--workdir {workdir} is not empty: give a new or empty directory")
+    elif workdir.exists() and (not workdir.is_dir() or any(workdir.iterdir())):
+        fail(f"--workdir {workdir} is not an empty directory: give a new or empty one")
     try:
+        workdir.mkdir(parents=True, exist_ok=True)
         ok = run(workdir, composer=str(composer), seconds=seconds)
     except DemoError as exc:
         fail(str(exc))
+    except (OSError, subprocess.CalledProcessError, MediatorError) as exc:
+        fail(f"the demo stopped: {exc} (the servers' logs are in {workdir / 'logs'}; "
+             "everything started was stopped)", one_line=True)
     except KeyboardInterrupt:
         print("interrupted: everything the demo started was stopped")
         raise typer.Exit(130) from None

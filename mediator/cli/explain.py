@@ -126,14 +126,14 @@ def _explain_at(server: str, profiles: Path | None, name: str | None, format: Ou
 
 def _plot(plans: list[tuple[str, Any]], path: Path) -> None:
     """Each plan as a tree: to ``path`` when there is one, else beside it, named by plan."""
-    from mediator.plots import plan_tree
+    from mediator.plots import PlotError, plan_tree
 
     for label, p in plans:
         target = path if len(plans) == 1 else path.with_name(f"{path.stem}-{label}{path.suffix}")
         try:
             plan_tree(p, target)
-        except OSError as exc:
-            fail(f"cannot write {target}: {exc.strerror or exc}")
+        except PlotError as exc:
+            fail(str(exc), one_line=True)
         print(f"plan of {label.replace('-', ' on ', 1)} drawn in {target}", file=sys.stderr)
 
 

@@ -103,6 +103,13 @@ def replay(
         return
     if profiles is None:
         fail("--profiles is required (or --native G --query FILE)")
+    if plot is not None:
+        from mediator.plots import PlotError, check_path
+
+        try:
+            check_path(plot)  # before the trace is read, not after
+        except PlotError as exc:
+            fail(str(exc), one_line=True)
     if engine_name not in ("inprocess", "spark"):
         fail(f"--engine {engine_name!r}: expected inprocess or spark")
     if engine_name == "spark" and via is not None:
@@ -183,13 +190,13 @@ def _summary(names: list[str], counts: Counter[str], letters: int) -> None:
 
 def _plot(path: Path, events: dict[str, Any], notes: list[Any]) -> None:
     """--plot: the trace and its composites as a picture (mediator.plots.timeline)."""
-    from mediator.plots import timeline
+    from mediator.plots import PlotError, timeline
 
     trace = sorted(events.values(), key=lambda e: e.key)
     try:
         timeline(trace, notes, path)
-    except OSError as exc:
-        fail(f"cannot write {path}: {exc.strerror or exc}")
+    except PlotError as exc:
+        fail(str(exc), one_line=True)
     err.print(f"{len(trace)} events and {len(notes)} composites drawn in {path}")
 
 

@@ -92,8 +92,7 @@ def run(workdir: Path, *, composer: str = "spark", seconds: float = 30.0,
 def _start(stack: Stack, workdir: Path, logs: Path, composer: str,
            console: Console) -> tuple[Child, int, int]:
     with console.status("starting mosquitto and the five base services"):
-        broker, mqtt_port = mosquitto(workdir, logs)
-        stack.add(broker)
+        mqtt_port = mosquitto(workdir, logs, stack)
         started = {s.name: stack.add(Child(f"base-{s.name}", [
             evamed(), "base-service", "--group", s.group, "--listen", "127.0.0.1:0"], logs))
             for s in SERVICES}

@@ -4,6 +4,7 @@ a server's start-up lines), and all stopped at the end, also after Ctrl-C."""
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import shutil
@@ -11,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -42,12 +44,17 @@ class Child:
         self.name = name
         self.log = logs / f"{name}.log"
         self._out = open(self.log, "w", encoding="utf-8")  # noqa: SIM115 (closed by stop)
+        self._drain: threading.Thread | None = None
         # MARKER names the run in each child's environment: what a test looks for to prove
         # nothing was left running.
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self._out, text=True,
-                                     start_new_session=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1",
-                                          MARKER: str(logs.parent)})
+        try:
+            self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self._out,
+                                         text=True, start_new_session=True,
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                              MARKER: str(logs.parent)})
+        except OSError:
+            self._out.close()
+            raise
         self.address = ""
 
     def serving(self, timeout: float) -> str:
@@ -63,22 +70,35 @@ class Child:
             tail = self.log.read_text(encoding="utf-8", errors="replace")[-1500:]
             raise DemoError(f"{self.name} did not start (log {self.log}):\n{line}{tail}")
         self.address = line.split()[-1]
+        # What it prints later goes to its log (a full pipe would block it).
+        self._drain = threading.Thread(target=self._copy, daemon=True, name=f"demo-{self.name}")
+        self._drain.start()
         return self.address
 
+    def _copy(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._out.write(line)
+
     def stop(self) -> None:
+        """SIGTERM to the process itself (a mediator stops its Spark jobs in order), then to
+        its whole group if it has not ended within 15 s."""
         if self.proc.poll() is None:
             try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.terminate()
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
-            except ProcessLookupError:
-                pass
+        with contextlib.suppress(ProcessLookupError):  # what it left in its group (Spark's JVM)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        if self._drain is not None:
+            self._drain.join(timeout=5)
         self._out.close()
 
 
-def mosquitto(directory: Path, logs: Path) -> tuple[Child, int]:
+def mosquitto(directory: Path, logs: Path, stack: Stack) -> int:
     """Debian's mosquitto on a free loopback port (``make demo`` installs it when missing)."""
     binary = shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin")
     if binary is None:
@@ -93,16 +113,15 @@ def mosquitto(directory: Path, logs: Path) -> tuple[Child, int]:
         "persistence false",
         f"log_dest file {logs / 'mosquitto.log'}",
     ]) + "\n")
-    child = Child("mosquitto-stdout", [binary, "-c", str(config)], logs)
+    child = stack.add(Child("mosquitto-stdout", [binary, "-c", str(config)], logs))
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
-                return child, port
+                return port
         if child.proc.poll() is not None:
             break
         time.sleep(0.05)
-    child.stop()
     raise DemoError(f"mosquitto did not start on port {port} (log {logs / 'mosquitto.log'})")
 
 

@@ -9,7 +9,7 @@ services and an MQTT broker, and the mediator's configuration that connects them
   by a boolean filter service (CG-1), departures and arrivals by a Snoop service (CG-2), goods
   by a streaming-SQL service (CG-3), orders by an XChange service (CG-4), and a peer EVA
   mediator (CG-5) that watches the fleet and the warehouse too.
-* Three clients subscribe the paper's profiles: a controller (P1, P4, P5, P6), an analyst (P2),
+* Four clients subscribe the paper's profiles: a controller (P1, P4, P5, P6), an analyst (P2),
   customer I (P3) and the order desk (P7).
 """
 
