@@ -63,3 +63,18 @@ def test_an_interrupted_demo_stops_everything_it_started(tmp_path: Path) -> None
     assert demo.returncode == 130, rest[-2000:]
     assert "everything the demo started was stopped" in rest
     assert left_running(workdir) == []
+
+
+# With the other Spark tests (one JVM at a time): the demo as `make demo` runs it.
+@pytest.mark.xdist_group("spark")
+def test_the_demo_with_the_default_spark_composer_agrees_with_replay(tmp_path: Path) -> None:
+    workdir = tmp_path / "run"
+    out = subprocess.run([EVAMED, "demo", "--seconds", "5", "--workdir", str(workdir)],
+                         capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "COLUMNS": "100"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "composer spark" in out.stdout
+    assert "the 57 live composites are exactly what `evamed replay` computes" in out.stdout
+    assert out.stderr == ""  # Spark's lines went to its log
+    assert (workdir / "evamed.db.spark" / "spark.log").exists()
+    assert left_running(workdir) == []
