@@ -182,24 +182,27 @@ def _timer(upcoming: int, watermark_ms: int) -> int:
 
 def as_columns(profile: str, note: Notification) -> Out:
     """A composite as the processor's output row. Its JSON is the JVM's to write
-    (job.composite_json) when its text needs no escape — constituent ids of printable ASCII
-    without quotes or backslashes, a time in years 0001–9999 — as json's ASCII encoder would
-    write them as they are; otherwise the row carries the line ``composite_line`` wrote."""
+    (job.composite_json) when its text needs no escape — constituent ids and a string
+    partition ``_plain``, a time in years 0001–9999; otherwise the row carries the line
+    ``composite_line`` wrote."""
     occ = note.occ
-    ids = "".join(occ.events)
-    if (ids.isascii() and ids.isprintable() and '"' not in ids and "\\" not in ids
-            and MIN_TIME <= occ.time <= MAX_TIME):
+    if _plain("".join(occ.events)) and MIN_TIME <= occ.time <= MAX_TIME:
         return ("composite", profile, composite_id(note), occ.time,
                 _partition_json(note.partition), list(occ.events), None)
     ident, line = composite_line(note)
     return ("composite", profile, ident, 0, None, [], line)
 
 
+def _plain(text: str) -> bool:
+    """Printable ASCII without quotes or backslashes: what json's ASCII encoder writes as it
+    is, so the JVM may quote it by concatenation."""
+    return text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
+
+
 def _partition_json(value: Any) -> str | None:
     if value is None:
         return None
-    if type(value) is str and value.isascii() and value.isprintable() and '"' not in value \
-            and "\\" not in value:
+    if type(value) is str and _plain(value):
         return '"' + value + '"'  # what json.dumps writes for it
     return json.dumps(value)
 

@@ -77,6 +77,9 @@ def removed(table: str) -> tuple[str, ...]:
     return _table(table, os.stat(table).st_mtime_ns)[1]
 
 
+Route = tuple[str, tuple[str, tuple[str, ...]] | None]  # a profile and its split ``per`` path
+
+
 class Router:
     """The (profile, bucket) keys of events, by one version of the table: a profile whose
     classes test only ``type`` and ``source`` (routing.envelope_only) is matched once per
@@ -117,9 +120,6 @@ class Router:
             if group is not None:
                 out.append((name, group))
         return out
-
-
-Route = tuple[str, tuple[str, tuple[str, ...]] | None]  # a profile and its split ``per`` path
 
 
 def router(table: str, buckets: int) -> Router:

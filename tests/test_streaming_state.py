@@ -302,8 +302,8 @@ def test_the_layout_records_the_configuration_by_name(tmp_path: Path) -> None:
     that format."""
     from dataclasses import astuple
 
-    from spark_jobs.state import FORMAT
     from spark_jobs.job import LAYOUT, LayoutError, check_layout
+    from spark_jobs.state import FORMAT
 
     job = StreamJob("unused", EngineConfig().to_json(), 16)
     check_layout(str(tmp_path / "new"), job)
@@ -378,3 +378,24 @@ def test_a_removed_profiles_keys_are_cleared_at_the_next_micro_batch(tmp_path: P
     assert all(handle.empty() for key, handle in store.handles.items() if key[0] == "S")
     assert not store.handles["Q", 0].empty()
     assert not any(key[0] == "S" for key in state._ENGINES)
+
+
+def test_composites_leave_as_columns_unless_their_text_needs_escapes() -> None:
+    """The JVM writes a composite's line from its columns (job.composite_json, written here
+    by _jvm_json): the bytes composite_line writes. Ids that need json's escapes leave with
+    Python's line instead."""
+    from eva.engine import Engine
+    from eva.events import Event
+    from eva.notify import composite_line
+    from eva.parser import parse
+    from spark_jobs.processor import COLUMNS, as_columns
+
+    engine = Engine(EngineConfig())
+    engine.add_document(parse('class A = type == "a"\nprofile S per data.k = A\n'))
+    engine.begin(0)
+    notes = [n for i, ident in enumerate(["e1", 'e"2', "é3", "e\\4", "e\n5"])
+             for n in engine.push(Event(ident, "s", "a", 10 + i, i, {"k": ["x", 1][i % 2]}))]
+    frame = pd.DataFrame([as_columns("S", n) for n in notes], columns=COLUMNS)
+    out: list[Any] = list(frame.itertuples(index=False))  # as the sink gets them
+    assert [r.payload is None for r in out] == [True, False, False, False, False]
+    assert [r.payload or _jvm_json(r) for r in out] == [composite_line(n)[1] for n in notes]
