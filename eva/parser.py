@@ -618,10 +618,13 @@ def _give_up(message: str, pos: int) -> Exception:
 
 _FAST_DEPTH = 48
 # One match per token, the blanks and comments before it skipped (lark's %ignore).
-_TOKEN = re.compile(r'(?:[\t \f\r\n]+|#[^\n]*)*(?:(?P<STRING>"(?:[^"\\\n]|\\.)*")'
+# Possessive (*+, ++): a run of blanks or comments is skipped one way only — with plain
+# quantifiers a long run before the end of the input (or before what no token matches) was
+# tried in exponentially many splits.
+_TOKEN = re.compile(r'(?:[\t \f\r\n]++|#[^\n]*+)*+(?:(?P<STRING>"(?:[^"\\\n]|\\.)*")'
                     r"|(?P<CMP>==|!=|<=|>=|<|>)|(?P<PUNCT>[()\[\],;|=._-])"
                     r"|(?P<WORD>[A-Za-z0-9][A-Za-z0-9_]*)|(?P<OTHER>[^\t \f\r\n#]))")
-_BLANK_END = re.compile(r"(?:[\t \f\r\n]+|#[^\n]*)*\Z")
+_BLANK_END = re.compile(r"(?:[\t \f\r\n]++|#[^\n]*+)*+\Z")
 _NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
 _KEYWORDS = frozenset(("class", "every", "from", "profile", "per", "evaluate", "not", "or", "and",
                        "in", "true", "false", "null"))

@@ -205,3 +205,19 @@ def test_the_fast_reader_leaves_errors_and_rare_forms_to_lark() -> None:
         assert _fast_parse(text) is None, text
     assert same_reading('class info_x = type == "a"\n') is False  # lark: a name
     assert parse('class info = type == "a"\n').classes[0].name == "info"
+
+
+def test_long_runs_of_blanks_and_comments_are_read_in_linear_time() -> None:
+    """The fast reader's token pattern once tried a run of blanks before the end of the input
+    in exponentially many splits (32 blanks: minutes; the fuzzer's peer queries hung). Read in
+    a subprocess, so a regression fails here instead of hanging the suite."""
+    import subprocess
+    import sys
+
+    code = ("from eva.parser import parse, ProfileError\n"
+            "for tail in (' \\t' * 50_000, '#' * 50_000, '\\n# c' * 20_000, ' ' * 40 + '\\x00'):\n"
+            "    try:\n"
+            "        parse('class A = type == \"a\"' + tail)\n"
+            "    except ProfileError:\n"
+            "        pass\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
