@@ -666,7 +666,13 @@ class _Fast:
         self.source = source
         kinds: dict[str, str] = {}  # a word's kind, once per distinct word
         tokens: list[tuple[str, str, int]] = []
+        at = 0
         for m in _TOKEN.finditer(source):
+            if m.start() != at:
+                # A gap: no token where the last ended (a comment to the end of the input
+                # after a keyword, say); finditer went on inside what it could not read.
+                raise _GiveUp
+            at = m.end()
             group = m.lastgroup or ""  # every alternative is a group
             text = m.group(group)
             if group == "WORD":

@@ -83,7 +83,7 @@ def run(workdir: Path, *, composer: str = "spark", seconds: float = 30.0,
             client.close()
         with console.status("stopping everything the demo started"):
             stack.stop()
-        console.print(f"[dim]logs and the store are in {workdir}[/]")
+        console.print(f"[dim]logs and the store are in {workdir}[/]", soft_wrap=True)
 
 
 # ---------------------------------------------------------------- start
@@ -113,7 +113,7 @@ def _start(stack: Stack, workdir: Path, logs: Path, composer: str,
         mediator = stack.add(Child("mediator", [evamed(), "serve", "--config", str(path)], logs))
         mediator.serving(180)
     console.print(f"mediator serving on {mediator.address} (configuration {path}, composer "
-                  f"{composer}, metrics on :{metrics})")
+                  f"{composer}, metrics on :{metrics})", soft_wrap=True)
     return mediator, metrics, mqtt_port
 
 
