@@ -309,7 +309,7 @@ def _check(workdir: Path, metrics: int, notes: Notes,
     total = sum(len(v) for v in seen.composites.values())
     if equal:
         console.print(f"[green]✓[/] the {total} live composites are exactly what `evamed "
-                      "replay` computes over the mediator's event log")
+                      "replay` computes over the mediator's event log", soft_wrap=True)
     else:
         console.print(f"[red]✗[/] the live composites ({total}) differ from replay's ({want})")
     return equal
