@@ -362,6 +362,17 @@ def spark_dir(store: Store) -> str:
     return "evamed-spark"
 
 
+def spark_session(root: str) -> Any:
+    """The Spark composer's session (local mode), its JVM's output to ``spark.log`` in the
+    composer's directory ``root``. Start it before any gRPC channel exists in this process
+    (mediator.server does): gRPC's fork handlers in the forked launcher can crash it (seen:
+    "Spark did not start" when the links to remote services connected first)."""
+    from spark_jobs.session import build_session
+
+    os.makedirs(root, exist_ok=True)
+    return build_session(log=os.path.join(root, "spark.log"))
+
+
 def log_lines(store: Store, evaluated: str, start: int) -> Callable[[Any], Any]:
     """The store's event log as a live job's input (after position ``start`` when the job
     is new), capped at the pipeline's evaluated position."""
@@ -473,13 +484,10 @@ class _Sparks:
         return slot
 
     def session(self) -> Any:
-        """The SparkSession, started (local mode) if none was given."""
-        from spark_jobs.session import build_session
-
+        """The SparkSession, started (local mode) if none was given (or the one
+        :func:`spark_session` started: getOrCreate returns it)."""
         if self.spark is None:
-            # The JVM's output to the data directory, where an operator looks (docs/operations.md)
-            os.makedirs(self.root, exist_ok=True)
-            self.spark = build_session(log=os.path.join(self.root, "spark.log"))
+            self.spark = spark_session(self.root)
         return self.spark
 
     def _composer(self, slot: int, start: int) -> LiveComposer:

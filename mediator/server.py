@@ -182,6 +182,12 @@ def service_info(service: ServiceConfig) -> ServiceInfo:
                        Coverage(service.sources, service.types))
 
 
+def real_pipeline() -> Any:
+    from mediator.pipeline import Pipeline
+
+    return Pipeline
+
+
 def link_infos(config: Config) -> list[ServiceInfo]:
     """What the planner is given, in the order of the links: the services, then the sources."""
     return [*(service_info(s) for s in config.services), *(s.info() for s in config.sources)]
@@ -213,9 +219,7 @@ async def start(config: Config, *, store: Store | None = None,
     config.store)``); ``pipeline``: its constructor (tests pass a double). OSError when the
     address or a TLS file cannot be used, ValueError for a store URL that is not one."""
     if pipeline is None:
-        from mediator.pipeline import Pipeline as real
-
-        pipeline = real
+        pipeline = real_pipeline()
     creds = credentials(config)
     own_store = store is None
     opened = store if store is not None else await asyncio.to_thread(open_store, config.store)
@@ -226,6 +230,12 @@ async def start(config: Config, *, store: Store | None = None,
     running: Pipeline | None = None
     brokers: Brokers | None = None
     try:
+        if config.composer == "spark" and pipeline is real_pipeline():
+            # The JVM first: forked once gRPC channels exist, its launcher can crash in gRPC's
+            # fork handlers (mediator.pipeline.spark_session).
+            from mediator.pipeline import spark_dir, spark_session
+
+            await asyncio.to_thread(spark_session, os.path.realpath(spark_dir(opened)))
         for s in config.services:
             links[s.name] = connect(service_info(s), s.address, tick=config.tick)
         brokers = await asyncio.to_thread(Brokers, config, opened, metrics)

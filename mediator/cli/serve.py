@@ -85,8 +85,10 @@ def serve(
         host = settings.listen.rsplit(":", 1)[0]
         print(f"serving on {host}:{served.port}", flush=True)
 
+    from spark_jobs.session import SparkStartError  # the standard library only: cheap
+
     tune_gc()
     try:
         asyncio.run(run(settings, ready))
-    except (OSError, ValueError, StoreError) as exc:  # a port taken, a TLS file, the store
-        fail(str(exc), one_line=True)
+    except (OSError, ValueError, StoreError, SparkStartError) as exc:  # a port taken, a TLS
+        fail(str(exc), one_line=True)  # file, the store, Spark's JVM
