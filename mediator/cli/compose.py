@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -89,18 +91,54 @@ def compose(
         query = start(spark, job, str(spool), str(checkpoint / "spark"),
                       directory_sink(str(out)), lateness=delay, max_files=max_files)
     try:
-        if once:
-            query.processAllAvailable()
-            query.stop()
-            return
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: query.stop())
-        query.awaitTermination()
+        with progress(query):
+            if once:
+                query.processAllAvailable()
+                query.stop()
+                return
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: query.stop())
+            query.awaitTermination()
     except Exception as exc:  # the query failed in Spark: refused checkpoint state in one line
         refused = refusal(exc)
         if refused is None:
             raise
         fail(refused, one_line=True)
+
+
+@contextmanager
+def progress(query: Any) -> Iterator[None]:
+    """On a terminal, a status line on stderr: the micro-batches done and the events they
+    read, from the query's progress reports (Spark's own console bars are off)."""
+    import threading
+
+    from mediator.cli.common import err
+
+    if not err.is_terminal:
+        yield
+        return
+    done = threading.Event()
+
+    def watch() -> None:
+        seen: set[int] = set()
+        events = 0
+        with err.status("composing: waiting for the first micro-batch") as status:
+            while not done.wait(1.0):
+                for report in query.recentProgress or []:
+                    batch = report.get("batchId") if isinstance(report, dict) else None
+                    if isinstance(batch, int) and batch not in seen:
+                        seen.add(batch)
+                        events += int(report.get("numInputRows", 0) or 0)
+                        status.update(f"composing: {len(seen)} micro-batches, {events:,} "
+                                      "events read")
+
+    watcher = threading.Thread(target=watch, daemon=True, name="evamed-compose-progress")
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join(timeout=5)
 
 
 def _job(checkpoint: Path, profiles: Path | None, table: Path | None, since: str | None,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TextIO
@@ -144,10 +145,11 @@ def replay(
             from spark_jobs.session import SparkStartError
 
             try:
-                counts = runs.replay_spark(profiles.read_text(encoding="utf-8"), wanted, lines,
-                                           config, end, master, out, dead,
-                                           None if emit.events is None and format is Shape.json
-                                           else emit)
+                with _spinning(f"evaluating in Spark ({master})"):
+                    counts = runs.replay_spark(profiles.read_text(encoding="utf-8"), wanted,
+                                               lines, config, end, master, out, dead,
+                                               None if emit.events is None
+                                               and format is Shape.json else emit)
             except SparkStartError as exc:  # before any composite: no Java, a bad --master
                 fail(str(exc), one_line=True)
         else:
@@ -186,6 +188,16 @@ def _summary(names: list[str], counts: Counter[str], letters: int) -> None:
         table.add_row(name, str(counts[name]))
     table.add_row("dead letters", str(letters))
     err.print(table)
+
+
+@contextmanager
+def _spinning(what: str) -> Iterator[None]:
+    """A status line on stderr while something long runs (on a terminal only)."""
+    if not err.is_terminal:
+        yield
+        return
+    with err.status(what):
+        yield
 
 
 def _plot(path: Path, events: dict[str, Any], notes: list[Any]) -> None:
