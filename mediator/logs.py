@@ -72,6 +72,8 @@ def setup(json_lines: bool = False, level: str = "INFO", stream: TextIO | None =
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+    # py4j (Spark's bridge) logs each callback connection at INFO: its own warnings only.
+    logging.getLogger("py4j").setLevel(max(logging.WARNING, root.level))
 
 
 __all__ = ["JsonFormatter", "Redact", "redact", "setup"]
