@@ -39,6 +39,20 @@ def tick_id(name: str, label: str) -> str:
     return f"tick:{name}@{label}"
 
 
+def clock_id(ident: str) -> tuple[str, int] | None:
+    """The (type, time) a constituent id of the clock names: a tick's (``tick:NAME@TIME``:
+    its event type ``eva.tick.NAME``), an absence's (``absence@TIME``: ``"absence"``); None for
+    any other id."""
+    what, at, label = ident.rpartition("@")
+    if not at or not (what == "absence" or what.startswith("tick:")):
+        return None
+    try:
+        time = parse_time(label)
+    except EventError:
+        return None
+    return (TICK_TYPE + what[5:] if what.startswith("tick:") else what), time
+
+
 def tick_event(name: str, time: int, label: str, seq: int = 0) -> Event:
     """The tick of time class ``name`` at ``time`` as an event (a base service's input)."""
     return Event(tick_id(name, label), TICK_SOURCE, TICK_TYPE + name, time, seq)

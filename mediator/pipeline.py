@@ -47,7 +47,7 @@ from adapters.federation import Federation, publish
 from adapters.links import Handle, Link
 from eva import ast
 from eva.classes import required_types
-from eva.events import TICK_SOURCE, TICK_TYPE, Event, EventError, from_json_line, parse_time
+from eva.events import TICK_SOURCE, TICK_TYPE, Event, EventError, clock_id, from_json_line
 from eva.notify import composite_line
 from eva.parser import parse
 from eva.printer import to_text
@@ -262,21 +262,8 @@ class _Origins:
             via = sorted({link for link, h in handles if (link, h) in named})
             for link in via or [OWN_FEED]:
                 services[link] = None
-        kinds = [self._kind.get(ident) or _clock_kind(ident) for ident in constituents]
+        kinds = [self._kind.get(ident) or clock_id(ident) or ('', 0) for ident in constituents]
         return Described(sources, [k[0] for k in kinds], [k[1] for k in kinds], list(services))
-
-
-def _clock_kind(ident: str) -> tuple[str, int]:
-    """A tick's (type, time) from its id (``tick:NAME@TIME``: eva.events.tick_id), an absence's
-    (``absence@TIME``) as its own kind; ("", 0) for anything else."""
-    what, at, label = ident.rpartition("@")
-    try:
-        time = parse_time(label) if at else 0
-    except EventError:
-        return "", 0
-    if what.startswith("tick:"):
-        return TICK_TYPE + what[5:], time
-    return (what, time) if what == "absence" else ("", 0)
 
 
 def _pairs(occurrence: Hashable, constituents: Sequence[str]

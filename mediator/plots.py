@@ -15,7 +15,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from eva.events import Event, EventError, parse_time
+from eva.events import Event, clock_id
 from eva.semantics import Notification
 from transforms.plans import Local, Plan, PlanNode, Remote, Subscribe
 
@@ -69,17 +69,6 @@ def _save(fig: Any, path: Path) -> None:
         plt.close(fig)
 
 
-def _time_of(ident: str) -> int | None:
-    """The time a tick or passive event names (``tick:C@T``, ``absence@T``)."""
-    _, at, label = ident.rpartition("@")
-    if not at:
-        return None
-    try:
-        return parse_time(label)
-    except EventError:
-        return None
-
-
 def _when(micros: int) -> datetime:
     return datetime.fromtimestamp(micros / 1e6, UTC)
 
@@ -107,7 +96,8 @@ def timeline(events: Sequence[Event], notes: Sequence[Notification], path: Path,
         points = []
         for ident in n.occ.events:
             found = where.get(ident)
-            if found is None and (at := _time_of(ident)) is not None:
+            if found is None and (clock := clock_id(ident)) is not None:
+                at = clock[1]
                 found = (at, rows[CLOCK_ROW])
                 ax.scatter([_when(at)], [found[1]], s=12, marker="s", color="grey", zorder=3)
             if found is not None:

@@ -467,21 +467,27 @@ def test_subscribe_as_a_table_resumes_after_the_token_given(
         notes = client.subscribe(name="P")
         first = next(notes)
         notes.close()
-    proc = subprocess.Popen([EVAMED, "subscribe", "P", "--format", "table", "--resume",
-                             first.resume_token], env=env, stdout=subprocess.PIPE,
+    lines, code = tail(env, ["P", "--format", "table", "--resume", first.resume_token], 3)
+    rows = [line.split() for line in lines]
+    assert rows[0] == ["time", "profile", "id", "sources", "services"]
+    assert [r[:2] for r in rows[1:]] == [["2026-01-01T00:00:01Z", "P"],
+                                         ["2026-01-01T00:00:02Z", "P"]]
+    assert code == 0
+
+
+def tail(env: dict[str, str], args: list[str], count: int) -> tuple[list[str], int]:
+    """``evamed subscribe ARGS``: its first ``count`` lines, then Ctrl-C; and its exit code."""
+    proc = subprocess.Popen([EVAMED, "subscribe", *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
-        rows = [proc.stdout.readline().split() for _ in range(3)]
+        lines = [proc.stdout.readline().strip() for _ in range(count)]
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=20)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert rows[0] == ["time", "profile", "id", "sources", "services"]
-    assert [r[:2] for r in rows[1:]] == [["2026-01-01T00:00:01Z", "P"],
-                                         ["2026-01-01T00:00:02Z", "P"]]
-    assert proc.returncode == 0
+    return lines, proc.returncode
 
 
 def test_subscribe_compact_and_expanded_shows_the_contributing_events(
@@ -496,15 +502,5 @@ def test_subscribe_compact_and_expanded_shows_the_contributing_events(
                                     "via mediator"),
                         ("json", '"events": [{"id": "e1", "type": "a", "source": "test", '
                                  '"time": "2026-01-01T00:00:01Z"}]')):
-        proc = subprocess.Popen([EVAMED, "subscribe", "P", "--format", shape, "--expand"],
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-        try:
-            assert proc.stdout is not None
-            lines = [proc.stdout.readline().strip() for _ in range(2)]
-            proc.send_signal(signal.SIGINT)
-            proc.communicate(timeout=20)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+        lines, _ = tail(env, ["P", "--format", shape, "--expand"], 2)
         assert want in lines[1], lines
