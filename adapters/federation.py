@@ -21,6 +21,17 @@ batch of events (in key order: time, then arrival):
    event is at T has reported every instant before T: it steps its clock before each new
    instant, and a link given no event of T is run to T - 1 (:func:`publish`'s ``until``).
 
+**Autonomous services** (``ServiceInfo.autonomous``): the service has producers of its own and
+the mediator publishes nothing to it; its notifications arrive on their own, with each
+constituent in full (keyed into the merged trace by the link) and the service's progress (its
+watermark). :meth:`Federation.learn` gives the runner a notification of such a link — the
+events it names are held as if they had been pushed (:meth:`~transforms.runner.Runner.learn`)
+— and :meth:`Federation.decide` settles every instant up to a bound the caller computed from
+the watermarks of every input the federation uses (:attr:`Federation.inputs`, and the own feed
+when :attr:`Federation.own_inputs`). Such a link's handles carry durable names made here
+(:func:`handle_name`), so that a restarted mediator subscribing the same plans again finds the
+same registrations at the service.
+
 Links are shared: many federations' handles at one link, each federation taking its own
 handles' detections. ``push`` is 1–3 over the federation's own links (``via``). A watermark
 ``time`` is a batch without events: ``begin([], until=time)``, publish with ``until=time``,
@@ -41,6 +52,7 @@ limits (size, nesting; docs/backends.md, Limits), narrower in places than EVA's.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from weakref import WeakKeyDictionary
@@ -50,7 +62,7 @@ from adapters.client import Connect, in_process
 from adapters.links import Handle, Link, SubscriptionLink
 from eva import ast
 from eva.classes import label, next_tick
-from eva.events import Event, tick_event
+from eva.events import TICK_TYPE, Event, tick_event
 from eva.semantics import Notification
 from transforms.dialects import dialect
 from transforms.dialects.base import Detection, Dialect
@@ -58,8 +70,20 @@ from transforms.federated import ServiceInfo, plan_federated
 from transforms.plans import Plan
 from transforms.runner import Leaf, Runner, RunnerStats
 
-TICK_SEQ = 2**40
+ARRIVAL_BITS = 40
+"""An event's arrival number at its input (a service's, or the own feed's log position) takes
+the low bits of its place in the merged trace, the input's rank the bits above."""
+TICK_SEQ = 2**62
 """Ticks published to a service are numbered after any event of the trace."""
+
+
+def merged_seq(rank: int, arrival: int) -> int:
+    """An event's arrival number in the merged trace (``Event.seq``): at one instant, the
+    inputs' events in the order of the inputs (the own feed's rank 0, then each autonomous
+    service in the configured order), each input's in its own arrival order."""
+    if not 0 <= arrival < 1 << ARRIVAL_BITS or not 0 <= rank < 1 << (62 - ARRIVAL_BITS):
+        raise ValueError(f"arrival {arrival} at input {rank}: out of the merged trace's range")
+    return rank << ARRIVAL_BITS | arrival
 
 Detections = Mapping[str, Mapping[Handle, Sequence[Detection]]]
 """What the links reported for a batch: per link name, per handle."""
@@ -67,6 +91,24 @@ Detections = Mapping[str, Mapping[Handle, Sequence[Detection]]]
 
 _SHARED: WeakKeyDictionary[Link, dict[str, tuple[Handle, int]]] = WeakKeyDictionary()
 """Per link, its memoryless subscriptions: native text → handle and the federations using it."""
+
+
+def handle_name(text: str, shared: bool, owner: str, leaf: int) -> str:
+    """A handle's durable name at an autonomous service: a shared (memoryless) query's is its
+    text's digest (every federation subscribing the text shares it); any other's names its
+    federation (``owner``) and leaf too."""
+    digest = hashlib.sha256(text.encode()).hexdigest()[:20]
+    return f"q-{digest}" if shared else f"{owner}#{leaf}-{digest[:10]}"
+
+
+@dataclass(frozen=True)
+class Late:
+    """What a notification of an autonomous service named behind an instant the federation had
+    decided: an event (a set-semantics answer's constituent) or an answer (taken over)."""
+
+    link: str
+    handle: Handle
+    what: str
 
 
 class PushRefused(ValueError):
@@ -91,13 +133,15 @@ class Federation:
 
     def __init__(self, doc: ast.Document, plans: Sequence[Plan], links: Mapping[str, Link], *,
                  tick: int = 1_000_000, start: int | None = None,
-                 end: int | None = None) -> None:
+                 end: int | None = None, owner: str = "") -> None:
         """``start``: profiles see events after it (default: just before the first event);
-        ``end``: and none after it."""
+        ``end``: and none after it; ``owner``: the federation's durable identity (its
+        subscription), in the names of its handles at autonomous services."""
         self.doc = doc
         self.plans = list(plans)
         self.links = links
         self.end = end
+        self.owner = owner
         dialects = {name: dialect(link.info.group) for name, link in links.items()}
         self.runner = Runner(self.plans, doc, dialects, tick=tick, start=start, end=end)
         self.queries: dict[tuple[str, str], _Query] = {}
@@ -120,6 +164,16 @@ class Federation:
         self._clocks = {name: [c.name for c in doc.classes if c.name in used]
                         for name, used in needed.items() if used}
         self._every = {c.name: c.body for c in doc.classes if isinstance(c.body, ast.Every)}
+        self.inputs = {q.service for q in self.queries.values()
+                       if self.links[q.service].info.autonomous}
+        """The autonomous services its queries are subscribed at: the watermarks its decisions
+        wait for (besides the own feed's, :attr:`own_inputs`)."""
+        self.own_inputs = (any(p.own_feed for p in self.runner.profiles)
+                           or any(q.service not in self.inputs for q in self.queries.values())
+                           or not any(link.info.autonomous for link in links.values()))
+        """Whether it takes the mediator's own feed: a class of the own feed, a query at a fed
+        service (whose answers follow the own feed), or no autonomous service at all (the own
+        feed is the whole trace). If not, the own feed's events are not given to it at all."""
         self._next: dict[str, int] = {}  # each ticked class's next tick
         self._ticks = 0
         self._last: Event | None = None  # the latest event given, for the order check
@@ -130,6 +184,7 @@ class Federation:
         """The native queries subscribed."""
         return [q.text for q in self.queries.values()]
 
+
     def _subscribe(self, leaf: Leaf, dialects: Mapping[str, Dialect]) -> None:
         service = leaf.node.service
         link = self.links[service]  # the runner has checked that it is connected
@@ -139,8 +194,10 @@ class Federation:
             shared = _SHARED.setdefault(link, {}) if memoryless(leaf, self.doc, link) else None
             handle, users = shared.get(text, ("", 0)) if shared is not None else ("", 0)
             if not handle:
+                name = (handle_name(text, shared is not None, self.owner, leaf.index)
+                        if link.info.autonomous else "")
                 try:
-                    handle = link.subscribe(text)
+                    handle = link.subscribe(text, name)
                 except NativeQueryError as exc:
                     raise _refused(exc, link.info, leaf.profile.name) from None
             if shared is not None:
@@ -168,10 +225,42 @@ class Federation:
     def finish(self, detections: Detections, newest: int) -> list[Notification]:
         """Take this federation's handles' detections (each link having published the batch
         whose newest event time is ``newest``), then decide every instant before it."""
+        self.take(detections)
+        return self.decide(newest - 1)
+
+    def take(self, detections: Detections) -> None:
+        """This federation's handles' detections of a batch published to the fed links."""
         self._notify(detections)
+
+    def decide(self, bound: int) -> list[Notification]:
+        """Every input has reported every instant up to ``bound``: decide what that settles."""
         if self.runner.start is None:
             return []  # no event the profiles see yet
-        return self.runner.advance(newest - 1)
+        return self.runner.advance(bound)
+
+    def learn(self, link: str, handle: Handle, detections: Sequence[Detection]) -> list[Late]:
+        """An autonomous service's notification for one of this federation's handles (in the
+        order the service sent them; the runner's start set): the events it names learnt,
+        the detections given to the handle's leaves. What came behind a decided instant is
+        returned (and dropped)."""
+        query = self._of.get((link, handle))
+        if query is None:
+            return []
+        runner = self.runner
+        taken = all(leaf.taken for leaf in query.leaves)
+        late: list[Late] = []
+        for d in detections:
+            behind = [e for e in d.constituents
+                      if not e.type.startswith(TICK_TYPE) and not runner.learn(e, taken)]
+            if behind:
+                late += [Late(link, handle, f"event {e.id!r} of {e.source!r} at "
+                              f"{label(e.time)}") for e in behind]
+                continue
+            for leaf in query.leaves:
+                if not runner.notify(leaf, d):
+                    late.append(Late(link, handle, f"an answer at {label(d.time)}: {d.text}"))
+                    break
+        return late
 
     # ---------------------------------------------------------------- over its own links
 
@@ -229,6 +318,8 @@ class Federation:
     def _take(self, events: Sequence[Event]) -> list[Event]:
         """Check the order, push to the runner what the profiles see; that part."""
         runner = self.runner
+        if not self.own_inputs:
+            return []
         seen = []
         for event in events:
             previous = self._last
@@ -251,7 +342,9 @@ class Federation:
         # Its own handles only: a shared link reports every federation's (looking through
         # those would cost each federation the whole link's handles per batch).
         for (service, handle), query in self._of.items():
-            for d in detections.get(service, {}).get(handle, ()):
+            if service not in detections:
+                continue
+            for d in detections[service].get(handle, ()):
                 for leaf in query.leaves:
                     self.runner.notify(leaf, d)
 
@@ -281,7 +374,7 @@ class Federation:
 def publish(links: Mapping[str, Link], events: Sequence[Event],
             ticks: Mapping[str, Sequence[Event]], until: int | None = None
             ) -> dict[str, dict[Handle, list[Detection]]]:
-    """A batch to every link that has something to do: the events its service observes
+    """A batch to every fed link that has something to do: the events its service observes
     (its coverage) and the ticks asked of it (once per (type, time)), in key order. A link
     whose part ends before the batch's newest instant has its clock run to just before it, so
     that every link has reported every instant before the newest; with ``until``, every link's
@@ -289,6 +382,8 @@ def publish(links: Mapping[str, Link], events: Sequence[Event],
     newest = max((e.time for e in events), default=None)
     out: dict[str, dict[Handle, list[Detection]]] = {}
     for name, link in links.items():
+        if link.info.autonomous:
+            continue  # its producers publish to it, never the mediator
         observed = [e for e in events if link.info.coverage.observes(e)]
         asked = {(t.type, t.time): t for t in ticks.get(name, ())}
         batch = sorted([*observed, *asked.values()], key=lambda e: e.key)

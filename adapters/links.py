@@ -31,9 +31,11 @@ class Link(Protocol):
 
     info: ServiceInfo
 
-    def subscribe(self, text: str) -> Handle:
+    def subscribe(self, text: str, name: str = "") -> Handle:
         """Register a native query (``NativeQueryError`` when the service refuses it); it sees
-        the events published after this call."""
+        the events published after this call. ``name``: the handle's durable name, which an
+        autonomous service's link uses (the same query subscribed again under it after a
+        restart is the same registration); a fed link names its handles itself."""
         ...
 
     def unsubscribe(self, handle: Handle) -> None: ...
@@ -68,7 +70,7 @@ class SubscriptionLink:
         self._ids = itertools.count(1)
         self._newest: int | None = None
 
-    def subscribe(self, text: str) -> Handle:
+    def subscribe(self, text: str, name: str = "") -> Handle:
         return self._add(self.connect(text))
 
     def _add(self, subscription: Subscription) -> Handle:
@@ -121,7 +123,7 @@ class InProcessLink(SubscriptionLink):
         """Native text → its parsed query and the number of handles subscribed to it."""
         self._texts: dict[Handle, str] = {}
 
-    def subscribe(self, text: str) -> Handle:
+    def subscribe(self, text: str, name: str = "") -> Handle:
         query, users = self._parsed.get(text) or (self.language.parse(text), 0)
         handle = self._add(Evaluation(query))
         self._parsed[text] = (query, users + 1)

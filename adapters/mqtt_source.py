@@ -154,7 +154,7 @@ class MqttSource(InProcessLink):
 
     # ---------------------------------------------------------------- queries → topic filters
 
-    def subscribe(self, text: str) -> Handle:
+    def subscribe(self, text: str, name: str = "") -> Handle:
         handle = super().subscribe(text)  # NativeQueryError: not a CG-0 filter
         self._selections[handle] = self.select(text)
         self._update()

@@ -163,7 +163,7 @@ class RemoteLink:
     def status(self) -> str:
         return "SERVING" if self._conn is not None and not self._broken else "CONNECTING"
 
-    def subscribe(self, text: str) -> Handle:
+    def subscribe(self, text: str, name: str = "") -> Handle:
         with self._lock:
             handle = f"{self.info.name}-{self._tag}-{next(self._ids)}"
             while True:

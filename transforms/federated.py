@@ -5,6 +5,19 @@ observes — patterns (``fnmatch``) over the CloudEvents ``source`` and ``type``
 assigns each subtree of a profile to a service that covers all its primitive classes and can
 evaluate it, and composes the rest at the mediator (docs/transformations.md, "Federated plans").
 
+A service is **fed** (the mediator forwards it the events of its own feed that its coverage
+observes) or **autonomous** (``ServiceInfo.autonomous``: it has producers of its own; the
+mediator only subscribes and sees nothing but its notifications). Autonomous services observe
+disjoint parts of the merged trace, and the mediator's own feed holds what none of them
+observes. So over autonomous services: an autonomous service covering a class is the only
+place its events are; a fed service covers a class only if no autonomous service may observe
+any of it; the mediator cannot inject ticks into an autonomous service (no transferring rule);
+a class that no single service observes whole is the **union** of filters at every autonomous
+service that may observe some of it (``Subscribe.also``) and, unless they observe all of it
+together, the own feed; and a clock-driven ``per`` profile also subscribes its classes as
+**observers** (``Plan.observed``), since a partition opens at the first event of its classes
+whether or not any composite names it.
+
 The tree walk is the single-service planner's (:func:`transforms.planner.plan_expr`); only
 where a subtree goes differs: :func:`plan_federated` asks every covering service's
 :func:`~transforms.planner.push` and takes the best answer.
@@ -23,7 +36,7 @@ from eva.retention import reach
 from transforms.capability import Capability
 from transforms.dialects import dialect
 from transforms.planner import plan_expr, planning_capability, push
-from transforms.plans import Kind, Plan, Remote
+from transforms.plans import Kind, Local, Plan, PlanNode, Remote, Subscribe, nodes
 
 
 @dataclass(frozen=True)
@@ -50,12 +63,14 @@ EVERY = "*"
 
 @dataclass(frozen=True)
 class ServiceInfo:
-    """A connected service as the planner sees it (``name`` is unique among them)."""
+    """A connected service as the planner sees it (``name`` is unique among them).
+    ``autonomous``: it has producers of its own (the module docstring)."""
 
     name: str
     group: str
     capability: Capability
     coverage: Coverage = Coverage()
+    autonomous: bool = False
 
 
 MEDIATOR = ""
@@ -90,6 +105,56 @@ def _matched(patterns: tuple[str, ...], values: frozenset[str] | None) -> bool:
     return all(any(fnmatchcase(v, p) for p in patterns) for v in values)
 
 
+def may_observe(info: ServiceInfo, cls: ast.ClassDef, classes: dict[str, ast.ClassDef]) -> bool:
+    """Whether the service may observe some event of ``cls`` (conservatively: unless the
+    types, or the sources, the class requires match none of its patterns). A time class: no
+    (its ticks are nobody's events)."""
+    if isinstance(cls.body, ast.Every):
+        return False
+    coverage = info.coverage
+    return (_meets(coverage.types, required_types(cls.body, classes))
+            and _meets(coverage.sources, required_values(cls.body, classes, "source")))
+
+
+def _meets(patterns: tuple[str, ...], values: frozenset[str] | None) -> bool:
+    """Whether some value (None: any value at all) matches one of the patterns."""
+    return values is None or any(fnmatchcase(v, p) for v in values for p in patterns)
+
+
+def covered_jointly(infos: Sequence[ServiceInfo], cls: ast.ClassDef,
+                    classes: dict[str, ast.ClassDef]) -> bool:
+    """Whether every event of ``cls`` is observed by one of ``infos`` (conservatively: each
+    (source, type) the class allows is observed by one service, an open one only through the
+    pattern ``*``)."""
+    if isinstance(cls.body, ast.Every):
+        return True
+    types = required_types(cls.body, classes)
+    sources = required_values(cls.body, classes, "source")
+    for kind in (None,) if types is None else sorted(types):
+        observing = [i.coverage for i in infos
+                     if (EVERY in i.coverage.types if kind is None
+                         else any(fnmatchcase(kind, p) for p in i.coverage.types))]
+        if sources is None:
+            if not any(EVERY in c.sources for c in observing):
+                return False
+        elif not all(any(fnmatchcase(s, p) for c in observing for p in c.sources)
+                     for s in sources):
+            return False
+    return True
+
+
+def _covers_merged(info: ServiceInfo, cls: ast.ClassDef, classes: dict[str, ast.ClassDef],
+                   autonomous: Sequence[ServiceInfo]) -> bool:
+    """Whether every event of ``cls`` in the merged trace reaches the service: it observes all
+    of them, and — for a fed service, which observes only the mediator's own feed — no
+    autonomous service may observe any of them (their events never enter the own feed)."""
+    if not covers(info, cls, classes):
+        return False
+    if info.autonomous or isinstance(cls.body, ast.Every):
+        return True
+    return not any(may_observe(a, cls, classes) for a in autonomous)
+
+
 def plan_federated(profile: ast.Profile, doc: ast.Document,
                    services: Sequence[ServiceInfo], *, live: bool = False) -> Plan:
     """The profile over ``services`` (in the configured order): top-down, a subtree goes whole
@@ -109,13 +174,85 @@ def plan_federated(profile: ast.Profile, doc: ast.Document,
     if MEDIATOR in names or len(set(names)) != len(names):
         raise ValueError(f"service names must be unique and not empty, got {names}")
     classes = doc.class_map()
-    sites = [(info, planning_capability(info.capability, profile)) for info in services]
+    # The mediator publishes nothing to an autonomous service: no ticks of a time class.
+    sites = [(info, planning_capability(replace(info.capability, accepts_events=False)
+                                        if info.autonomous else info.capability, profile))
+             for info in services]
+    autonomous = [s for s in services if s.autonomous]
 
     def assign(expr: ast.Expr) -> Remote | str:
-        return _assign(expr, profile, classes, sites, live)
+        return _assign(expr, profile, classes, sites, live, autonomous)
 
-    return Plan(profile, FEDERATED, plan_expr(profile.expr, classes, assign),
-                tuple((s.name, s.group) for s in services))
+    root = plan_expr(profile.expr, classes, assign)
+    observed: tuple[Subscribe, ...] = ()
+    if autonomous:
+        root = _unions(root, classes, autonomous)
+        observed = _observed(profile, root, classes, autonomous)
+    return Plan(profile, FEDERATED, root, tuple((s.name, s.group) for s in services), observed)
+
+
+def _union(name: str, classes: dict[str, ast.ClassDef],
+           autonomous: Sequence[ServiceInfo]) -> tuple[tuple[str, ...], str]:
+    """Where the events of class ``name`` are over autonomous services: each service that may
+    observe some, and the own feed (MEDIATOR) unless they observe all of them together; and
+    why, for explain ((), "" when no autonomous service may observe any)."""
+    cls = classes[name]
+    sites = [a for a in autonomous if may_observe(a, cls, classes)]
+    if not sites:
+        return (), ""
+    own = not covered_jointly(sites, cls, classes)
+    where = _and([s.name for s in sites])
+    if not own:
+        why = (f"{where} observes all of {name}" if len(sites) == 1
+               else f"{where} observe all of {name} together")
+    else:
+        why = f"{where} may observe some of {name}, the mediator's own feed the rest"
+    return ((MEDIATOR,) if own else ()) + tuple(s.name for s in sites), why
+
+
+def _unions(node: PlanNode, classes: dict[str, ast.ClassDef],
+            autonomous: Sequence[ServiceInfo]) -> PlanNode:
+    """Each class the plan takes from the own feed, over autonomous services: the union of
+    the filters of every service that may observe some of it (:func:`_union`)."""
+    if isinstance(node, Local):
+        return replace(node, children=tuple(_unions(c, classes, autonomous)
+                                            for c in node.children))
+    if isinstance(node, Subscribe) and not node.clock and node.service == MEDIATOR:
+        where, why = _union(node.name, classes, autonomous)
+        if where:
+            return replace(node, service=where[0], also=where[1:],
+                           why="; ".join(w for w in (node.why, why) if w))
+    return node
+
+
+def clock_driven(expr: ast.Expr, classes: dict[str, ast.ClassDef]) -> bool:
+    """Whether the expression acts without events: a negation, or a time class."""
+    return any(isinstance(n, ast.Negation) or (isinstance(n, ast.Prim)
+                                               and isinstance(classes[n.name].body, ast.Every))
+               for n in ast.walk(expr))
+
+
+def _observed(profile: ast.Profile, root: PlanNode, classes: dict[str, ast.ClassDef],
+              autonomous: Sequence[ServiceInfo]) -> tuple[Subscribe, ...]:
+    """The classes of a clock-driven ``per`` profile whose every event the plan's leaves do not
+    already deliver, subscribed as observers (``Plan.observed``): a partition opens at the
+    first event of any of its classes (as the reference opens it), and its clock with it."""
+    if profile.per is None or not clock_driven(profile.expr, classes):
+        return ()
+    delivered: dict[str, set[str]] = {}
+    for n in nodes(root):
+        if isinstance(n, Remote) and isinstance(n.original, ast.Prim):
+            delivered.setdefault(n.original.name, set()).add(n.service)
+        elif isinstance(n, Subscribe) and not n.clock:
+            delivered.setdefault(n.name, set()).update(n.sources)
+    out = []
+    for name in sorted({n.name for n in ast.walk(profile.expr) if isinstance(n, ast.Prim)}):
+        where, why = _union(name, classes, autonomous)
+        if where and not set(where) <= delivered.get(name, set()):
+            out.append(Subscribe(name, False, "partition_observer", where[0],
+                                 f"its partitions open at the first event of {name}; {why}",
+                                 where[1:]))
+    return tuple(out)
 
 
 _HOW = {Kind.EQUIVALENT: "equivalently", Kind.TRANSFERRING: "transferring (with ticks)",
@@ -123,12 +260,14 @@ _HOW = {Kind.EQUIVALENT: "equivalently", Kind.TRANSFERRING: "transferring (with 
 
 
 def _assign(expr: ast.Expr, profile: ast.Profile, classes: dict[str, ast.ClassDef],
-            sites: list[tuple[ServiceInfo, Capability]], live: bool = False) -> Remote | str:
+            sites: list[tuple[ServiceInfo, Capability]], live: bool = False,
+            autonomous: Sequence[ServiceInfo] = ()) -> Remote | str:
     """The subtree at the best service that covers and evaluates it, or why there is none."""
     used = sorted({n.name for n in ast.walk(expr) if isinstance(n, ast.Prim)
                    and not isinstance(classes[n.name].body, ast.Every)})  # those cover all
     covering = [(info, cap) for info, cap in sites
-                if all(covers(info, classes[name], classes) for name in used)]
+                if all(_covers_merged(info, classes[name], classes, autonomous)
+                       for name in used)]
     if not covering:
         if not used:
             return "no service is connected"

@@ -39,6 +39,15 @@ class Subscribe:
     service: str = ""
     """The service whose filter delivers it (MEDIATOR, "": the mediator's own feed)."""
     why: str = ""  # a federated plan: why it is assigned there (explain)
+    also: tuple[str, ...] = ()
+    """Further autonomous services whose filters deliver part of the class (none observes all
+    of it): its stream is the union of their filters' events and ``service``'s (a federated
+    plan over autonomous services, :mod:`transforms.federated`)."""
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """Every service that delivers part of the class (MEDIATOR: the own feed)."""
+        return (self.service, *self.also)
 
 
 @dataclass(frozen=True)
@@ -73,6 +82,11 @@ class Plan:
     services: tuple[tuple[str, str], ...] = ()
     """A federated plan (transforms.federated): the (name, group) of each service it was
     planned over, in the configured order; empty: one service, of ``capability``."""
+    observed: tuple[Subscribe, ...] = ()
+    """Classes subscribed only so that the mediator sees every event of them (a partition of a
+    clock-driven ``per`` profile opens at the first event of its classes, which an autonomous
+    service would otherwise never show the mediator): their events open partitions and are
+    visible to nothing."""
 
     @property
     def kind(self) -> Kind:

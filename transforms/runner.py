@@ -97,6 +97,9 @@ class Leaf:
     """The notifications carry EVA occurrences to take over (else: set semantics)."""
     delay: int | None
     """How long after an event's time a notification may still name it (None: unbounded)."""
+    observer: bool = False
+    """A class subscribed only so that its events are seen (``Plan.observed``): they open
+    partitions and are visible to nothing."""
 
 
 def _inline(node: Remote) -> bool:
@@ -430,7 +433,8 @@ class Runner:
         self._held: list[tuple[Key, Event]] = []
         self._visible: dict[int, set[tuple[str, str]]] = {
             leaf.index: set() for leaf in self.leaves if leaf.external and not leaf.taken}
-        self._readings: dict[int, list[tuple[Hashable, Reading]]] = {}
+        self._readings: dict[int, list[tuple[Hashable, Any, Reading]]] = {}
+        """Per taken-over leaf: (partition key, partition value, reading) waiting for its time."""
         # The events a taken-over answer may name (a service's copy has lost the arrival
         # number), kept as long as the answer may come after them.
         self._known: dict[tuple[str, str], Event] = {}
@@ -456,6 +460,8 @@ class Runner:
         self._wake: list[tuple[int, tuple[int, int], int, _Profile, _Partition]] = []
         self._entries = 0
         self._newest: int | None = None
+        self._learned: set[tuple[str, str]] = set()  # held events a notification named
+        self.learning = False  # given events by notifications alone (learn): partitions open there
 
     # ---------------------------------------------------------------- the plan, compiled
 
@@ -486,16 +492,25 @@ class Runner:
             self.leaves.append(made)
             leaves.append(made)
 
-        def outer(node: PlanNode, at_root: bool) -> ast.Expr:
+        def subscribed(node: Subscribe, at_root: bool, observer: bool = False) -> None:
+            """A class from the own feed and from each service filtering (part of) it."""
             nonlocal own
+            for service in node.sources:
+                if service not in self.dialects:
+                    own = True
+                elif observer:
+                    made = Leaf(len(self.leaves), p.profile, replace(node, service=service, also=()),
+                                ast.Prim(node.name), False, "", False, 0, observer=True)
+                    self.leaves.append(made)
+                    leaves.append(made)
+                else:
+                    leaf(replace(node, service=service, also=()), ast.Prim(node.name), "", at_root)
+
+        def outer(node: PlanNode, at_root: bool) -> ast.Expr:
             if isinstance(node, Subscribe):
-                prim = ast.Prim(node.name)
                 if not node.clock:  # a time class comes from the outer engine's own clock
-                    if node.service not in self.dialects:
-                        own = True
-                    else:
-                        leaf(node, prim, "", at_root)
-                return prim
+                    subscribed(node, at_root)
+                return ast.Prim(node.name)
             if isinstance(node, Remote):
                 if not self._dialect(node).takes_over(node) and _inline(node):
                     leaf(node, node.target, "", at_root)
@@ -519,6 +534,8 @@ class Runner:
 
         tags: dict[str, str] = {}
         expr = outer(p.root, True)
+        for observed in p.observed:
+            subscribed(observed, False, observer=True)
         clocks = {c.name for c in self.doc.classes if isinstance(c.body, ast.Every)}
         return _Profile(len(self.profiles), p, leaves, expr, self.matchers, own, tags, self.tick,
                         clocks)
@@ -544,9 +561,38 @@ class Runner:
             self._known_order.append((event.time, ident))
         self._newest = event.time
 
-    def notify(self, leaf: Leaf, detection: Detection) -> None:
-        """A notification of ``leaf``'s subscription (in the order the service sent them)."""
+    def learn(self, event: Event, taken: bool = False) -> bool:
+        """An event a notification names that the runner was not pushed: an autonomous
+        service's, which the mediator sees only in its notifications. It is held as a pushed
+        event is (in key order, whatever the order it is learnt in; once). False: it is late —
+        at or before an instant decided already (a service reported behind its watermark, or
+        after the mediator stopped waiting for it: the idle timeout). A taken-over answer's
+        constituent is never late (the answer is, :meth:`notify`): it is kept to be named,
+        and held only if it can still open its partition."""
+        self.learning = True
+        assert self.start is not None, "learn before the runner's start is set (begin)"
+        ident = (event.source, event.id)
+        if ident in self._learned or event.time <= self.start or (
+                self.end is not None and event.time > self.end):
+            return True
+        if self._keep_known != -1 and ident not in self._known:
+            self._known[ident] = event
+            self._known_order.append((event.time, ident))
+        if self._done is not None and event.time <= self._done:
+            return taken
+        heapq.heappush(self._held, (event.key, event))
+        self._learned.add(ident)
+        if self._newest is None or event.time > self._newest:
+            self._newest = event.time
+        return True
+
+    def notify(self, leaf: Leaf, detection: Detection) -> bool:
+        """A notification of ``leaf``'s subscription (in the order the service sent them).
+        False: a taken-over answer reported at or before an instant decided already (late,
+        dropped)."""
         p = self._of[leaf.index]
+        if leaf.observer:
+            return True  # its events were learnt: they open partitions, and that is all
         if not leaf.taken:
             ids = {(e.source, e.id) for e in detection.constituents}
             if leaf.external:
@@ -556,15 +602,19 @@ class Runner:
                     verdicts.wait(detection.constituents)
             else:
                 p.visible |= ids
-            return
+            return True
         assert isinstance(leaf.node, Remote)
         # A service that takes an answer over names the partition (a peer mediator's extra).
         value = detection.extra.get("partition") if p.profile.per is not None else None
         reading = self._dialect(leaf.node).parse_notification(detection, leaf.node, self._scope(
             value, detection))
         if reading.occurrences:
+            if self._done is not None and max(
+                    _time(emit) for emit, _ in reading.occurrences) <= self._done:
+                return False
             key = partition_key(value) if p.profile.per is not None else None
-            self._readings.setdefault(leaf.index, []).append((key, reading))
+            self._readings.setdefault(leaf.index, []).append((key, value, reading))
+        return True
 
     def _scope(self, value: Any, detection: Detection) -> Scope:
         """What a dialect reads a notification against: the partition, and the trace's own
@@ -691,6 +741,7 @@ class Runner:
     def _release(self, event: Event) -> None:
         """An event whose visibility is final, to the partitions of the profiles it is of."""
         ident = (event.source, event.id)
+        self._learned.discard(ident)
         for p in self.profiles:
             if not any(match(event) for match in p.opens):
                 continue
@@ -759,16 +810,21 @@ class Runner:
             readings = self._readings.get(leaf.index)
             if not readings:
                 continue
-            due: dict[Hashable, list[Reading]] = {}
+            due: dict[Hashable, tuple[Any, list[Reading]]] = {}
             later = []
-            for key, reading in readings:
+            for key, value, reading in readings:
                 if max(_time(emit) for emit, _ in reading.occurrences) <= bound:
-                    due.setdefault(key, []).append(reading)
+                    due.setdefault(key, (value, []))[1].append(reading)
                 else:
-                    later.append((key, reading))
+                    later.append((key, value, reading))
             self._readings[leaf.index] = later
-            for key, batch in due.items():
+            for key, (value, batch) in due.items():
                 partition = p.partitions.get(key)
+                if partition is None and self.learning and (p.profile.per is None or value is not None):
+                    # Its events were learnt only with this answer, after their instants were
+                    # decided (an autonomous service's): the partition opens here.
+                    earliest = min(_time(emit) for r in batch for emit, _ in r.occurrences)
+                    partition = p.partitions[key] = self._open(p, value, earliest - 1)
                 if partition is not None:  # else a partition the trace never opened here
                     self._touch(p, partition)
                     partition.last = max(partition.last, *(_time(emit) for r in batch
