@@ -53,7 +53,7 @@ limits (size, nesting; docs/backends.md, Limits), narrower in places than EVA's.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from weakref import WeakKeyDictionary
 
@@ -297,8 +297,11 @@ class Federation:
         (:meth:`Runner.take_drops`)."""
         return self.runner.take_drops()
 
-    def unsubscribe(self) -> None:
-        """Every handle, at its link (a shared one once no other federation uses it)."""
+    def unsubscribe(self, keep: Callable[[Link], bool] = lambda link: False) -> None:
+        """Every handle, at its link (a shared one once no other federation uses it); at the
+        links ``keep`` names, the handles are only let go of here (an autonomous service's
+        registrations are durable: a mediator that stops leaves them, and the next start
+        subscribes them again)."""
         for (service, handle), query in self._of.items():
             link = self.links[service]
             shared = _SHARED.get(link, {})
@@ -308,7 +311,8 @@ class Federation:
                 continue
             if held == handle:
                 del shared[query.text]
-            link.unsubscribe(handle)
+            if not keep(link):
+                link.unsubscribe(handle)
         self._of.clear()
         for handles in self.handles.values():
             handles.clear()

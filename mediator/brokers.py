@@ -36,6 +36,7 @@ from eva.classes import resolve
 from eva.parser import parse
 from mediator.config import Config, MqttSourceConfig, SinkConfig
 from mediator.metrics import Metrics
+from mediator.notification_log import decode
 from mediator.store.base import RetentionError, Store, SubscriptionRecord
 from transforms.federated import covers
 
@@ -313,9 +314,9 @@ class SinkFeed:
     def _chosen(self, key: Key, payload: bytes) -> str:
         """The composite CloudEvent of a log entry if the sink publishes it, else ""."""
         try:
-            fields = json.loads(payload)
-            line, profile = str(fields["cloudevent"]), str(fields.get("profile", ""))
-        except (ValueError, KeyError, TypeError):
+            entry = decode(payload)
+            line, profile = entry.cloudevent, entry.profile
+        except ValueError:
             log.error("sink %s: a notification of %s/%s is not the expected JSON; skipped",
                       self.config.name, *key)
             return ""

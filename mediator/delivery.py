@@ -24,7 +24,6 @@ import asyncio
 import base64
 import binascii
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mediator.metrics import Metrics
+from mediator.notification_log import decode
 from mediator.store.base import LoggedNotification, Store, SubscriptionRecord
 from mediator.wire import mediator_pb2
 
@@ -238,26 +238,23 @@ class Dispatcher:
 
 
 def notification(record: SubscriptionRecord, item: LoggedNotification) -> Any:
-    """The Notification message of a log entry (its payload: the message's fields as JSON, as
-    the pipeline appended them), with its resume token."""
+    """The Notification message of a log entry (mediator/notification_log.py), with its resume
+    token."""
     name = record.name
     token = resume_token(record, item.position)
     try:
-        fields = json.loads(item.payload)
-        return mediator_pb2.Notification(
-            cloudevent=str(fields.get("cloudevent", "")), id=item.composite_id,
-            profile=str(fields.get("profile", "")), subscription=name,
-            sources=[str(s) for s in fields.get("sources", [])],
-            services=[str(s) for s in fields.get("services", [])],
-            types=[str(t) for t in fields.get("types", [])],
-            times_us=[int(t) for t in fields.get("times", [])], resume_token=token)
-    except (ValueError, AttributeError, TypeError):
+        entry = decode(item.payload)
+    except ValueError:
         # A payload this code cannot read (written by another version): deliver what there is
         # rather than stall the stream behind it.
         log.error("notification %s of %s: payload is not the expected JSON", item.position, name)
         return mediator_pb2.Notification(
             cloudevent=item.payload.decode("utf-8", "replace"), id=item.composite_id,
             subscription=name, resume_token=token)
+    return mediator_pb2.Notification(
+        cloudevent=entry.cloudevent, id=item.composite_id, profile=entry.profile,
+        subscription=name, sources=entry.sources, services=entry.services, types=entry.types,
+        times_us=entry.times, resume_token=token)
 
 
 __all__ = ["Closing", "Dispatcher", "RateLimit", "TokenError", "notification", "resume_token",

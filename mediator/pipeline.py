@@ -1,72 +1,77 @@
-"""The pipeline: every subscription evaluated over the mediator's event log, live.
+"""The pipeline: every subscription evaluated over the mediator's inputs, live.
 
-A thread tails the store's event log (the trace, in arrival order: the log order is the trace
-order) and, for each batch, runs every live subscription's :class:`~adapters.federation.Federation`
-over the shared :class:`~adapters.links.Link` s (docs/architecture.md, "The live path"):
+The inputs are the mediator's **own feed** — the store's event log (Publish and the brokers'
+sources; :mod:`mediator.ingestion`) — and the **autonomous services** — each one's link log,
+the messages of the mediator's durable session there (:mod:`mediator.inputs`). A thread reads
+them and runs every live subscription's :class:`~adapters.federation.Federation`
+(docs/architecture.md, "The live path"):
 
-1. every federation takes the batch (``begin``) and says which ticks its queries need per link;
-2. every link is published, once, the batch events its service observes (its coverage) merged
-   with the ticks all federations ask of it, deduplicated by (type, time), in key order;
-3. every federation takes its handles' detections (``finish``) and decides its composites;
-4. each subscription's composites are appended to its notification log (the store skips an id
-   already there) and ``on_append`` wakes the streams that deliver it.
+1. a batch of the own feed: every federation that takes it begins it (``begin``: the ticks its
+   queries need per fed link); every **fed** link (a service the mediator publishes to, whose
+   coverage observes part of the own feed) is published, once, the batch events its service
+   observes merged with the ticks all federations ask of it; every federation takes its
+   handles' detections (``take``);
+2. the entries of each link log: each detection to the federations holding its handle (those
+   registered before the entry; ``learn``: the events it names are learnt);
+3. every federation decides up to the smallest watermark of the inputs it uses
+   (:func:`mediator.inputs.bound`: an idle input stops holding the others back), and each
+   subscription's composites are appended to its notification log (the store skips an id
+   already there); ``on_append`` wakes the streams that deliver them.
 
-Profiles added and removed take effect between batches (one lock: the thread holds it for a
-batch). A restart is fresh everything and a replay: :meth:`Pipeline.start` re-plans every stored
-subscription and replays the log once, all federations fed together, each subscribed at the
-services just when the replay reaches its start, so each sees exactly what it saw before;
-composites already logged are skipped by their deterministic ids.
+Profiles added and removed take effect between rounds (one lock: the thread holds it for a
+round). A restart is fresh everything and a replay: :meth:`Pipeline.start` re-plans every stored
+subscription and replays the logs — the event log from the oldest subscription's start, each
+federation subscribed at the fed services just when the replay reaches its start, so each sees
+exactly what it saw before, and each link log from the oldest start there (the autonomous
+services kept evaluating: their registrations are durable). Composites already logged are
+skipped by their deterministic ids.
 
-The composer: ``"inprocess"`` composes every plan's mediator-side part in its federation's
-runner in this process. ``"spark"`` (the service's default) hands the profiles whose leaves are
-all memoryless — the mediator's own feed and clock, or a service's filter of one class
-(:func:`composed_by_spark`) — to live Spark jobs (``spark_jobs.composer``, local mode unless
-given a session) that read the event log themselves, continuously, and append their composites
-to the subscriptions' logs from their own thread (:class:`_Sparks`): the pipeline does not wait
-for them. It keeps the plans where a service evaluates more than a filter in the runners.
-Each job may read the log only as far as the pipeline has evaluated (the cap file): a profile
-registered at a position sees exactly the events after it, as its runner would.
+With autonomous services, every profile starts its clock where the merged trace starts: once
+every input has said where its first event lies (or is idle), the **origin** is the earliest of
+them (kept in the store); a subscription registered later starts at the instant every input
+had reported by then.
+
+Placement (:mod:`mediator.placement`): ``composer = "inprocess"`` composes every plan's
+mediator-side part in its federation's runner in this process; ``"spark"`` hands the plans the
+Spark job composes exactly (:func:`~mediator.placement.spark_composes`) to live Spark jobs that
+read the event log themselves and append their composites from their own thread.
 """
 
 from __future__ import annotations
 
 import contextlib
-import heapq
 import io
 import json
 import logging
-import os
-import shutil
 import threading
 import time as clock
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from adapters.federation import Federation, publish
+from adapters.federation import Federation, Late, publish
 from adapters.links import Handle, Link
+from adapters.service_link import AutonomousLink
 from eva import ast
-from eva.classes import required_types
-from eva.events import TICK_SOURCE, TICK_TYPE, Event, EventError, clock_id, from_json_line
+from eva.events import Event
 from eva.notify import composite_line
 from eva.parser import parse
-from eva.printer import to_text
 from eva.semantics import Notification
-from mediator.composer import LiveComposer
 from mediator.config import COMPOSERS
-from mediator.config import RESERVED_SERVICE as OWN_FEED  # a constituent no service reported
+from mediator.ingestion import OwnFeed
+from mediator.inputs import ServiceFeed, State, bound
 from mediator.metrics import Metrics
-from mediator.store.base import LoggedEvent, Store, SubscriptionRecord
-from transforms.dialects.base import Detection
+from mediator.notification_log import Entry, encode
+from mediator.placement import SparkSlots, spark_composes
+from mediator.provenance import Origins, horizon, types
+from mediator.store.base import Store, SubscriptionRecord
 from transforms.explanation import as_json, explain, service_renderer
 from transforms.federated import ServiceInfo, plan_federated
-from transforms.plans import Plan, Remote, nodes
-from transforms.runner import RunnerStats, lag
+from transforms.plans import Plan, Remote, Subscribe, nodes
+from transforms.runner import RunnerStats
 
 log = logging.getLogger(__name__)
 
-NEWEST_KEY = "pipeline.newest"
-"""Store meta: the newest event time evaluated, kept across trims of the event log."""
 POLL = 1.0
 """Seconds the thread sleeps without a wake before it looks at the log again."""
 LOCK_SLICE = 0.1
@@ -104,6 +109,14 @@ def _close(link: Link) -> None:
     except Exception as exc:  # a service gone already: nothing to close there
         log.debug("closing the link to %s: %s", link.info.name, exc)
 
+ORIGIN_KEY = "pipeline.origin"
+"""Store meta: the origin of the merged trace (with autonomous services): the time before its
+first event."""
+LINK_READ = 500
+"""Link-log entries read per round and service."""
+LATE_SHOWN = 3
+"""Late reports of a round named in the log (all are counted)."""
+
 Key = tuple[str, str]
 """A subscription: (owner, name)."""
 
@@ -128,6 +141,7 @@ class _Subscription:
     horizon: int | None  # how long a composite may name an event after it (None: unbounded)
     composed: list[str] = field(default_factory=list)  # profiles a live Spark job composes
     slot: int = -1  # the Spark composer (slot) holding them
+    links: dict[str, int] = field(default_factory=dict)  # its start in each link log
 
     @property
     def key(self) -> Key:
@@ -137,459 +151,22 @@ class _Subscription:
         return {(link, h) for f in self.federations for link, hs in f.handles.items() for h in hs}
 
 
-def composed_by_spark(p: Plan, doc: ast.Document) -> bool:
-    """Whether the Spark composer composes the plan (docs/spark.md, "What runs where"): every
-    leaf is the mediator's own feed or clock, or a service's filter of one event class — a
-    memoryless leaf whose events are all in the event log (a service is published what its
-    coverage observes of the log, and is assigned a class only if it observes every event of
-    it), so the job's engine over the log decides exactly what the runner decides over the
-    service's answers. A subtree a service evaluates whole (an operator, a time class with the
-    service's clock) stays with the runner."""
-    classes = doc.class_map()
-    return all(isinstance(n.original, ast.Prim)
-               and not isinstance(classes[n.original.name].body, ast.Every)
-               for n in nodes(p.root) if isinstance(n, Remote))
-
-
-def payload(cloudevent: str, ident: str, profile: str, subscription: str,
-            described: Described) -> bytes:
-    """A notification log entry: the Notification message's fields but its resume token."""
-    return json.dumps({"cloudevent": cloudevent, "id": ident, "profile": profile,
-                       "subscription": subscription, "sources": described.sources,
-                       "services": described.services, "types": described.types,
-                       "times": described.times}).encode()
-
-
-@dataclass(frozen=True)
-class Described:
-    """What a notification says of a composite's constituents besides their ids (in their
-    order): source, type and time of each (a tick's type and time from its id; "" and 0 for
-    one no longer known), and the services they came through."""
-
-    sources: list[str]
-    types: list[str]
-    times: list[int]
-    services: list[str]
-
-
-NOT_KEPT = -1
-"""An ``_Origins`` horizon: no live document can match the event."""
-
-
-def _longer(a: int | None, b: int | None) -> int | None:
-    """The longer of two horizons (None: unbounded; NOT_KEPT: none)."""
-    if a == NOT_KEPT or b == NOT_KEPT:
-        return b if a == NOT_KEPT else a
-    return None if a is None or b is None else max(a, b)
-
-
-class _Origins:
-    """Where the events a composite may still name came from: each one's source, and the
-    (link, handle) pairs whose detections named it (the plan leaves that made it visible).
-    A composite names only ids; this keeps each event a live document can match (by its type)
-    as long as a composite of that document may still name it."""
-
-    def __init__(self) -> None:
-        self._source: dict[str, str] = {}
-        self._kind: dict[str, tuple[str, int]] = {}  # id → (type, time), as _source
-        self._via: dict[tuple[str, str], set[tuple[str, Handle]]] = {}  # by (source, id)
-        self._expiry: list[tuple[int, str]] = []  # a heap: (time to forget, id)
-        self.clear()
-
-    def clear(self) -> None:
-        """No live document: nothing more is kept (what is kept expires as before)."""
-        self._by_type: dict[str, int | None] = {}  # type → the longest horizon matching it
-        self._any: int | None = NOT_KEPT  # of the documents with a class of any type
-        self._longest: int | None = NOT_KEPT  # of every document (ticks)
-
-    def widen(self, types: frozenset[str] | None, horizon: int | None) -> None:
-        """Keep what one more document may name too (``types`` None: any type)."""
-        if types is None:
-            self._any = _longer(self._any, horizon)
-        for t in types or ():
-            self._by_type[t] = _longer(self._by_type.get(t, NOT_KEPT), horizon)
-        self._longest = _longer(self._longest, horizon)
-
-    def __len__(self) -> int:
-        """The events it keeps."""
-        return len(self._source)
-
-    def note(self, events: Iterable[Event]) -> None:
-        for e in events:
-            if e.id in self._source:
-                continue
-            horizon = (self._longest if e.type.startswith(TICK_TYPE)
-                       else _longer(self._by_type.get(e.type, NOT_KEPT), self._any))
-            if horizon == NOT_KEPT:
-                continue
-            self._source[e.id] = e.source
-            self._kind[e.id] = (e.type, e.time)
-            if horizon is not None:
-                heapq.heappush(self._expiry, (e.time + horizon, e.id))
-
-    def reported(self, link: str, handle: Handle, detections: Iterable[Detection]) -> None:
-        for d in detections:
-            self.note(d.constituents)  # the ticks the mediator published
-            for e in d.constituents:
-                if e.id in self._source:
-                    self._via.setdefault((e.source, e.id), set()).add((link, handle))
-
-    def forget(self, newest: int) -> None:
-        """Drop what no composite reported after ``newest`` can name."""
-        while self._expiry and self._expiry[0][0] < newest:
-            _, ident = heapq.heappop(self._expiry)
-            source = self._source.pop(ident, None)
-            self._kind.pop(ident, None)
-            if source is not None:
-                self._via.pop((source, ident), None)
-
-    def describe(self, constituents: Sequence[str], handles: set[tuple[str, Handle]],
-                 occurrence: Hashable = None) -> Described:
-        """The sources, types and times, one per constituent, and the services they came
-        through (each once, in constituent order; a constituent no service reported: the
-        mediator's own). The
-        occurrence's identity names each primitive constituent's (source, id) — CloudEvents
-        make only the pair unique — and is read where it does; else by id, as kept."""
-        pairs = _pairs(occurrence, constituents)
-        sources: list[str] = []
-        services: dict[str, None] = {}
-        for at, ident in enumerate(constituents):
-            pair = pairs[at] if pairs is not None else None
-            source = pair[0] if pair is not None else self._source.get(
-                ident, TICK_SOURCE if ident.startswith("tick:") else "")
-            sources.append(source)
-            named = self._via.get((source, ident), set())
-            via = sorted({link for link, h in handles if (link, h) in named})
-            for link in via or [OWN_FEED]:
-                services[link] = None
-        kinds = [self._kind.get(ident) or clock_id(ident) or ('', 0) for ident in constituents]
-        return Described(sources, [k[0] for k in kinds], [k[1] for k in kinds], list(services))
-
-
-def _pairs(occurrence: Hashable, constituents: Sequence[str]
-           ) -> list[tuple[str, str] | None] | None:
-    """Each constituent's (source, id) as the occurrence's identity names it (None for a tick
-    or an absence), in constituent order (eva.semantics: a primitive's identity is the pair, a
-    binary composite's (tag, left, right)); None when the identity is not of those shapes or
-    does not name exactly these constituents."""
-    out: list[tuple[str, str] | None] = []
-
-    def walk(ident: Any) -> bool:
-        if not isinstance(ident, tuple) or not ident:
-            return False
-        if len(ident) == 2 and isinstance(ident[0], str) and isinstance(ident[1], str):
-            out.append((ident[0], ident[1]))
-            return True
-        if ident[0] in ("tick", "not"):
-            out.append(None)
-            return True
-        return (len(ident) == 3 and isinstance(ident[0], str)
-                and walk(ident[1]) and walk(ident[2]))
-
-    if not walk(occurrence) or len(out) != len(constituents):
-        return None
-    if any(p is not None and p[1] != c for p, c in zip(out, constituents, strict=True)):
-        return None
-    return out
-
-
-def _horizon(doc: ast.Document, tick: int) -> int | None:
-    """How long after an event a composite of the document may still name it: the profiles'
-    reach, once for the composite's own span and once for the runner's wait on the services'
-    answers (a leaf's delay is at most its profile's reach), plus the clock's granularity."""
-    found = 0
-    for p in doc.profiles:
-        reach = lag(p.expr, p.evaluation is ast.Evaluation.END_OF_INTERVAL, tick)
-        if reach is None:
-            return None
-        found = max(found, 2 * reach + 2 * tick)
-    return found
-
-
-def _types(doc: ast.Document) -> frozenset[str] | None:
-    """The event types the document's profiles can match (None: any)."""
-    classes = doc.class_map()
-    out: set[str] = set()
-    for name in {n.name for p in doc.profiles for n in ast.walk(p.expr) if isinstance(n, ast.Prim)}:
-        body = classes[name].body
-        if isinstance(body, ast.Every):
-            continue
-        found = required_types(body, classes)
-        if found is None:
-            return None
-        out |= found
-    return frozenset(out)
-
-
-SLOTS = "slots.json"
-"""In the Spark directory: which subscription's profiles each composer slot holds."""
-EVALUATED = "evaluated"
-"""In the Spark directory: the event-log position the pipeline has evaluated — the live jobs'
-cap (spark_jobs/log_source.py): a job reads no further before the profiles registered there
-are in its table."""
-MAX_ROWS = 50_000
-"""Event-log positions per micro-batch at most (a restart after a long stop catches up in
-bounded batches)."""
-
-Claim = tuple[str, str, int]
-"""A slot's profile holder: (owner, subscription, created_us) — a subscription removed and
-registered again under its name is another holder."""
-
-
-def spark_dir(store: Store) -> str:
-    """Where the Spark composer keeps its jobs by default: beside a SQLite store's file
-    (``<file>.spark``), ``./evamed-spark`` for a Redis store (docs/operations.md, Stores)."""
-    from mediator.store.sqlite import SqliteStore
-
-    if isinstance(store, SqliteStore):
-        if store.path == ":memory:" or store.path.startswith("file:"):
-            raise ValueError(f"the Spark composer reads the event log from the store's file; "
-                             f"the SQLite store {store.path!r} has none: use a file")
-        return store.path + ".spark"
-    return "evamed-spark"
-
-
-def spark_session(root: str) -> Any:
-    """The Spark composer's session (local mode), its JVM's output to ``spark.log`` in the
-    composer's directory ``root``. Start it before any gRPC channel exists in this process
-    (mediator.server does): gRPC's fork handlers in the forked launcher can crash it (seen:
-    "Spark did not start" when the links to remote services connected first)."""
-    from spark_jobs.session import build_session
-
-    os.makedirs(root, exist_ok=True)
-    return build_session(log=os.path.join(root, "spark.log"))
-
-
-def log_lines(store: Store, evaluated: str, start: int) -> Callable[[Any], Any]:
-    """The store's event log as a live job's input (after position ``start`` when the job
-    is new), capped at the pipeline's evaluated position."""
-    from mediator.store.redis import RedisStore
-    from mediator.store.sqlite import SqliteStore
-
-    if isinstance(store, SqliteStore):
-        from spark_jobs.log_source import sqlite_log_lines
-
-        path = os.path.realpath(store.path)  # read by Spark's workers, wherever they run
-        return lambda spark: sqlite_log_lines(spark, path, cap=evaluated, start=start,
-                                              max_rows=MAX_ROWS)
-    if isinstance(store, RedisStore):
-        from spark_jobs.redis_io import redis_lines
-
-        url, stream = store.url, store.prefix + "events"
-        return lambda spark: redis_lines(spark, url, stream, cap=evaluated,
-                                         start=f"{start}-0", max_rows=MAX_ROWS)
-    raise ValueError(f"the Spark composer reads the event log of a SQLite or Redis store, "
-                     f"not of {type(store).__name__}")
-
-
-class _Sparks:
-    """The Spark composers (slots) holding the profiles Spark composes, each a live job over
-    the store's event log in its own directory under ``root``. A profile name is one entry of
-    a composer's profile table, and a composite's id is made from its profile's name: two
-    subscriptions defining the same name go to two slots, so every composite keeps the id the
-    in-process runner gives it. Which subscription holds which slot's names is kept
-    (``slots.json``), so a restart puts every profile back on the job — and the checkpoint —
-    that composed it; a slot left without profiles is stopped and its directory removed."""
-
-    def __init__(self, spark: Any, store: Store, root: str | None,
-                 deliver: Callable[[Key, str, dict[str, Any]], None], trigger: str | None,
-                 tick: int) -> None:
-        self.spark = spark
-        self.tick = tick  # the runners' clock: the jobs' engines tick alike
-        self.store = store
-        # Resolved: Spark reads "//tmp/x" (a store URL sqlite:////tmp/x) as host tmp.
-        self.root = os.path.realpath(root if root is not None else spark_dir(store))
-        self.deliver = deliver
-        self.trigger = trigger
-        self.evaluated = os.path.join(self.root, EVALUATED)
-        os.makedirs(self.root, exist_ok=True)
-        self.slots: list[LiveComposer | None] = []
-        self.names: list[dict[str, Claim]] = self._load()  # per slot: profile → its holder
-        self.live: set[int] = set()  # slots whose names are registered since this start
-        # Per slot, names removed there since this start: a micro-batch still in flight runs
-        # the old table, and its composites must not reach a new holder of the name.
-        self.retired: dict[int, set[str]] = {}
-        self._marked: int | None = None  # the position in the cap file (read at first use)
-        self._failed: BaseException | None = None  # a job that did not start
-        self._looked = 0.0  # when failure() last asked the jobs
-
-    def _load(self) -> list[dict[str, Claim]]:
-        path = os.path.join(self.root, SLOTS)
-        if not os.path.exists(path):
-            return []
-        try:
-            with open(path, encoding="utf-8") as handle:
-                found = json.load(handle)
-            return [{name: (str(c[0]), str(c[1]), int(c[2])) for name, c in slot.items()}
-                    for slot in found]
-        except (OSError, ValueError, TypeError, IndexError, AttributeError) as exc:
-            raise ValueError(f"the Spark composer's {path} cannot be read ({exc}); expected "
-                             "the slots it wrote: remove the directory to start its jobs "
-                             "afresh (they then replay from the subscriptions' starts)"
-                             ) from None
-
-    def _save(self) -> None:
-        from spark_jobs.spool import write_whole
-
-        write_whole(os.path.join(self.root, SLOTS),
-                    json.dumps([{n: list(c) for n, c in slot.items()} for slot in self.names]))
-
-    def mark(self, position: int) -> None:
-        """The pipeline evaluated the log up to ``position``: the jobs may read that far. Never
-        moved back: a restart's replay of positions evaluated before registers nothing there
-        (a new subscription starts at the log's head)."""
-        from spark_jobs.log_source import read_cap
-        from spark_jobs.spool import write_whole
-
-        if self._marked is None:
-            self._marked = read_cap(self.evaluated) or 0
-        if position > self._marked:
-            write_whole(self.evaluated, str(position))
-            self._marked = position
-
-    def register(self, record: SubscriptionRecord, doc: ast.Document, names: list[str]) -> int:
-        """Register the subscription's profiles ``names`` (its start as the record says) with
-        the slot that held them before a restart, else one where none of them is taken."""
-        holder = (record.owner, record.name, record.created_us)
-        slot = next((i for i, held in enumerate(self.names)
-                     if names and all(held.get(n) == holder for n in names)), -1)
-        if slot < 0:
-            slot = next((i for i, held in enumerate(self.names)
-                         if not set(names) & (set(held) | self.retired.get(i, set()))), -1)
-        if slot < 0:
-            self.names.append({})
-            slot = len(self.names) - 1
-        # Named after its holder (a comment): a profile removed and registered again gets a
-        # new registration in the job's table, never the old one's state.
-        text = (f"# subscription {record.owner}/{record.name} created {record.created_us}\n"
-                + to_text(ast.Document(doc.classes,
-                                       tuple(p for p in doc.profiles if p.name in names))))
-        self._composer(slot, record.start_position).register(text, record.start_time)
-        self.names[slot].update(dict.fromkeys(names, holder))
-        self.live.add(slot)
-        self._save()
-        return slot
-
-    def session(self) -> Any:
-        """The SparkSession, started (local mode) if none was given (or the one
-        :func:`spark_session` started: getOrCreate returns it)."""
-        if self.spark is None:
-            self.spark = spark_session(self.root)
-        return self.spark
-
-    def _composer(self, slot: int, start: int) -> LiveComposer:
-        from spark_jobs.composer import TRIGGER, SparkComposer
-
-        while len(self.slots) <= slot:
-            self.slots.append(None)
-        found = self.slots[slot]
-        if found is None:
-            from eva.engine import EngineConfig
-
-            found = SparkComposer(
-                self.session(), os.path.join(self.root, f"composer-{slot}"),
-                EngineConfig(tick=self.tick),
-                lines=log_lines(self.store, self.evaluated, start),
-                deliver=lambda rows: self._delivered(slot, rows),
-                trigger=self.trigger or TRIGGER)
-            self.slots[slot] = found
-        return found
-
-    def begin(self, wait: bool = True) -> None:
-        """Start the jobs of the slots registered (after a restart: once every stored
-        subscription is back); a slot nothing was registered with again is dropped.
-        ``wait`` False: in a thread — building a query takes Spark seconds, longer than an
-        AddProfile may wait; the table is written already, and the cap holds the job back."""
-        for slot, held in enumerate(self.names):
-            if slot in self.live:
-                composer = self.slots[slot]
-                assert composer is not None
-                if wait:
-                    composer.begin()
-                else:
-                    threading.Thread(target=self._begin, args=(composer,), daemon=True,
-                                     name="evamed-spark-start").start()
-            elif held:
-                self._drop(slot)
-
-    def _begin(self, composer: LiveComposer) -> None:
-        try:
-            composer.begin()
-        except Exception as exc:  # the pipeline's next look at failure() stops it, said
-            self._failed = exc
-
-    def _drop(self, slot: int) -> None:
-        """Stop a slot's job and remove its directory (its checkpoint: no profile left)."""
-        composer = self.slots[slot] if slot < len(self.slots) else None
-        if composer is not None:
-            composer.close()
-            self.slots[slot] = None
-        shutil.rmtree(os.path.join(self.root, f"composer-{slot}"), ignore_errors=True)
-        self.names[slot] = {}
-        self.live.discard(slot)
-        self.retired.pop(slot, None)  # its job is stopped: nothing of it is in flight
-        self._save()
-
-    def remove(self, slot: int, names: list[str]) -> None:
-        for name in names:
-            composer = self.slots[slot]
-            if composer is not None:
-                composer.remove(name)
-            self.names[slot].pop(name, None)
-            self.retired.setdefault(slot, set()).add(name)
-        if not self.names[slot]:
-            self._drop(slot)
-        else:
-            self._save()
-
-    def _delivered(self, slot: int, rows: list[tuple[str, str, dict[str, Any]]]) -> None:
-        """A live job's micro-batch (in its query's thread): each composite to the log of the
-        subscription holding its profile."""
-        held = self.names[slot]
-        for kind, profile, body in rows:
-            holder = held.get(profile)
-            if kind != "composite":
-                log.warning("the Spark composer refused an event for profile %s: %s: %s",
-                            profile, body.get("reason"), body.get("detail"))
-            elif holder is not None:  # else removed meanwhile
-                self.deliver(holder[:2], profile, body)
-
-    def failure(self) -> BaseException | None:
-        """What stopped a live job, if one stopped by itself (or did not start). Asked after
-        every batch; the jobs are asked (a call into the JVM each) once a second at most."""
-        if self._failed is not None:
-            return self._failed
-        now = clock.monotonic()
-        if now < self._looked + 1.0:
-            return None
-        self._looked = now
-        for composer in self.slots:
-            found = composer.failure() if composer is not None else None
-            if found is not None:
-                return found
-        return None
-
-    def close(self) -> None:
-        """Stop the jobs; their directories stay for the next start."""
-        for composer in self.slots:
-            if composer is not None:
-                composer.close()
-        self.slots = []
-        self.live = set()
-
-
 class Pipeline:
-    """Every live subscription over the event log (see the module docstring). ``spark``: the
-    SparkSession of the ``"spark"`` composer (default: local mode, started by :meth:`start`);
-    ``spark_dir``: where its jobs keep their tables and checkpoints (default: :func:`spark_dir`);
-    ``trigger``: their processing-time trigger (default: spark_jobs.composer.TRIGGER);
-    ``batch``: events per batch; ``trim_every``: batches between event-log trims."""
+    """Every live subscription over the inputs (see the module docstring). ``links``: the
+    services, fed (:mod:`adapters.links`, :mod:`adapters.remote_link`) and autonomous
+    (:class:`~adapters.service_link.AutonomousLink`), in the configured order; ``idle``: each
+    autonomous service's idle timeout in seconds (default ``idle_default``, also the own
+    feed's). ``spark``: the SparkSession of the ``"spark"`` composer (default: local mode,
+    started by :meth:`start`); ``spark_dir``: where its jobs keep their tables and checkpoints;
+    ``trigger``: their processing-time trigger; ``batch``: events per batch; ``trim_every``:
+    batches between trims of the logs."""
 
     def __init__(self, store: Store, links: Mapping[str, Link], *, tick: int = 1_000_000,
                  composer: str = "inprocess", metrics: Metrics | None = None,
                  on_append: Callable[[str, str, int], None] = lambda owner, name, head: None,
                  spark: Any = None, spark_dir: str | None = None, trigger: str | None = None,
-                 batch: int = 500, trim_every: int = 100) -> None:
+                 batch: int = 500, trim_every: int = 100, idle: Mapping[str, float] | None = None,
+                 idle_default: float = 5.0) -> None:
         if composer not in COMPOSERS:
             raise ValueError(f"composer {composer!r}: expected one of {', '.join(COMPOSERS)}")
         if batch < 1 or trim_every < 1:
@@ -606,23 +183,27 @@ class Pipeline:
         self.on_append = on_append
         self.batch = batch
         self.trim_every = trim_every
-        self._sparks = (_Sparks(spark, store, spark_dir, self._append_composed, trigger, tick)
+        self._sparks = (SparkSlots(spark, store, spark_dir, self._append_composed, trigger, tick)
                         if composer == "spark" else None)
         self._subs: dict[Key, _Subscription] = {}
         self._handles: dict[str, int] = dict.fromkeys(self.links, 0)  # per link, all federations'
-        self._origins = _Origins()
-        self._lock = threading.RLock()  # held for a batch, and to add or remove
+        self._origins = Origins()
+        self._lock = threading.RLock()  # held for a round, and to add or remove
         self._wakeup = threading.Event()
         self._thread: threading.Thread | None = None
-        self._draining = False  # stop: evaluate what the log holds, then end
-        self._halt = False      # stop now, after the batch in progress
+        self._draining = False  # stop: evaluate what the logs hold, then end
+        self._halt = False      # stop now, after the round in progress
         self._cut_short = False  # the links were closed under a batch: it appends nothing
-        self._position = 0      # the last event-log position evaluated
-        self._newest: int | None = None  # the newest event time evaluated
-        self._sealed = False  # the newest time is a watermark's: its instant is complete
-        self._logged: int | None = None  # the newest event time in the log at start
-        self._watermarks: list[tuple[int, int]] = []  # (log head when given, time)
-        self._marks = threading.Lock()  # for the watermarks: advance() never waits on a batch
+        self._own = OwnFeed(store, metrics, idle_default)
+        self._feeds: dict[str, ServiceFeed] = {}
+        autonomous = [link for link in self.links.values() if isinstance(link, AutonomousLink)]
+        for rank, link in enumerate(autonomous, start=1):
+            self._feeds[link.info.name] = ServiceFeed(
+                link, store, rank, (idle or {}).get(link.info.name, idle_default), self.wake)
+        # Who takes each autonomous handle's detections: (subscription, federation).
+        self._users: dict[tuple[str, Handle], list[tuple[_Subscription, Federation]]] = {}
+        known = store.get_meta(ORIGIN_KEY) if self._feeds else None
+        self._origin: int | None = int(known) if known is not None else None
         self._batches = 0
         self.error: BaseException | None = None
         """What stopped the thread, if it failed (the service reports NOT_SERVING)."""
@@ -631,16 +212,20 @@ class Pipeline:
 
     def start(self) -> None:
         """Restore every stored subscription, then start the thread: each is re-planned and
-        subscribed again at the services when the replay of the log reaches its start position;
-        the thread replays the rest of the log with every federation, then follows it."""
+        subscribed again at the services (at the fed ones when the replay of the event log
+        reaches its start position); the thread replays the rest of the logs with every
+        federation, then follows them."""
         if self._sparks is not None:
             # The JVM starts now, before the service answers (and forks before its gRPC
             # threads): not in the first AddProfile that needs it, seconds past its deadline.
             self._sparks.session()
         records = sorted(self.store.subscriptions(), key=lambda r: r.start_position)
-        head = self.store.event_head()
-        self._position = records[0].start_position if records else head
-        self._logged = self._newest_logged(head)
+        self._own.start(records[0].start_position if records else self.store.event_head())
+        for name, feed in self._feeds.items():
+            starts = [_link_starts(r).get(name) for r in records]
+            head, _ = self.store.link_bounds(name)
+            feed.position = min((s for s in starts if s is not None), default=head)
+            feed.start()
         for record in records:
             try:
                 self._add(record, None, restoring=True)
@@ -651,21 +236,15 @@ class Pipeline:
         self._thread = threading.Thread(target=self._run, name="evamed-pipeline", daemon=True)
         self._thread.start()
 
-    def _newest_logged(self, head: int) -> int | None:
-        """The newest event time the log holds (or held before a trim)."""
-        found = [int(v)] if (v := self.store.get_meta(NEWEST_KEY)) is not None else []
-        for logged in self.store.read_events(after=max(head - 1, 0), limit=1):
-            with contextlib.suppress(EventError):
-                found.append(from_json_line(logged.line).time)
-        return max(found, default=None)
-
     def stop(self, timeout: float = 5.0) -> None:
-        """Evaluate what the log holds, then unsubscribe every federation at its services —
+        """Evaluate what the logs hold, then unsubscribe every federation at its services —
         within ``timeout`` whatever the services do. A batch still waiting on a service then
         (one out of reach: its link reconnects without end) is cut short: the links are closed
         (their calls raise ConnectionError, which the thread takes as the stop), nothing that
         batch decided is appended, and it stays in the event log for the next start to
-        evaluate. The same for unsubscribing. Returns within about ``timeout + 3 * CUT``."""
+        evaluate. The same for unsubscribing. Returns within about ``timeout + 3 * CUT``.
+        (An autonomous service's registrations are not unsubscribed: they are durable, the
+        next start takes them up again.)"""
         deadline = clock.monotonic() + timeout
         thread, self._thread = self._thread, None
         self._draining = True
@@ -675,14 +254,14 @@ class Pipeline:
             if thread.is_alive():
                 log.warning("the pipeline did not evaluate the event log within %.1f s (a "
                             "service out of reach?); closing the links: the next start "
-                            "evaluates it from position %d", timeout, self._position)
+                            "evaluates it from position %d", timeout, self._own.position)
                 self._cut()
                 thread.join(CUT)
         self._halt = True
         self._wakeup.set()
         if not self._lock.acquire(timeout=max(deadline - clock.monotonic(), CUT)):
             log.error("the pipeline thread did not stop; leaving it (the next start evaluates "
-                      "the event log from position %d)", self._position)
+                      "the event log from position %d)", self._own.position)
             return
         try:
             unsubscribing = threading.Thread(target=self._unsubscribe_all, daemon=True,
@@ -695,11 +274,11 @@ class Pipeline:
                 self._cut()
                 unsubscribing.join(CUT)
             self._subs.clear()
+            self._users.clear()
             self._handles = dict.fromkeys(self.links, 0)
             if self._sparks is not None:
                 self._sparks.close()
-            if self._newest is not None:
-                self.store.set_meta(NEWEST_KEY, str(self._newest))
+            self._own.keep()
         finally:
             self._lock.release()
 
@@ -714,43 +293,44 @@ class Pipeline:
         for sub in list(self._subs.values()):
             for federation in sub.federations:
                 try:
-                    federation.unsubscribe()
+                    _unsubscribe_fed(federation)
                 except Exception as exc:  # gone, or closed meanwhile: its service forgets it
                     log.warning("unsubscribing %s/%s: %s", *sub.key, exc)
 
     @property
     def position(self) -> int:
         """The last event-log position evaluated."""
-        return self._position
+        return self._own.position
 
     def wake(self) -> None:
-        """The event log grew."""
+        """An input grew."""
         self._wakeup.set()
 
     def newest(self) -> int | None:
-        """The newest event time in the log as far as the pipeline knows (evaluated, or there
-        at start)."""
-        times = [t for t in (self._newest, self._logged) if t is not None]
-        return max(times, default=None)
+        """The newest event time in the event log as far as the pipeline knows (evaluated, or
+        there at start)."""
+        return self._own.known_newest()
 
     def advance(self, time: int) -> None:
-        """A watermark: no event at or before ``time`` will come any more. Applied once the
-        events logged before it are evaluated."""
-        with self._marks:
-            self._watermarks.append((self.store.event_head(), time))
+        """A watermark of the own feed: no event at or before ``time`` will come any more.
+        Applied once the events logged before it are evaluated."""
+        self._own.advance(time)
         self._wakeup.set()
 
     # ---------------------------------------------------------------- subscriptions
 
     def add(self, record: SubscriptionRecord, doc: ast.Document | None = None) -> list[Plan]:
         """Plan every profile of the record's document over the connected services, subscribe
-        the federation, and evaluate it on the events after the record's start position (the
-        log's head when it was registered): the pipeline first evaluates the log up to there.
-        The record's start is then set to where the pipeline is — the position, and the newest
-        event time evaluated, which the profiles see events after — and stored, if the record
-        is (a restart replays it from there): store it before ``add``. ``ProfileError`` for a
-        document that does not parse, ``ValueError`` (``PushRefused``) for one a service
-        refuses. ``doc``: the record's text parsed already (parsing is most of the cost)."""
+        the federation, and evaluate it on what comes after the record's start: the events
+        after its position in the event log (the log's head when it was registered: the
+        pipeline first evaluates the log up to there) and the entries after its positions in
+        the link logs. The record's start is then set to where the pipeline is — the position,
+        the instant the profiles see events after (the newest event time evaluated; with
+        autonomous services, the instant every input has reported), and the link logs' heads —
+        and stored, if the record is (a restart replays it from there): store it before
+        ``add``. ``ProfileError`` for a document that does not parse, ``ValueError``
+        (``PushRefused``) for one a service refuses. ``doc``: the record's text parsed already
+        (parsing is most of the cost)."""
         return self._add(record, doc, restoring=False)
 
     def _add(self, record: SubscriptionRecord, doc: ast.Document | None,
@@ -761,30 +341,42 @@ class Pipeline:
             key = (record.owner, record.name)
             if key in self._subs:
                 raise ValueError(f"subscription {record.owner}/{record.name} is already live")
-            while self._position < record.start_position and self._step(record.start_position):
+            while (self._own.position < record.start_position
+                   and self._step(record.start_position)):
                 pass
-            stamped = replace(record, start_position=self._position, start_time=self._newest)
-            if not restoring and stamped != record:
-                # Registered while events were on their way, or evaluated past its start
-                # already (the services have seen those events): it starts here.
-                record = stamped
-                if self.store.subscription(record.owner, record.name) is not None:
-                    self.store.put_subscription(record)
+            starts = _link_starts(record)
+            if not restoring:
+                starts = {name: self.store.link_bounds(name)[0] for name in self._feeds}
+                stamped = replace(record, start_position=self._own.position,
+                                  start_time=self._start_time(),
+                                  links=json.dumps(starts) if starts else "")
+                if stamped != record:
+                    # Registered while events were on their way, or evaluated past its start
+                    # already (the services have seen those events): it starts here.
+                    record = stamped
+                    if self.store.subscription(record.owner, record.name) is not None:
+                        self.store.put_subscription(record)
             plans = [plan_federated(p, doc, infos, live=True) for p in doc.profiles]
             sparked = [p for p in plans if self._composer(p, doc) == "spark"]
             ran = [p for p in plans if p not in sparked]
             federations: list[Federation] = []
+            owner = f"{record.owner}/{record.name}@{record.created_us}"
             try:
                 for p in ran:
-                    federations.append(Federation(doc, [p], self.links, tick=self.tick,
-                                                  start=record.start_time))
-                sub = _Subscription(record, doc, plans, federations, _types(doc),
-                                    _horizon(doc, self.tick), [p.profile.name for p in sparked])
+                    federation = Federation(doc, [p], self.links, tick=self.tick,
+                                            start=record.start_time,
+                                            owner=f"{owner}/{p.profile.name}")
+                    federations.append(federation)
+                    if record.start_time is None and self._origin is not None and self._feeds:
+                        federation.set_origin(self._origin)
+                sub = _Subscription(record, doc, plans, federations, types(doc),
+                                    horizon(doc, self.tick), [p.profile.name for p in sparked],
+                                    links=starts)
                 if sparked and self._sparks is not None:
                     sub.slot = self._sparks.register(record, doc, sub.composed)
                     if not restoring:  # (restored ones start together: Pipeline.start)
                         self._sparks.begin(wait=False)
-                        self._sparks.mark(self._position)
+                        self._sparks.mark(self._own.position)
             except BaseException:  # nothing half-subscribed stays at the services
                 for federation in federations:
                     federation.unsubscribe()
@@ -793,6 +385,17 @@ class Pipeline:
             self._count(sub, 1)
             self._origins.widen(sub.types, sub.horizon)
             return plans
+
+    def _start_time(self) -> int | None:
+        """The instant a subscription registered now sees events after: the newest event time
+        evaluated; with autonomous services, the instant every input has reported (the origin
+        before any has; None: not known yet — the origin, once known)."""
+        if not self._feeds:
+            return self._own.newest
+        if self._origin is None:
+            return None
+        found = bound(self._states())
+        return self._origin if found is None else max(found, self._origin)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -810,10 +413,21 @@ class Pipeline:
             self._lock.release()
 
     def _count(self, sub: _Subscription, sign: int) -> None:
-        """Count a subscription's handles in (1) or out (-1) of their links'."""
+        """Count a subscription's handles in (1) or out (-1) of their links', and index those
+        at autonomous services by handle."""
         for federation in sub.federations:
             for name, handles in federation.handles.items():
                 self._handles[name] += sign * len(handles)
+                if name not in self._feeds:
+                    continue
+                for handle in handles:
+                    users = self._users.setdefault((name, handle), [])
+                    if sign > 0:
+                        users.append((sub, federation))
+                    else:
+                        users[:] = [u for u in users if u[1] is not federation]
+                        if not users:
+                            del self._users[(name, handle)]
 
     def remove(self, owner: str, name: str) -> bool:
         """Unsubscribe a live subscription at its services and drop it."""
@@ -836,9 +450,14 @@ class Pipeline:
             self._origins.widen(sub.types, sub.horizon)
 
     def _composer(self, p: Plan, doc: ast.Document) -> str:
-        """Where a plan's mediator-side part is composed (the module docstring)."""
-        return ("spark" if self._sparks is not None and composed_by_spark(p, doc)
-                else "inprocess")
+        """Where a plan's mediator-side part is composed (:mod:`mediator.placement`): the Spark
+        job reads the event log, so it composes a plan only if no leaf is at an autonomous
+        service (whose events are not there)."""
+        autonomous = any(isinstance(n, (Remote, Subscribe)) and any(
+            s in self._feeds for s in (n.sources if isinstance(n, Subscribe) else (n.service,)))
+            for n in [*nodes(p.root), *p.observed])
+        return ("spark" if self._sparks is not None and not autonomous
+                and spark_composes(p, doc) else "inprocess")
 
     def placement(self, owner: str, name: str) -> dict[str, str]:
         """Where each profile of a live subscription is composed: ``"inprocess"`` (its
@@ -878,8 +497,13 @@ class Pipeline:
                 with self._lock:
                     if self._halt:
                         return
-                    evaluated = self._step()
-                    self._watermark()
+                    evaluated = 0
+                    if self._ready():
+                        evaluated = self._step() + self._listen()
+                        time = self._own.due()
+                        if time is not None:
+                            self._round([], time)
+                        self._decide()
                     failed = self._sparks.failure() if self._sparks is not None else None
                     if failed is not None:  # a live job stopped: composites would stop too
                         raise failed
@@ -891,75 +515,68 @@ class Pipeline:
         except Exception as exc:  # a bug, or a service gone for good: say so, keep the log
             if self._cut_short:  # stop() closed the links under the batch: the stop, said
                 log.info("the pipeline stopped at event-log position %d, its batch cut short "
-                         "(%s)", self._position, exc)
+                         "(%s)", self._own.position, exc)
                 return
             self.error = exc
-            log.exception("the pipeline stopped at event-log position %d", self._position)
+            log.exception("the pipeline stopped at event-log position %d", self._own.position)
+
+    def _states(self, peek: bool = False) -> list[State]:
+        return [self._own.state(peek), *(feed.state() for feed in self._feeds.values())]
+
+    def _ready(self) -> bool:
+        """Whether the profiles' clocks can start: always without autonomous services; with
+        them, once the origin of the merged trace is known (:meth:`_start_time`)."""
+        if self._origin is not None or not self._feeds:
+            return True
+        states = self._states(peek=True)
+        if any(s.origin is None and not s.idle for s in states):
+            return False
+        origins = [s.origin for s in states if s.origin is not None]
+        if not origins:
+            return False
+        self._origin = min(origins)
+        self.store.set_meta(ORIGIN_KEY, str(self._origin))
+        log.info("the merged trace starts after %d µs: the profiles' clocks start there",
+                 self._origin)
+        for sub in self._subs.values():
+            for federation in sub.federations:
+                federation.set_origin(self._origin)
+            if sub.record.start_time is None and self.store.subscription(*sub.key) is not None:
+                sub.record = replace(sub.record, start_time=self._origin)
+                self.store.put_subscription(sub.record)
+        return True
 
     def _step(self, upto: int | None = None) -> int:
-        """Evaluate the next batch of the log (up to position ``upto``); how many entries it
-        held."""
-        limit = self.batch if upto is None else min(self.batch, upto - self._position)
-        logged = self.store.read_events(after=self._position, limit=limit) if limit > 0 else []
+        """Evaluate the next batch of the event log (up to position ``upto``); how many
+        entries it held."""
+        limit = self.batch if upto is None else min(self.batch, upto - self._own.position)
+        logged, events = self._own.read(limit)
         if not logged:
             return 0
-        events = self._decode(logged)
         if events:
-            began = clock.perf_counter()
-            self._evaluate(events)
-            if self.metrics:
-                self.metrics.composer_latency.observe(clock.perf_counter() - began)
-                self._measure(self.metrics)
-        self._position = logged[-1].position
+            self._origins.note(events)
+            self._round(events, None)
+            if upto is not None:  # a replay up to a registration: decided as it goes
+                self._decide()
+        self._own.position = logged[-1].position
         if self._sparks is not None:
-            self._sparks.mark(self._position)
+            self._sparks.mark(self._own.position)
         self._batches += 1
         if self._batches % self.trim_every == 0:
             self._trim()
         return len(logged)
 
-    def _decode(self, logged: list[LoggedEvent]) -> list[Event]:
-        """The batch's events, numbered by their log positions (the trace's arrival order).
-        Publish logs only well-formed events in time order; anything else is skipped, said."""
-        out: list[Event] = []
-        for item in logged:
-            try:
-                event = from_json_line(item.line, item.position)
-            except EventError as exc:
-                log.error("event-log position %d skipped: %s", item.position, exc)
-                self._dead_letter("malformed")
-                continue
-            if self._newest is not None and (event.time < self._newest or (
-                    event.time == self._newest and self._sealed)):
-                log.error("event-log position %d (id %r) skipped: its time lies before the "
-                          "newest evaluated (or at a watermark); expected the log in time "
-                          "order", item.position, event.id)
-                self._dead_letter("late")
-                continue
-            self._newest, self._sealed = event.time, False
-            out.append(event)
-        return out
-
-    def _dead_letter(self, reason: str) -> None:
-        if self.metrics:
-            self.metrics.dead_letters.labels(reason).inc()
-
-    def _evaluate(self, events: list[Event]) -> None:
-        """Steps 1–4 of the module docstring for one batch."""
-        self._origins.note(events)
-        self._round(events, None, events[-1].time)
-        self._origins.forget(events[-1].time)
-
-    def _round(self, events: list[Event], until: int | None, newest: int) -> None:
-        """Every federation over the shared links: the batch (or, with ``until`` and no
-        events, a watermark) published to each link with subscriptions once, with the ticks
-        every federation asks of it; then each decides up to ``newest - 1``."""
-        feds = [(s, f) for s in self._subs.values() for f in s.federations]
+    def _round(self, events: list[Event], until: int | None) -> None:
+        """The own feed's batch (or, with ``until`` and no events, a watermark) to every
+        federation that takes it, each fed link with subscriptions published once, with the
+        ticks every federation asks of it; each federation takes its handles' detections."""
+        feds = [f for s in self._subs.values() for f in s.federations if f.own_inputs]
         ticks: dict[str, list[Event]] = {}
-        for _, fed in feds:
+        for fed in feds:
             for name, asked in fed.begin(events, until).items():
                 ticks.setdefault(name, []).extend(asked)
-        used = {name: link for name, link in self.links.items() if self._handles[name]}
+        used = {name: link for name, link in self.links.items()
+                if self._handles[name] and name not in self._feeds}
         detections = publish(used, events, ticks, until)
         for name, found in detections.items():
             for handle, reported in found.items():
@@ -967,19 +584,78 @@ class Pipeline:
             count = sum(len(v) for v in found.values())
             if self.metrics and count:
                 self.metrics.notifications_in.labels(name).inc(count)
+        for fed in feds:
+            fed.take(detections)
+
+    def _listen(self) -> int:
+        """The next entries of every link log, each detection to the federations holding its
+        handle that were registered before it; how many entries were read."""
+        read = 0
+        late: list[Late] = []
+        for name, feed in self._feeds.items():
+            notices = feed.read(LINK_READ)
+            read += len(notices)
+            for notice in notices:
+                for handle, detection in notice.detections:
+                    users = self._users.get((name, handle))
+                    if not users:
+                        continue  # a registration no live subscription holds any more
+                    self._origins.reported(name, handle, [detection])
+                    for sub, federation in users:
+                        if notice.position > sub.links.get(name, 0):
+                            late += federation.learn(name, handle, [detection])
+                feed.heard(notice)
+            if self.metrics and notices:
+                self.metrics.notifications_in.labels(name).inc(
+                    sum(len(n.detections) for n in notices))
+        if late:
+            self._late(late)
+        return read
+
+    def _late(self, late: list[Late]) -> None:
+        """Reports of services behind an instant decided already: dead letters ``late``."""
+        if self.metrics:
+            self.metrics.dead_letters.labels("late").inc(len(late))
+        for item in late[:LATE_SHOWN]:
+            log.warning("late: service %s reported %s after the mediator had decided past its "
+                        "time (the service was idle longer than its idle timeout)", item.link,
+                        item.what)
+
+    def _decide(self) -> None:
+        """Every federation decides up to where its inputs have reported everything; each
+        subscription's composites appended, in detection order."""
+        own = self._own.state()
+        states = {name: feed.state() for name, feed in self._feeds.items()}
+        everything = [own, *states.values()]
         decided: dict[Key, list[Notification]] = {}
-        for sub, fed in feds:
-            decided.setdefault(sub.key, []).extend(fed.finish(detections, newest))
+        newest: int | None = None
+        for sub in self._subs.values():
+            for federation in sub.federations:
+                used = ([own] if federation.own_inputs else []) + [
+                    states[name] for name in federation.inputs]
+                found = bound(used or everything)
+                if found is None:
+                    continue
+                newest = found if newest is None else max(newest, found)
+                notes = federation.decide(found)
+                if notes:
+                    decided.setdefault(sub.key, []).extend(notes)
+        began = clock.perf_counter()
         for key, notes in decided.items():
             # One runner per profile: merged in detection order, as one runner would report.
             notes.sort(key=lambda n: n.emitted)
             self._append(self._subs[key], notes)
+        if self.metrics:
+            if decided:
+                self.metrics.composer_latency.observe(clock.perf_counter() - began)
+            self._measure(self.metrics)
+        if newest is not None:
+            self._origins.forget(newest)
 
     def _measure(self, metrics: Metrics) -> None:
-        """After a batch: what the runners hold, summed over every subscription per part (a
+        """After a round: what the runners hold, summed over every subscription per part (a
         fixed label set however many subscriptions there are), with the pipeline's own index
-        of origins; and the services' answers the post-filters dropped, per service (those of
-        watermark rounds too)."""
+        of origins; and the services' answers the post-filters dropped, per service."""
         held = RunnerStats()
         for federation in (f for sub in self._subs.values() for f in sub.federations):
             held += federation.stats()
@@ -987,18 +663,6 @@ class Pipeline:
                 metrics.post_filter_drops.labels(service).inc(count)
         for part, value in [*asdict(held).items(), ("origins", len(self._origins))]:
             metrics.state_size.labels(part).set(value)
-
-    def _watermark(self) -> None:
-        """Apply the watermarks whose events are all evaluated: a round without events."""
-        with self._marks:
-            due = [t for head, t in self._watermarks if head <= self._position]
-            self._watermarks = [(h, t) for h, t in self._watermarks if h > self._position]
-        if not due:
-            return
-        time = max(due)
-        if self._newest is None or time >= self._newest:
-            self._newest, self._sealed = time, True  # an event at or before it is late
-            self._round([], time, time + 1)
 
     def _append(self, sub: _Subscription, notes: list[Notification]) -> None:
         if not notes:
@@ -1008,7 +672,9 @@ class Pipeline:
         for n in notes:
             ident, line = composite_line(n)
             described = self._origins.describe(n.occ.events, handles, n.occ.ident)
-            items.append((ident, payload(line, ident, n.profile, sub.record.name, described)))
+            items.append((ident, encode(Entry(line, n.profile, sub.record.name,
+                                              described.sources, described.types,
+                                              described.times, described.services), ident)))
         self._store_items(sub.key, items)
 
     def _append_composed(self, key: Key, profile: str, body: dict[str, Any]) -> None:
@@ -1021,8 +687,9 @@ class Pipeline:
         constituents = [str(c) for c in body["data"]["constituents"]]
         described = self._origins.describe(constituents, set())
         ident = str(body["id"])
-        self._store_items(key, [(ident, payload(json.dumps(body), ident, profile, key[1],
-                                                described))])
+        self._store_items(key, [(ident, encode(Entry(
+            json.dumps(body), profile, key[1], described.sources, described.types,
+            described.times, described.services), ident))])
 
     def _store_items(self, key: Key, items: list[tuple[str, bytes]]) -> None:
         if self._cut_short:  # decided from answers a closed link may have cut: not kept
@@ -1038,13 +705,37 @@ class Pipeline:
             log.exception("waking the streams of %s/%s failed", *key)
 
     def _trim(self) -> None:
-        """Drop the event-log positions no live subscription needs (each needs those after its
-        start position) and the pipeline has evaluated."""
+        """Drop the log entries no live subscription needs (each needs those after its start
+        positions) and the pipeline has evaluated."""
         starts = [s.record.start_position for s in self._subs.values()]
-        before = min([*starts, self._position + 1])
-        if self._newest is not None:
-            self.store.set_meta(NEWEST_KEY, str(self._newest))
+        before = min([*starts, self._own.position + 1])
+        self._own.keep()
         dropped = self.store.trim_events(before)
         if dropped:
             log.debug("event log trimmed: %d entries before position %d", dropped, before)
+        for name, feed in self._feeds.items():
+            needed = [s.links[name] + 1 for s in self._subs.values() if name in s.links]
+            self.store.trim_link(name, min([*needed, feed.position + 1]))
 
+
+def _link_starts(record: SubscriptionRecord) -> dict[str, int]:
+    """Where a stored subscription starts in each link log."""
+    if not record.links:
+        return {}
+    try:
+        found = json.loads(record.links)
+        return {str(name): int(position) for name, position in found.items()}
+    except (ValueError, TypeError, AttributeError):
+        log.error("subscription %s/%s: its link-log starts %r cannot be read; it starts at "
+                  "the links' heads", record.owner, record.name, record.links)
+        return {}
+
+
+def _unsubscribe_fed(federation: Federation) -> None:
+    """A federation's handles at the fed services: unsubscribed. Those at autonomous services
+    stay registered (durable: the next start takes them up again, and what they report
+    meanwhile is kept)."""
+    federation.unsubscribe(keep=lambda link: link.info.autonomous)
+
+
+__all__ = ["CUT", "Pipeline", "ServiceStatus", "Stopping", "close_links"]

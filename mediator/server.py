@@ -232,8 +232,8 @@ async def start(config: Config, *, store: Store | None = None,
     try:
         if config.composer == "spark" and pipeline is real_pipeline():
             # The JVM first: forked once gRPC channels exist, its launcher can crash in gRPC's
-            # fork handlers (mediator.pipeline.spark_session).
-            from mediator.pipeline import spark_dir, spark_session
+            # fork handlers (mediator.placement.spark_session).
+            from mediator.placement import spark_dir, spark_session
 
             await asyncio.to_thread(spark_session, os.path.realpath(spark_dir(opened)))
         for s in config.services:

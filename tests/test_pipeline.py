@@ -27,7 +27,8 @@ from eva.printer import to_text
 from examples.logistics.generate import day
 from mediator.config import RESERVED_SERVICE as OWN_FEED
 from mediator.metrics import STATE_PARTS, Metrics
-from mediator.pipeline import Pipeline, composed_by_spark
+from mediator.pipeline import Pipeline
+from mediator.placement import spark_composes as composed_by_spark
 from mediator.store.base import Store, SubscriptionRecord
 from mediator.store.redis import RedisStore
 from mediator.store.sqlite import SqliteStore

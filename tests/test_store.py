@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -168,6 +169,34 @@ def test_bad_positions_limits_and_retentions_are_value_errors(store: Store) -> N
 
 
 # -- records
+
+
+def test_a_link_log_appends_each_message_number_once_in_order(store: Store) -> None:
+    """An autonomous service's messages (issue 23): a message sent again after a reconnect
+    (its number not after the newest appended) is skipped; positions go on from one."""
+    assert store.link_bounds("traffic") == (0, 0)
+    assert store.append_link("traffic", [(1, b"m1"), (2, b"m2")]) == (2, 2)
+    assert store.append_link("traffic", [(2, b"again"), (3, b"m3"), (1, b"old")]) == (3, 3)
+    assert [(m.position, m.number, m.payload) for m in store.read_link("traffic", 0)] == [
+        (1, 1, b"m1"), (2, 2, b"m2"), (3, 3, b"m3")]
+    assert [m.number for m in store.read_link("traffic", 1, limit=1)] == [2]
+    assert store.link_bounds("traffic") == (3, 3)
+    assert store.read_link("fleet", 0) == [] and store.link_bounds("fleet") == (0, 0)
+
+
+def test_a_link_log_renumbered_takes_the_services_new_numbers_and_keeps_its_positions(
+        store: Store) -> None:
+    store.append_link("traffic", [(7, b"a"), (8, b"b")])
+    assert store.trim_link("traffic", 2) == 1
+    store.renumber_link("traffic")
+    assert store.append_link("traffic", [(1, b"c")]) == (3, 1)
+    assert [(m.position, m.number) for m in store.read_link("traffic", 0)] == [(2, 8), (3, 1)]
+
+
+def test_a_subscription_keeps_its_link_starts(store: Store) -> None:
+    record = replace(subscription(), links='{"traffic": 4}')
+    store.put_subscription(record)
+    assert store.subscription("ann", "P1") == record
 
 
 def test_clients_are_stored_found_by_token_hash_and_replaced(store: Store) -> None:

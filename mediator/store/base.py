@@ -1,10 +1,12 @@
 """The mediator's stores (the paper's client and profile stores, EVA §5.3), behind one interface.
 
 What is kept: clients (their tokens hashed), subscriptions (a profile document as written, its
-owner, where it starts in the event log, its plans as explained), the **event log** (every
-accepted event, in arrival order: what the pipeline evaluates, and replays after a restart) and
-one **notification log** per subscription (every composite appended before it is sent; a resume
-token is a position in it). Two implementations: :mod:`mediator.store.sqlite` (embedded, one
+owner, where it starts in the event log and in each link log, its plans as explained), the
+**event log** (every accepted event, in arrival order: what the pipeline evaluates, and replays
+after a restart), one **link log** per autonomous service (every message its session sent,
+appended before it is acknowledged to the service: the notifications the mediator composes)
+and one **notification log** per subscription (every composite appended before it is sent; a
+resume token is a position in it). Two implementations: :mod:`mediator.store.sqlite` (embedded, one
 file, WAL) and :mod:`mediator.store.redis` (deployed). Positions are integers from 1, increasing
 by one per append, in both.
 """
@@ -33,12 +35,20 @@ class SubscriptionRecord:
     start_position: int  # the event-log position it starts after (it sees the events after it)
     start_time: int | None  # the newest event time when it was registered (None: no event yet)
     plans: str = ""      # the plans as explained (JSON), for ListProfiles/Explain
+    links: str = ""      # JSON {link: position}: where it starts in each link log it reads
 
 
 @dataclass(frozen=True)
 class LoggedEvent:
     position: int
     line: str            # the CloudEvent as JSON, as accepted
+
+
+@dataclass(frozen=True)
+class LoggedMessage:
+    position: int
+    number: int          # the service's number of the message (its session's seq)
+    payload: bytes       # the message as mediator/inputs.py writes it
 
 
 @dataclass(frozen=True)
@@ -111,6 +121,25 @@ class Store(Protocol):
     def event_head(self) -> int: ...
     def trim_events(self, before: int) -> int:
         """Drop events at positions < ``before``; returns how many were dropped."""
+        ...
+
+    # -- link logs, one per autonomous service
+    def append_link(self, link: str, items: Sequence[tuple[int, bytes]]) -> tuple[int, int]:
+        """Append (message number, payload) pairs in order, durably, skipping any whose number
+        is not after the newest appended (a message the service sent again after a reconnect);
+        returns the log's bounds after it (:meth:`link_bounds`: the newest number is what the
+        mediator may acknowledge)."""
+        ...
+    def read_link(self, link: str, after: int, limit: int = 1000) -> list[LoggedMessage]: ...
+    def link_bounds(self, link: str) -> tuple[int, int]:
+        """(head position, newest message number); (0, 0) for a log nothing was appended to."""
+        ...
+    def renumber_link(self, link: str) -> None:
+        """The service numbers its messages from 1 again (its session was lost and opened
+        anew): the next append takes any number; positions go on."""
+        ...
+    def trim_link(self, link: str, before: int) -> int:
+        """Drop the entries at positions < ``before``; returns how many were dropped."""
         ...
 
     # -- notification logs, one per (owner, name)

@@ -13,6 +13,9 @@ client or subscription name cannot run into the next part):
   ``<name>`` s (its count is the limit per client's, SCARD; a store written before these sets
   were kept gets them from ``subs`` when opened, once, as one script).
 * ``events`` — the event log, a stream with ids ``<position>-0``; ``events:head`` its counter.
+* ``link:<name>`` — an autonomous service's link log, a stream with ids ``<position>-0``
+  (fields ``number``, ``payload``); ``link:<name>:head`` — a hash of its ``head`` position and
+  the newest message ``number`` appended.
 * ``log:<owner>:<name>`` — the notification log, a stream with ids ``<position>-0``;
   ``ids:<owner>:<name>`` — the set of its composite ids (the dedupe; not trimmed with the log).
 
@@ -36,6 +39,7 @@ from mediator.store.base import (
     SCHEMA_VERSION,
     ClientRecord,
     LoggedEvent,
+    LoggedMessage,
     LoggedNotification,
     StoreError,
     SubscriptionRecord,
@@ -54,6 +58,23 @@ for i = 1, #ARGV do
   redis.call('XADD', KEYS[2], string.format('%d-0', first + i), 'line', ARGV[i])
 end
 return head
+"""
+
+# KEYS: link:<name>:head, link:<name>. ARGV: number, payload, number, payload, ... Appends the
+# messages numbered after the newest appended; returns {head, newest number}.
+_APPEND_LINK = """
+local head = tonumber(redis.call('HGET', KEYS[1], 'head') or '0')
+local number = tonumber(redis.call('HGET', KEYS[1], 'number') or '0')
+for i = 1, #ARGV, 2 do
+  local given = tonumber(ARGV[i])
+  if given > number then
+    head = head + 1
+    number = given
+    redis.call('XADD', KEYS[2], string.format('%d-0', head), 'number', ARGV[i], 'payload', ARGV[i + 1])
+  end
+end
+redis.call('HSET', KEYS[1], 'head', head, 'number', number)
+return {head, number}
 """
 
 # KEYS: sub, log, ids. ARGV: id, payload, id, payload, ... Returns, per appended item, its index
@@ -194,6 +215,7 @@ class RedisStore:
         self._append_events = self._redis.register_script(_APPEND_EVENTS)
         self._append_notifications = self._redis.register_script(_APPEND_NOTIFICATIONS)
         self._trim_notifications = self._redis.register_script(_TRIM_NOTIFICATIONS)
+        self._append_link = self._redis.register_script(_APPEND_LINK)
         try:
             self._redis.register_script(_INDEX_OWNERS)(
                 keys=[self._k("meta"), self._k("subs")], args=[OWNERS_INDEXED, self._k("owned:")])
@@ -250,7 +272,7 @@ class RedisStore:
                 "text": record.text, "created_us": record.created_us,
                 "start_position": record.start_position,
                 "start_time": "" if record.start_time is None else record.start_time,
-                "plans": record.plans})
+                "plans": record.plans, "links": record.links})
             tx.sadd(self._k("subs"), _names(record.owner, record.name))
             tx.sadd(self._k("owned", record.owner), _names(record.name))
             tx.execute()
@@ -263,7 +285,8 @@ class RedisStore:
         start_time = fields[b"start_time"]
         return SubscriptionRecord(owner, name, _text(fields[b"text"]), int(fields[b"created_us"]),
                                   int(fields[b"start_position"]),
-                                  int(start_time) if start_time else None, _text(fields[b"plans"]))
+                                  int(start_time) if start_time else None, _text(fields[b"plans"]),
+                                  _text(fields.get(b"links", b"")))
 
     @_failures
     def subscriptions(self, owner: str | None = None) -> list[SubscriptionRecord]:
@@ -313,6 +336,36 @@ class RedisStore:
     def trim_events(self, before: int) -> int:
         # exact: redis-py's default (~) would keep whole macro-nodes
         return int(self._redis.xtrim(self._k("events"), minid=f"{max(before, 0)}-0",
+                                     approximate=False))
+
+    # -- link logs
+
+    @_failures
+    def append_link(self, link: str, items: Sequence[tuple[int, bytes]]) -> tuple[int, int]:
+        args: list[int | bytes] = [part for item in items for part in item]
+        head, number = self._append_link(keys=[self._k("link", link) + ":head",
+                                               self._k("link", link)], args=args)
+        return int(head), int(number)
+
+    @_failures
+    def read_link(self, link: str, after: int, limit: int = 1000) -> list[LoggedMessage]:
+        check_read(after, limit)
+        entries = self._redis.xrange(self._k("link", link), f"{after + 1}-0", "+", count=limit)
+        return [LoggedMessage(position, int(fields[b"number"]), fields[b"payload"])
+                for position, fields in _entries(entries)]
+
+    @_failures
+    def link_bounds(self, link: str) -> tuple[int, int]:
+        head, number = self._redis.hmget(self._k("link", link) + ":head", ["head", "number"])
+        return int(head or 0), int(number or 0)
+
+    @_failures
+    def renumber_link(self, link: str) -> None:
+        self._redis.hset(self._k("link", link) + ":head", "number", 0)
+
+    @_failures
+    def trim_link(self, link: str, before: int) -> int:
+        return int(self._redis.xtrim(self._k("link", link), minid=f"{max(before, 0)}-0",
                                      approximate=False))
 
     # -- notification logs

@@ -25,6 +25,7 @@ from mediator.store.base import (
     SCHEMA_VERSION,
     ClientRecord,
     LoggedEvent,
+    LoggedMessage,
     LoggedNotification,
     StoreError,
     SubscriptionRecord,
@@ -54,6 +55,11 @@ CREATE TABLE IF NOT EXISTS notifications (
     owner TEXT NOT NULL, name TEXT NOT NULL, position INTEGER NOT NULL,
     composite_id TEXT NOT NULL, payload BLOB NOT NULL,
     PRIMARY KEY (owner, name, position)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS link_logs (link TEXT PRIMARY KEY, head INTEGER NOT NULL,
+    number INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS link_log (
+    link TEXT NOT NULL, position INTEGER NOT NULL, number INTEGER NOT NULL,
+    payload BLOB NOT NULL, PRIMARY KEY (link, position)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS notification_ids (
     owner TEXT NOT NULL, name TEXT NOT NULL, composite_id TEXT NOT NULL,
     PRIMARY KEY (owner, name, composite_id)) WITHOUT ROWID;
@@ -71,7 +77,7 @@ _COUNTS = (
     "SET subscriptions = subscriptions - 1 WHERE owner = OLD.owner; END",
 )
 
-_SUBSCRIPTION = "owner, name, text, created_us, start_position, start_time, plans"
+_SUBSCRIPTION = "owner, name, text, created_us, start_position, start_time, plans, links"
 
 
 def _client(row: tuple[str, str, int, int]) -> ClientRecord:
@@ -102,6 +108,10 @@ class SqliteStore:
                 if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'owners'").fetchone():
                     for statement in _COUNTS:
                         db.execute(statement)
+                columns = {row[1] for row in db.execute("PRAGMA table_info(subscriptions)")}
+                if "links" not in columns:  # a file written before link logs existed
+                    db.execute("ALTER TABLE subscriptions ADD COLUMN links TEXT NOT NULL "
+                               "DEFAULT ''")
                 row = db.execute("SELECT version FROM schema_version").fetchone()
                 if row is None:
                     db.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
@@ -163,12 +173,13 @@ class SqliteStore:
         # an upsert, not a replace: the log's head and retention stay with the record
         with self._write() as db:
             db.execute(
-                f"INSERT INTO subscriptions ({_SUBSCRIPTION}) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                f"INSERT INTO subscriptions ({_SUBSCRIPTION}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (owner, name) DO UPDATE SET text = excluded.text, "
                 "created_us = excluded.created_us, start_position = excluded.start_position, "
-                "start_time = excluded.start_time, plans = excluded.plans",
+                "start_time = excluded.start_time, plans = excluded.plans, "
+                "links = excluded.links",
                 (record.owner, record.name, record.text, record.created_us,
-                 record.start_position, record.start_time, record.plans))
+                 record.start_position, record.start_time, record.plans, record.links))
 
     def subscription(self, owner: str, name: str) -> SubscriptionRecord | None:
         rows = self._read(f"SELECT {_SUBSCRIPTION} FROM subscriptions WHERE owner = ? AND name = ?",
@@ -217,6 +228,43 @@ class SqliteStore:
     def trim_events(self, before: int) -> int:
         with self._write() as db:
             return db.execute("DELETE FROM events WHERE position < ?", (before,)).rowcount
+
+    # -- link logs
+
+    def append_link(self, link: str, items: Sequence[tuple[int, bytes]]) -> tuple[int, int]:
+        with self._write() as db:
+            row = db.execute("SELECT head, number FROM link_logs WHERE link = ?",
+                             (link,)).fetchone()
+            head, number = (int(row[0]), int(row[1])) if row else (0, 0)
+            rows = []
+            for given, payload in items:
+                if given > number:
+                    head, number = head + 1, given
+                    rows.append((link, head, given, payload))
+            db.executemany("INSERT INTO link_log VALUES (?, ?, ?, ?)", rows)
+            db.execute("INSERT INTO link_logs VALUES (?, ?, ?) ON CONFLICT (link) DO UPDATE "
+                       "SET head = excluded.head, number = excluded.number",
+                       (link, head, number))
+        return head, number
+
+    def read_link(self, link: str, after: int, limit: int = 1000) -> list[LoggedMessage]:
+        check_read(after, limit)
+        return [LoggedMessage(*row) for row in self._read(
+            "SELECT position, number, payload FROM link_log WHERE link = ? AND position > ? "
+            "ORDER BY position LIMIT ?", (link, after, limit))]
+
+    def link_bounds(self, link: str) -> tuple[int, int]:
+        rows = self._read("SELECT head, number FROM link_logs WHERE link = ?", (link,))
+        return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
+
+    def renumber_link(self, link: str) -> None:
+        with self._write() as db:
+            db.execute("UPDATE link_logs SET number = 0 WHERE link = ?", (link,))
+
+    def trim_link(self, link: str, before: int) -> int:
+        with self._write() as db:
+            return db.execute("DELETE FROM link_log WHERE link = ? AND position < ?",
+                              (link, before)).rowcount
 
     # -- notification logs
 

@@ -1,0 +1,271 @@
+"""The pipeline over autonomous services (issue 23): the producers publish to the services
+themselves, the mediator sees only the services' messages — logged per link, acknowledged once
+logged, composed with the own feed — and the subscriptions' logs hold exactly the reference's
+composites over the merged trace, across a crash of the mediator.
+
+The services here are test doubles in this process that speak the session's terms (numbered
+messages with constituents in full and a watermark, kept until acknowledged, resent after a
+restart); the real gRPC sessions are tested in tests/test_sessions.py and end to end in
+tests/test_federation_e2e.py."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from adapters.backends.registry import language
+from adapters.federation import merged_seq
+from adapters.links import Handle, InProcessLink, Link
+from adapters.service_link import AutonomousLink, OnLost, OnMessage
+from eva.events import Event, to_cloudevent
+from eva.notify import composite_line
+from eva.parser import parse
+from eva.reference import evaluate
+from mediator.pipeline import Pipeline
+from mediator.store.base import Store, SubscriptionRecord
+from mediator.store.sqlite import SqliteStore
+from transforms.capability import PRESETS
+from transforms.dialects.base import Detection
+from transforms.federated import Coverage, ServiceInfo
+
+CLASSES = ('class A = type == "a"\nclass B = type == "b"\nclass C = type == "c"\n'
+           'class D = type == "d"\n')
+PROFILES = (
+    "profile Across = ((all_dup(A); all_dup(C))_5us)_all_pairs\n"
+    "profile Pushed = ((all_dup(((all_dup(A); all_dup(B))_3us)_all_pairs), all_dup(C))_4us)"
+    "_all_pairs\n"
+    "profile Keyed per data.k = ((first_dup(A); last_dup(B))_4us)_unique_pairs\n"
+    "profile Own = ((all_dup(D); all_dup(C))_5us)_all_pairs\n")
+DOC = CLASSES + PROFILES
+
+
+@dataclass(frozen=True)
+class Msg:
+    seq: int
+    detections: tuple[tuple[str, Detection], ...]
+    watermark: int | None
+    origin: int | None
+
+
+class Producing(AutonomousLink):
+    """An autonomous service in this process: its producers call :meth:`produce`; the
+    mediator registers queries in its session and reads the messages, which it keeps (a
+    durable session) and sends again after a restart of the mediator."""
+
+    def __init__(self, info: ServiceInfo) -> None:
+        super().__init__(info, "in-process", f"test/{info.name}")
+        self.service = InProcessLink(info, language(info.group, 1))
+        self.names: dict[str, Handle] = {}  # registration → the evaluator's handle
+        self.messages: list[Msg] = []
+        self.acked = 0
+        self.origin: int | None = None
+        self.watermark: int | None = None
+        self._deliver: OnMessage | None = None
+        self._mutex = threading.Lock()
+
+    def start(self, on_message: OnMessage, on_lost: OnLost, resume_after: int) -> None:
+        with self._mutex:
+            self._deliver = on_message
+            for m in self.messages:
+                if m.seq > resume_after:
+                    on_message(m)
+
+    def subscribe(self, text: str, name: str = "") -> Handle:
+        with self._mutex:
+            if name not in self.names:
+                self.names[name] = self.service.subscribe(text)
+        return name
+
+    def unsubscribe(self, handle: Handle) -> None:
+        with self._mutex:
+            found = self.names.pop(handle, None)
+            if found is not None:
+                self.service.unsubscribe(found)
+
+    def ack(self, number: int) -> None:
+        self.acked = max(self.acked, number)
+
+    def status(self) -> str:
+        return "SERVING"
+
+    def close(self) -> None:
+        self._deliver = None
+
+    def produce(self, events: Sequence[Event], until: int | None = None) -> None:
+        """The service's own producers publish ``events`` (then, with ``until``, its clock
+        moves there): its registrations' detections go to the mediator in one message."""
+        with self._mutex:
+            found = self.service.publish(events, until)
+            if self.origin is None and events:
+                self.origin = events[0].time - 1
+            newest = max((e.time for e in events), default=None)
+            marks = [t for t in (self.watermark, None if newest is None else newest - 1, until)
+                     if t is not None]
+            self.watermark = max(marks) if marks else None
+            detections = tuple((name, d) for name, handle in self.names.items()
+                               for d in found.get(handle, []))
+            seq = len(self.messages) + 1 if detections else 0
+            message = Msg(seq, detections, self.watermark, self.origin)
+            if seq:
+                self.messages.append(message)
+            if self._deliver is not None:
+                self._deliver(message)
+
+
+def services() -> dict[str, Link]:
+    return {"ab": Producing(ServiceInfo("ab", "cg3", PRESETS["cg3"], Coverage(types=("a", "b")),
+                                        autonomous=True)),
+            "cs": Producing(ServiceInfo("cs", "cg2", PRESETS["cg2"], Coverage(types=("c",)),
+                                        autonomous=True))}
+
+
+def trace(seed: int, size: int = 60) -> list[Event]:
+    draw = random.Random(seed)
+    out, t = [], 10
+    for i in range(size):
+        t += draw.choice([0, 1, 1, 2, 3])
+        kind = draw.choice("abcd")
+        out.append(Event(f"{kind}{i}", f"urn:{kind}", kind, t, i, {"k": draw.choice([1, 2])}))
+    return out
+
+
+def split(events: list[Event]) -> dict[str, list[Event]]:
+    """Each input's part, each event numbered as its input gives it (its arrival number
+    there: the rank goes into the merged key when the mediator reads it)."""
+    parts: dict[str, list[Event]] = {"ab": [], "cs": [], "own": []}
+    for e in events:
+        name = "ab" if e.type in "ab" else "cs" if e.type == "c" else "own"
+        parts[name].append(e.renumbered(len(parts[name]) + (1 if name == "own" else 0)))
+    return parts
+
+
+def reference(events: list[Event]) -> list[str]:
+    """The composites over the merged trace, each event at its place (merged_seq; the own
+    feed's arrival numbers are its log positions)."""
+    ranks = {"ab": 1, "cs": 2, "own": 0}
+    merged = sorted((e.renumbered(merged_seq(ranks[name], e.seq))
+                     for name, part in split(events).items() for e in part), key=lambda e: e.key)
+    notes = evaluate(parse(DOC), merged, tick=1)
+    return sorted(composite_line(n)[1] for n in notes)
+
+
+def logged(store: Store) -> list[str]:
+    items = store.read_notifications("alice", "s", 0, limit=100_000)
+    ids = [i.composite_id for i in items]
+    assert len(ids) == len(set(ids)), "a composite logged twice"
+    return sorted(json.loads(i.payload)["cloudevent"] for i in items)
+
+
+def play(pipeline: Pipeline, store: Store, links: dict[str, Link], parts: dict[str, list[Event]],
+         draw: random.Random, until: float = 1.0) -> None:
+    """Each input publishes a random batch in turn until the share ``until`` of its part is
+    out: the services to themselves, the own feed to the mediator's event log."""
+    sent = dict.fromkeys(parts, 0)
+    while True:
+        left = [n for n, part in parts.items() if sent[n] < int(len(part) * until)]
+        if not left:
+            return
+        name = draw.choice(left)
+        batch = parts[name][sent[name]:min(sent[name] + draw.randint(1, 6),
+                                           int(len(parts[name]) * until))]
+        sent[name] += len(batch)
+        if name == "own":
+            store.append_events([json.dumps(to_cloudevent(e)) for e in batch])
+            pipeline.wake()
+        else:
+            link = links[name]
+            assert isinstance(link, Producing)
+            link.produce(batch)
+
+
+def finish(pipeline: Pipeline, store: Store, links: dict[str, Link], end: int) -> None:
+    """Every input's clock run well past the trace (so everything is decided)."""
+    for link in links.values():
+        assert isinstance(link, Producing)
+        link.produce([], until=end)
+    pipeline.advance(end)
+
+
+def settled(store: Store, want: list[str], seconds: float = 20.0) -> list[str]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        got = logged(store)
+        if len(got) >= len(want):
+            time.sleep(0.2)  # nothing more comes
+            return logged(store)
+        time.sleep(0.02)
+    return logged(store)
+
+
+def subscribe(pipeline: Pipeline, store: Store) -> None:
+    record = SubscriptionRecord("alice", "s", DOC, 1, store.event_head(), None)
+    store.put_subscription(record)
+    pipeline.add(record)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_autonomous_services_and_the_own_feed_give_the_reference_over_the_merged_trace(
+        tmp_path: Path, seed: int) -> None:
+    """Two autonomous services (a/b at a streaming-SQL service, c at a Snoop service) and the
+    own feed (d, published to the mediator): the profiles cross them; the producers publish
+    in random batches and interleavings; the subscription's log is the reference's."""
+    store = SqliteStore(tmp_path / "s.db")
+    links = services()
+    pipeline = Pipeline(store, links, tick=1, idle_default=30.0)
+    pipeline.start()
+    subscribe(pipeline, store)
+    events = trace(seed)
+    want = reference(events)
+    assert len(want) > 5
+    play(pipeline, store, links, split(events), random.Random(seed))
+    finish(pipeline, store, links, events[-1].time + 100)
+    assert settled(store, want) == want
+    pipeline.stop()
+    store.close()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_crash_of_the_mediator_loses_nothing_and_repeats_nothing(tmp_path: Path,
+                                                                  seed: int) -> None:
+    """The mediator dies (its thread abandoned, nothing stopped cleanly) halfway; a new one on
+    the same store resumes each session after the newest message it logged: the log holds
+    every composite of the reference once."""
+    store = SqliteStore(tmp_path / "s.db")
+    links = services()
+    events = trace(seed)
+    want = reference(events)
+    parts = split(events)
+    draw = random.Random(seed)
+    first = Pipeline(store, links, tick=1, idle_default=30.0)
+    first.start()
+    subscribe(first, store)
+    play(first, store, links, parts, draw, until=0.5)
+    time.sleep(0.2)
+    first._halt = True  # the crash: no stop, no unsubscribing, nothing flushed
+    first.wake()
+    for link in links.values():
+        link.close()
+    assert all(link.acked > 0 for link in links.values())  # type: ignore[attr-defined]
+    second = Pipeline(store, links, tick=1, idle_default=30.0)
+    second.start()
+    for name, part in parts.items():
+        parts[name] = part  # the rest of each part comes now
+    play_rest(second, store, links, parts, draw)
+    finish(second, store, links, events[-1].time + 100)
+    assert settled(store, want) == want
+    second.stop()
+    store.close()
+
+
+def play_rest(pipeline: Pipeline, store: Store, links: dict[str, Link],
+              parts: dict[str, list[Event]], draw: random.Random) -> None:
+    """The second half of each part (what :func:`play` with ``until=0.5`` left)."""
+    rest = {name: part[int(len(part) * 0.5):] for name, part in parts.items()}
+    play(pipeline, store, links, rest, draw)
