@@ -66,6 +66,17 @@ SINK_RETRY = 1.0
 Source = MqttSource | RedisSource
 
 
+def mediator_id(store: Store) -> str:
+    """This mediator's name at its brokers and services (MQTT client ids, session names
+    derive from it), made once and kept in the store, so that a restart finds its persistent
+    sessions."""
+    found = store.get_meta(MEDIATOR_ID)
+    if found is None:
+        found = f"evamed-{secrets.token_hex(6)}"
+        store.set_meta(MEDIATOR_ID, found)
+    return found
+
+
 class Brokers:
     """The configuration's sources and sinks, built (not yet connected) over ``store``."""
 
@@ -73,10 +84,7 @@ class Brokers:
         self.store = store
         self.metrics = metrics
         self._accept: Accept | None = None
-        mediator = "evamed"
-        if config.sources or config.sinks:
-            mediator = store.get_meta(MEDIATOR_ID) or f"evamed-{secrets.token_hex(6)}"
-            store.set_meta(MEDIATOR_ID, mediator)
+        mediator = mediator_id(store) if config.sources or config.sinks else "evamed"
         self.sources: dict[str, Source] = {}
         for c in config.sources:
             if isinstance(c, MqttSourceConfig):

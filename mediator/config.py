@@ -65,15 +65,39 @@ class Tls:
         return bool(self.cert)
 
 
+MODES = ("autonomous", "fed")
+"""A service's mode: ``autonomous`` — it has producers of its own, the mediator only
+subscribes (the default for a service at an address); ``fed`` — the mediator forwards it the
+events of its own feed that its coverage observes (an embedded one always)."""
+
+
 @dataclass(frozen=True)
 class ServiceConfig:
-    """A connected service: its group and its coverage (what it observes)."""
+    """A connected service: its group, its coverage (what it observes), its mode, and — when
+    autonomous — its idle timeout (µs; None: the top-level ``idle_timeout``) and the interval
+    of its heartbeats (µs)."""
 
     name: str
     group: str
     address: str = "embedded"  # host:port of a base service, or run in the mediator's process
     sources: tuple[str, ...] = ("*",)
     types: tuple[str, ...] = ("*",)
+    mode: str = ""  # "" until loaded: autonomous at an address, fed when embedded
+    idle_timeout: int | None = None
+    heartbeat: int = 200_000
+
+    @property
+    def autonomous(self) -> bool:
+        return (self.mode or ("fed" if self.address == "embedded" else "autonomous")) == (
+            "autonomous")
+
+    def info(self) -> ServiceInfo:
+        """What the planner knows of it."""
+        from transforms.capability import PRESETS
+        from transforms.federated import Coverage, ServiceInfo
+
+        return ServiceInfo(self.name, self.group, PRESETS[self.group],
+                           Coverage(self.sources, self.types), self.autonomous)
 
 
 @dataclass(frozen=True)
@@ -123,6 +147,7 @@ class Config:
     log_json: bool = False
     log_level: str = "INFO"
     drain: int = 3_000_000
+    idle_timeout: int = 5_000_000
     limits: Limits = field(default_factory=Limits)
     tls: Tls = field(default_factory=Tls)
     services: tuple[ServiceConfig, ...] = ()
@@ -271,7 +296,7 @@ _TOP: dict[str, Convert] = {
     "listen": _address, "store": _store, "composer": _choice(COMPOSERS), "tick": _span(1),
     "future": _span(0), "retention": _whole(1), "metrics_port": _whole(0),
     "metrics_host": _text, "log_json": _flag, "log_level": _choice(LOG_LEVELS, str.upper),
-    "drain": _span(0),
+    "drain": _span(0), "idle_timeout": _span(1),
 }
 _SECTIONS: dict[str, tuple[type, dict[str, Convert]]] = {
     "limits": (Limits, {"profiles": _whole(1), "depth": _whole(0),
@@ -280,7 +305,9 @@ _SECTIONS: dict[str, tuple[type, dict[str, Convert]]] = {
     "tls": (Tls, {"cert": _text, "key": _text, "client_ca": _text}),
 }
 _SERVICE: dict[str, Convert] = {"name": _text, "group": _text, "address": _text,
-                                "sources": _patterns, "types": _patterns}
+                                "sources": _patterns, "types": _patterns,
+                                "mode": _choice(MODES), "idle_timeout": _span(1),
+                                "heartbeat": _span(10_000)}
 _BROKER: dict[str, Convert] = {
     "host": _text, "port": _port, "protocol": _protocol, "client_id": _text, "username": _text,
     "password": _text, "tls": _broker_tls, "keepalive": _whole(1), "session_expiry": _whole(0),
@@ -417,6 +444,10 @@ def _services(tables: Iterator[tuple[str, dict[str, Any]]]) -> tuple[ServiceConf
                               + ", ".join(PRESETS))
         if service.address != "embedded":
             _address(service.address, f"{here}.address")
+        elif service.mode == "autonomous":
+            raise ConfigError(f"{here}.mode: an embedded service is evaluated in the "
+                              "mediator's process, where no producer reaches it: it can only "
+                              "be fed (mode = \"fed\"); give an address for an autonomous one")
         out.append(service)
     return tuple(out)
 
@@ -508,5 +539,5 @@ def _check_tls(tls: Tls, origin: str) -> None:
                           "certificates are checked over TLS)")
 
 
-__all__ = ["COMPOSERS", "DEFAULT_LISTEN", "Config", "ConfigError", "Limits", "MqttSourceConfig",
+__all__ = ["COMPOSERS", "DEFAULT_LISTEN", "MODES", "Config", "ConfigError", "Limits", "MqttSourceConfig",
            "ServiceConfig", "SinkConfig", "Tls", "env_name", "keys", "load"]

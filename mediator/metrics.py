@@ -37,8 +37,8 @@ class Metrics:
             "CloudEvents source.", ["source"], registry=r)
         self.dead_letters = Counter(
             "evamed_dead_letters", "Events Publish (or a broker's source) refused, by reason "
-            "(malformed, duplicate, late; a source's mapping: payload, time, id, topic, "
-            "attribute, deleted).", ["reason"], registry=r)
+            "(malformed, duplicate, late, future, misrouted; a source's mapping: payload, "
+            "time, id, topic, attribute, deleted).", ["reason"], registry=r)
         self.notifications_in = Counter(
             "evamed_notifications_in", "Native notifications (detections) received from the "
             "services, by service.", ["service"], registry=r)

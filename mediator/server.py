@@ -44,7 +44,8 @@ from adapters.backends.service import MAX_MESSAGE_BYTES
 from adapters.backends.service import _bind_error as bind_error
 from adapters.links import Link
 from adapters.remote_link import connect
-from mediator.brokers import Accept, Brokers
+from adapters.service_link import AutonomousLink
+from mediator.brokers import Accept, Brokers, mediator_id
 from mediator.config import Config, ServiceConfig
 from mediator.delivery import Dispatcher
 from mediator.metrics import Metrics
@@ -53,8 +54,7 @@ from mediator.security import authenticate
 from mediator.service import CLIENT, MediatorService
 from mediator.store import Store, open_store
 from mediator.wire import SERVICE_NAME, mediator_pb2_grpc
-from transforms.capability import PRESETS
-from transforms.federated import Coverage, ServiceInfo
+from transforms.federated import ServiceInfo
 
 if TYPE_CHECKING:
     from mediator.pipeline import Pipeline
@@ -178,8 +178,24 @@ class Served:
 
 
 def service_info(service: ServiceConfig) -> ServiceInfo:
-    return ServiceInfo(service.name, service.group, PRESETS[service.group],
-                       Coverage(service.sources, service.types))
+    return service.info()
+
+
+def service_link(service: ServiceConfig, config: Config, mediator: str) -> Link:
+    """The link to a configured service: an autonomous one through the mediator's durable
+    session there (named after this mediator and the service, so a restart finds it); a fed
+    one published to (adapters.remote_link.connect)."""
+    info = service_info(service)
+    if info.autonomous:
+        return AutonomousLink(info, service.address, f"{mediator}/{service.name}",
+                              heartbeat=service.heartbeat / 1e6)
+    return connect(info, service.address, tick=config.tick)
+
+
+def idle_timeouts(config: Config) -> dict[str, float]:
+    """Each autonomous service's idle timeout, in seconds."""
+    return {s.name: (s.idle_timeout or config.idle_timeout) / 1e6 for s in config.services
+            if s.autonomous}
 
 
 def real_pipeline() -> Any:
@@ -189,8 +205,9 @@ def real_pipeline() -> Any:
 
 
 def link_infos(config: Config) -> list[ServiceInfo]:
-    """What the planner is given, in the order of the links: the services, then the sources."""
-    return [*(service_info(s) for s in config.services), *(s.info() for s in config.sources)]
+    """What the planner is given, in the order of the links: the services. (A broker source
+    is the mediator's own feed: its events are in the event log.)"""
+    return [service_info(s) for s in config.services]
 
 
 def credentials(config: Config) -> grpc.ServerCredentials | None:
@@ -236,12 +253,13 @@ async def start(config: Config, *, store: Store | None = None,
             from mediator.placement import spark_dir, spark_session
 
             await asyncio.to_thread(spark_session, os.path.realpath(spark_dir(opened)))
+        mediator = await asyncio.to_thread(mediator_id, opened)
         for s in config.services:
-            links[s.name] = connect(service_info(s), s.address, tick=config.tick)
+            links[s.name] = service_link(s, config, mediator)
         brokers = await asyncio.to_thread(Brokers, config, opened, metrics)
-        links.update(brokers.links)  # the sources: links the planner assigns classes to
         running = pipeline(opened, links, tick=config.tick, composer=config.composer,
-                           metrics=metrics, on_append=_appended(dispatcher, brokers))
+                           metrics=metrics, on_append=_appended(dispatcher, brokers),
+                           idle=idle_timeouts(config), idle_default=config.idle_timeout / 1e6)
         await asyncio.to_thread(running.start)
         service = MediatorService(opened, running, config, metrics, dispatcher, brokers)
         await service.restore()

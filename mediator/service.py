@@ -195,6 +195,7 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
         self._newest: int | None = None  # the newest accepted event time (this process)
         self._watermark: int | None = None  # the newest advance_to_us: nothing at or before it
         self._order = asyncio.Lock()  # one Publish message decides and appends at a time
+        self._autonomous = [s.info() for s in config.services if s.autonomous]
         self._registry = asyncio.Lock()  # one registration at a time (names, limits)
 
     async def restore(self) -> None:
@@ -293,11 +294,15 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
     @_answering
     async def ListServices(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         addresses = {s.name: s.address for s in self.config.services}
+        services = [_service_info(s, addresses.get(s.info.name, EMBEDDED))
+                    for s in await asyncio.to_thread(self.pipeline.services)]
         if self.brokers is not None:
-            addresses.update(self.brokers.addresses())
-        return mediator_pb2.ListServicesReply(services=[
-            _service_info(s, addresses.get(s.info.name, EMBEDDED))
-            for s in await asyncio.to_thread(self.pipeline.services)])
+            sources = self.brokers.addresses()
+            services += [mediator_pb2.ServiceInfo(
+                name=name, group="cg0", language="", address=sources[name],
+                status=source.status(), mode="source")
+                for name, source in self.brokers.sources.items()]
+        return mediator_pb2.ListServicesReply(services=services)
 
     async def _own(self, owner: str, name: str) -> Owned:
         if not name:
@@ -527,6 +532,14 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
         tally.accepted += len(accepted)
         self.pipeline.wake()
 
+    def _producer(self, event: Any) -> str:
+        """The autonomous service whose coverage observes ``event`` ("": none): its events
+        are its producers', never the mediator's own feed."""
+        for service in self._autonomous:
+            if service.coverage.observes(event):
+                return service.name
+        return ""
+
     def _judge(self, line: str, tally: _Tally, newest: int | None,
                seen: set[tuple[str, str]]) -> tuple[tuple[str, str], int] | None:
         """The (source, id) and time of the event of ``line`` if it is accepted; else None,
@@ -540,6 +553,14 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
             log.exception("event %d could not be read", tally.index)
             tally.refuse(_loose_id(line), "malformed", f"event {tally.index}: could not be read "
                          f"({type(exc).__name__})", self.metrics)
+            return None
+        owner = self._producer(event)
+        if owner:
+            tally.refuse(event.id, "misrouted", f"an event of source {brief_repr(event.source)} "
+                         f"and type {brief_repr(event.type)} is produced at the autonomous "
+                         f"service {owner!r} (its coverage): publish it there — taken here, "
+                         "the merged trace would hold it twice or the service would miss it",
+                         self.metrics)
             return None
         pair = (event.source, event.id)
         if pair in seen or pair in self.recent:
@@ -645,7 +666,8 @@ def _service_info(service: ServiceStatus, address: str) -> Any:
     return mediator_pb2.ServiceInfo(
         name=info.name, group=info.group, language=_language_name(info.group), address=address,
         sources=list(info.coverage.sources), types=list(info.coverage.types),
-        status=service.status, subscriptions=service.handles)
+        status=service.status, subscriptions=service.handles,
+        mode="autonomous" if info.autonomous else "fed")
 
 
 __all__ = ["CLIENT", "LogWriteError", "MediatorService", "Pipeline", "RecentIds", "Refusal",

@@ -60,7 +60,7 @@ class Pipeline:
     emits as the pipeline would, and refuses a profile named ``Refused``."""
 
     def __init__(self, store: Store, links: Any, *, tick: int, composer: str, metrics: Any,
-                 on_append: Callable[[str, str, int], None]) -> None:
+                 on_append: Callable[[str, str, int], None], **options: Any) -> None:
         self.store = store
         self.on_append = on_append
         self.live: dict[tuple[str, str], SubscriptionRecord] = {}
@@ -721,7 +721,8 @@ def test_sigterm_stops_within_seconds_while_a_base_service_is_down(tmp_path: Pat
                           f'store = "sqlite:///{tmp_path / "m.db"}"\nlog_level = "INFO"\n'
                           'composer = "inprocess"\n'
                           f'[[services]]\nname = "traffic"\ngroup = "cg2"\n'
-                          f'address = "{service.address}"\ntypes = ["traffic.*"]\n')
+                          f'address = "{service.address}"\ntypes = ["traffic.*"]\n'
+                          'mode = "fed"\n')
         token = cli("clients", "add", "alice", "--config", str(config)).strip()
         mediator = Process("serve", "--config", str(config))
 

@@ -150,12 +150,14 @@ name = "traffic"
 group = "cg2"
 address = "{traffic.address}"
 types = ["traffic.*"]
+mode = "fed"
 
 [[services]]
 name = "trucks"
 group = "cg3"
 address = "{trucks.address}"
 types = ["truck.*"]
+mode = "fed"
 """)
         tokens = {name: cli("clients", "add", name, "--config", str(config)).strip()
                   for name in ("alice", "bob")}
