@@ -41,9 +41,8 @@ def _label(node: PlanNode, render: Render | None = None, federated: bool = False
         decomposed_because(node, cap) if isinstance(node, Local) and cap is not None else "")
     why = f"\n  why: {escape(reason)}" if reason else ""
     if isinstance(node, Subscribe):
-        where = ("mediator clock" if node.clock else
-                 "mediator's own feed" if federated and node.service == MEDIATOR else
-                 f"service {node.service} filter" if federated else "service filter")
+        where = ("mediator clock" if node.clock else _sources(node) if federated
+                 else "service filter")
         return f"[bold]↔[/] {where}: {node.name}  [dim]({node.rule})[/]{why}"
     if isinstance(node, Remote):
         service = f"service {node.service}" if federated else "service"
@@ -63,6 +62,15 @@ def _label(node: PlanNode, render: Render | None = None, federated: bool = False
     op = type(node.node).__name__.lower()
     return (f"[bold]{Kind.DECOMPOSE.symbol}[/] mediator evaluates the {op}: "
             f"{shape(node.node)}  [dim]({node.rule})[/]{why}")
+
+
+def _sources(node: Subscribe) -> str:
+    """Where a class comes from in a federated plan: the own feed, a service's filter, or the
+    union of several (over autonomous services, none of which observes all of it)."""
+    parts = ["the mediator's own feed" if s == MEDIATOR else f"service {s}" for s in node.sources]
+    if len(parts) == 1:
+        return "mediator's own feed" if node.service == MEDIATOR else f"service {node.service} filter"
+    return "union of the filters of " + ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
 def shape(expr: ast.Expr) -> str:
@@ -88,7 +96,8 @@ def _span(span: int | None) -> str:
 
 def explain(p: Plan, render: Render | None = None) -> Tree:
     if p.services:
-        over = ", ".join(f"{name} ({group})" for name, group in p.services) or "no service"
+        over = ", ".join(f"{name} ({group}{', autonomous' if name in p.autonomous else ''})"
+                         for name, group in p.services) or "no service"
         title = (f"[bold]{p.profile.name}[/] over {escape(over)} — plan: "
                  f"{p.kind.symbol} {p.kind}")
     else:
@@ -98,6 +107,11 @@ def explain(p: Plan, render: Render | None = None) -> Tree:
         title += f"\n{escape(per)}"
     root = Tree(title)
     _grow(root, p.root, render, bool(p.services), None if p.services else p.capability)
+    if p.observed:
+        seen = root.add("[bold]observed[/] (a partition opens at the first event of its "
+                        "classes, which no composite need name):")
+        for node in p.observed:
+            seen.add(_label(node, render, True))
     return root
 
 
@@ -180,11 +194,15 @@ def growing(node: Remote) -> str:
 def as_json(p: Plan, render: Render | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"profile": p.profile.name, "group": p.capability.name}
     if p.services:
-        out["services"] = [{"name": name, "group": group} for name, group in p.services]
+        out["services"] = [{"name": name, "group": group, **(
+            {"autonomous": True} if name in p.autonomous else {})} for name, group in p.services]
     if p.profile.per is not None:
         out["per"] = p.profile.per
     cap = None if p.services else p.capability
-    return {**out, "kind": str(p.kind), "root": _node_json(p.root, render, bool(p.services), cap)}
+    out = {**out, "kind": str(p.kind), "root": _node_json(p.root, render, bool(p.services), cap)}
+    if p.observed:
+        out["observed"] = [_node_json(n, render, True) for n in p.observed]
+    return out
 
 
 def _node_json(node: PlanNode, render: Render | None = None, federated: bool = False,
@@ -210,6 +228,8 @@ def _node_json(node: PlanNode, render: Render | None = None, federated: bool = F
     if federated:
         # The mediator's own nodes are MEDIATOR's ("").
         out["service"] = "" if isinstance(node, Local) else node.service
+        if isinstance(node, Subscribe) and node.also:
+            out["also"] = list(node.also)
         out["why"] = node.why
     return out
 

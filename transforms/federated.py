@@ -188,7 +188,8 @@ def plan_federated(profile: ast.Profile, doc: ast.Document,
     if autonomous:
         root = _unions(root, classes, autonomous)
         observed = _observed(profile, root, classes, autonomous)
-    return Plan(profile, FEDERATED, root, tuple((s.name, s.group) for s in services), observed)
+    return Plan(profile, FEDERATED, root, tuple((s.name, s.group) for s in services),
+                tuple(s.name for s in autonomous), observed)
 
 
 def _union(name: str, classes: dict[str, ast.ClassDef],
@@ -282,7 +283,11 @@ def _assign(expr: ast.Expr, profile: ast.Profile, classes: dict[str, ast.ClassDe
             continue
         remote = push(expr, classes, cap)
         if remote is None:
-            refusals.append(f"{info.name}: cannot evaluate it{whole}")
+            ticked = info.autonomous and not cap.clock and any(
+                isinstance(n, ast.Prim) and isinstance(classes[n.name].body, ast.Every)
+                for n in ast.walk(expr))
+            refusals.append(f"{info.name}: cannot evaluate it{whole}" + (
+                " (it is autonomous: the mediator publishes no ticks to it)" if ticked else ""))
             continue
         if live and reach(remote.target) is None and not dialect(info.group).takes_over(remote):
             refusals.append(f"{info.name}: its answers to it could name an event at any later "

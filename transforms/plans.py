@@ -82,6 +82,9 @@ class Plan:
     services: tuple[tuple[str, str], ...] = ()
     """A federated plan (transforms.federated): the (name, group) of each service it was
     planned over, in the configured order; empty: one service, of ``capability``."""
+    autonomous: tuple[str, ...] = ()
+    """Which of ``services`` are autonomous (producers of their own; the mediator only
+    subscribes)."""
     observed: tuple[Subscribe, ...] = ()
     """Classes subscribed only so that the mediator sees every event of them (a partition of a
     clock-driven ``per`` profile opens at the first event of its classes, which an autonomous
