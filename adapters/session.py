@@ -12,7 +12,8 @@ and with ``--data`` across its own restarts, so nothing is lost in between.
 Threads (like :mod:`adapters.remote_link`): one runner connects in the background — a fresh
 channel, the service's group checked, its support of sessions checked, the session opened
 (created the first time; afterwards reopened without ``create``, so that a session the service
-dropped is noticed), every registration registered again (idempotent at the service) — and then
+dropped is noticed; never created by a caller that resumes after messages it had), every
+registration registered again (idempotent at the service) — and then
 reads the stream, calling ``on_message`` in seq order, heartbeats too (seq 0), never twice for a
 seq > 0; when the stream breaks it reconnects with back-off (tenacity, up to ``BACKOFF_MAX``)
 for as long as the session lives and resumes after ``max(resume_after, delivered)``. A keeper
@@ -323,7 +324,10 @@ class Session:
             self._language = reply.language
             conn.call = conn.stub.Open(base_pb2.OpenRequest(
                 session=self.name, resume_after=max(self.resume_after, self._delivered),
-                heartbeat_ms=max(1, round(self.heartbeat * 1000)), create=not self._created))
+                heartbeat_ms=max(1, round(self.heartbeat * 1000)),
+                # Created only by a caller that had none of it: one that resumes after messages
+                # it had must find them (a service restarted without --data forgot them).
+                create=not self._created and self.resume_after == 0))
             if self._closing.is_set():
                 conn.call.cancel()
             first = self._first(conn.call)

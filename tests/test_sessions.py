@@ -300,6 +300,33 @@ def test_constituents_come_in_full_with_arrival_numbers_registrations_in_order(
     assert got == [("pairs", [a1, b1]), ("pairs", [a2, b1]), ("b", [b1])]
 
 
+def test_a_message_over_the_packs_bound_is_split_the_watermark_on_its_last_part(
+        cg1: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More detections than PACK_DETECTIONS from one Publish message: consecutive seqs, in
+    order; every part but the last carries the watermark from before that message (true: the
+    rest of its detections are still to come), the last the new one."""
+    from adapters.backends import service
+
+    monkeypatch.setattr(service, "PACK_DETECTIONS", 2)
+    channel, stub = stub_of(f"127.0.0.1:{cg1.port}")
+    with channel:
+        call = stub.Open(base_pb2.OpenRequest(session="split", create=True,
+                                              heartbeat_ms=60_000))
+        assert next(call).ready
+        stub.Register(base_pb2.RegisterRequest(session="split", subscription_id="a",
+                                               query=ONLY_A))
+        publish(stub, trace_of("a0@1"))
+        publish(stub, trace_of("a1@5 a2@6 a3@7 a4@8 a5@9"))
+        got = []
+        for m in call:
+            got.append((m.seq, [json.loads(d.constituents[0])["id"] for d in m.detections],
+                        m.watermark_us))
+            if m.seq == 4:
+                break
+        call.cancel()
+    assert got == [(1, ["a0"], 0), (2, ["a1", "a2"], 0), (3, ["a3", "a4"], 0), (4, ["a5"], 8)]
+
+
 def test_the_origin_is_the_watermark_at_creation_or_the_first_event_after_it(
         cg1: Running) -> None:
     """A session created before any event starts at its first event's time less 1; one
@@ -472,6 +499,21 @@ def test_acknowledged_messages_are_not_sent_again(cg1: Running) -> None:
         channel.close()
     assert [(m.seq, ids([d for _, d in m.detections])) for m in again.numbered()] == [
         (4, [("a4",)]), (5, [("a5",)])]
+
+
+def test_a_client_resuming_a_session_the_service_does_not_know_is_told(cg1: Running) -> None:
+    """A caller that resumes after messages it had (a restarted mediator) does not create the
+    session: if the service forgot it (restarted without --data), the session is lost rather
+    than silently started anew with those seq numbers skipped."""
+    inbox = Inbox()
+    session = Session(f"127.0.0.1:{cg1.port}", "forgotten", "cg1", on_message=inbox,
+                      on_lost=inbox.on_lost, resume_after=5)
+    try:
+        inbox.wait(lambda: bool(inbox.lost))
+        assert inbox.lost[0].startswith("session forgotten is not known to this base service")
+        assert session.status() == "LOST" and cg1.service.sessions == []
+    finally:
+        session.close()
 
 
 def test_a_session_over_its_retention_is_dropped_and_the_client_told() -> None:
