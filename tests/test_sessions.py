@@ -650,10 +650,11 @@ class Producer(threading.Thread):
     """Publishes its messages in order, each until the service accepts it: a message whose
     call failed is sent again (the service counts what it had logged as duplicates)."""
 
-    def __init__(self, address: str, messages: list[list[Event]]) -> None:
+    def __init__(self, address: str, messages: list[list[Event]], pause: float = 0.02) -> None:
         super().__init__(daemon=True)
         self.channel, self.stub = fast_channel(address)
         self.messages = messages
+        self.pause = pause  # between messages: still publishing when the test strikes
         self.done = 0
         self.failures = 0
         self.duplicates = 0
@@ -670,6 +671,7 @@ class Producer(threading.Thread):
             assert reply.rejected == 0, list(reply.errors)
             self.duplicates += reply.duplicates
             self.done += 1
+            time.sleep(self.pause)
         self.channel.close()
 
 
