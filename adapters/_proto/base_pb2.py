@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x65va/base/v1/base.proto\x12\x0b\x65va.base.v1\"\x15\n\x13\x43\x61pabilitiesRequest\"\x99\x01\n\x11\x43\x61pabilitiesReply\x12\r\n\x05group\x18\x01 \x01(\t\x12\x10\n\x08language\x18\x02 \x01(\t\x12\x17\n\x0f\x63\x61pability_json\x18\x03 \x01(\t\x12\x16\n\x0emax_advance_us\x18\x04 \x01(\x03\x12\x17\n\x0fmax_query_bytes\x18\x05 \x01(\x03\x12\x19\n\x11max_message_bytes\x18\x06 \x01(\x03\"o\n\x10SubscribeRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\x17\n\x0fsubscription_id\x18\x02 \x01(\t\x12\x10\n\x08progress\x18\x03 \x01(\x08\x12\x0e\n\x06packed\x18\x04 \x01(\x08\x12\x11\n\tpublisher\x18\x05 \x01(\t\"b\n\tDetection\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0f\n\x07time_us\x18\x02 \x01(\x03\x12\x0c\n\x04refs\x18\x03 \x03(\x03\x12\x14\n\x0c\x63onstituents\x18\x04 \x03(\t\x12\x12\n\nextra_json\x18\x05 \x01(\t\"\xde\x01\n\x12NativeNotification\x12\x17\n\x0fsubscription_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07time_us\x18\x03 \x01(\x03\x12\x14\n\x0c\x63onstituents\x18\x04 \x03(\t\x12\x12\n\nextra_json\x18\x05 \x01(\t\x12\r\n\x05ready\x18\x06 \x01(\x08\x12\x16\n\x0eprogress_batch\x18\x07 \x01(\x03\x12\x13\n\x0bprogress_us\x18\x08 \x01(\x03\x12*\n\ndetections\x18\t \x03(\x0b\x32\x16.eva.base.v1.Detection\"-\n\x12UnsubscribeRequest\x12\x17\n\x0fsubscription_id\x18\x01 \x01(\t\"!\n\x10UnsubscribeReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"l\n\x0ePublishRequest\x12\x13\n\x0b\x63loudevents\x18\x01 \x03(\t\x12\x15\n\radvance_to_us\x18\x02 \x01(\x03\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\x03\x12\x11\n\tpublisher\x18\x04 \x01(\t\x12\x0c\n\x04keep\x18\x05 \x01(\x05\"B\n\x0cPublishReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x03\x12\x10\n\x08rejected\x18\x02 \x01(\x03\x12\x0e\n\x06\x65rrors\x18\x03 \x03(\t2\xc2\x02\n\x0b\x42\x61seService\x12P\n\x0c\x43\x61pabilities\x12 .eva.base.v1.CapabilitiesRequest\x1a\x1e.eva.base.v1.CapabilitiesReply\x12M\n\tSubscribe\x12\x1d.eva.base.v1.SubscribeRequest\x1a\x1f.eva.base.v1.NativeNotification0\x01\x12M\n\x0bUnsubscribe\x12\x1f.eva.base.v1.UnsubscribeRequest\x1a\x1d.eva.base.v1.UnsubscribeReply\x12\x43\n\x07Publish\x12\x1b.eva.base.v1.PublishRequest\x1a\x19.eva.base.v1.PublishReply(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x65va/base/v1/base.proto\x12\x0b\x65va.base.v1\"\x15\n\x13\x43\x61pabilitiesRequest\"\xbe\x01\n\x11\x43\x61pabilitiesReply\x12\r\n\x05group\x18\x01 \x01(\t\x12\x10\n\x08language\x18\x02 \x01(\t\x12\x17\n\x0f\x63\x61pability_json\x18\x03 \x01(\t\x12\x16\n\x0emax_advance_us\x18\x04 \x01(\x03\x12\x17\n\x0fmax_query_bytes\x18\x05 \x01(\x03\x12\x19\n\x11max_message_bytes\x18\x06 \x01(\x03\x12\x10\n\x08sessions\x18\x07 \x01(\x08\x12\x11\n\tretention\x18\x08 \x01(\x03\"o\n\x10SubscribeRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\x17\n\x0fsubscription_id\x18\x02 \x01(\t\x12\x10\n\x08progress\x18\x03 \x01(\x08\x12\x0e\n\x06packed\x18\x04 \x01(\x08\x12\x11\n\tpublisher\x18\x05 \x01(\t\"b\n\tDetection\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0f\n\x07time_us\x18\x02 \x01(\x03\x12\x0c\n\x04refs\x18\x03 \x03(\x03\x12\x14\n\x0c\x63onstituents\x18\x04 \x03(\t\x12\x12\n\nextra_json\x18\x05 \x01(\t\"\xde\x01\n\x12NativeNotification\x12\x17\n\x0fsubscription_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07time_us\x18\x03 \x01(\x03\x12\x14\n\x0c\x63onstituents\x18\x04 \x03(\t\x12\x12\n\nextra_json\x18\x05 \x01(\t\x12\r\n\x05ready\x18\x06 \x01(\x08\x12\x16\n\x0eprogress_batch\x18\x07 \x01(\x03\x12\x13\n\x0bprogress_us\x18\x08 \x01(\x03\x12*\n\ndetections\x18\t \x03(\x0b\x32\x16.eva.base.v1.Detection\"-\n\x12UnsubscribeRequest\x12\x17\n\x0fsubscription_id\x18\x01 \x01(\t\"!\n\x10UnsubscribeReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"l\n\x0ePublishRequest\x12\x13\n\x0b\x63loudevents\x18\x01 \x03(\t\x12\x15\n\radvance_to_us\x18\x02 \x01(\x03\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\x03\x12\x11\n\tpublisher\x18\x04 \x01(\t\x12\x0c\n\x04keep\x18\x05 \x01(\x05\"V\n\x0cPublishReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x03\x12\x10\n\x08rejected\x18\x02 \x01(\x03\x12\x0e\n\x06\x65rrors\x18\x03 \x03(\t\x12\x12\n\nduplicates\x18\x04 \x01(\x03\"Z\n\x0bOpenRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x14\n\x0cresume_after\x18\x02 \x01(\x03\x12\x14\n\x0cheartbeat_ms\x18\x03 \x01(\x05\x12\x0e\n\x06\x63reate\x18\x04 \x01(\x08\"\xc6\x01\n\x0eSessionMessage\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x31\n\ndetections\x18\x02 \x03(\x0b\x32\x1d.eva.base.v1.SessionDetection\x12\x15\n\rhas_watermark\x18\x03 \x01(\x08\x12\x14\n\x0cwatermark_us\x18\x04 \x01(\x03\x12\x12\n\nhas_origin\x18\x05 \x01(\x08\x12\x11\n\torigin_us\x18\x06 \x01(\x03\x12\r\n\x05ready\x18\x07 \x01(\x08\x12\x11\n\tretention\x18\x08 \x01(\x03\"\x86\x01\n\x10SessionDetection\x12\x17\n\x0fsubscription_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07time_us\x18\x03 \x01(\x03\x12\x14\n\x0c\x63onstituents\x18\x04 \x03(\t\x12\x10\n\x08\x61rrivals\x18\x05 \x03(\x03\x12\x12\n\nextra_json\x18\x06 \x01(\t\"J\n\x0fRegisterRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x17\n\x0fsubscription_id\x18\x02 \x01(\t\x12\r\n\x05query\x18\x03 \x01(\t\"\x0f\n\rRegisterReply\"=\n\x11\x44\x65registerRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x17\n\x0fsubscription_id\x18\x02 \x01(\t\" \n\x0f\x44\x65registerReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"*\n\nAckRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x03\"\n\n\x08\x41\x63kReply2\xcc\x04\n\x0b\x42\x61seService\x12P\n\x0c\x43\x61pabilities\x12 .eva.base.v1.CapabilitiesRequest\x1a\x1e.eva.base.v1.CapabilitiesReply\x12M\n\tSubscribe\x12\x1d.eva.base.v1.SubscribeRequest\x1a\x1f.eva.base.v1.NativeNotification0\x01\x12M\n\x0bUnsubscribe\x12\x1f.eva.base.v1.UnsubscribeRequest\x1a\x1d.eva.base.v1.UnsubscribeReply\x12\x43\n\x07Publish\x12\x1b.eva.base.v1.PublishRequest\x1a\x19.eva.base.v1.PublishReply(\x01\x12?\n\x04Open\x12\x18.eva.base.v1.OpenRequest\x1a\x1b.eva.base.v1.SessionMessage0\x01\x12\x44\n\x08Register\x12\x1c.eva.base.v1.RegisterRequest\x1a\x1a.eva.base.v1.RegisterReply\x12J\n\nDeregister\x12\x1e.eva.base.v1.DeregisterRequest\x1a\x1c.eva.base.v1.DeregisterReply\x12\x35\n\x03\x41\x63k\x12\x17.eva.base.v1.AckRequest\x1a\x15.eva.base.v1.AckReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,21 +34,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CAPABILITIESREQUEST']._serialized_start=39
   _globals['_CAPABILITIESREQUEST']._serialized_end=60
   _globals['_CAPABILITIESREPLY']._serialized_start=63
-  _globals['_CAPABILITIESREPLY']._serialized_end=216
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=218
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=329
-  _globals['_DETECTION']._serialized_start=331
-  _globals['_DETECTION']._serialized_end=429
-  _globals['_NATIVENOTIFICATION']._serialized_start=432
-  _globals['_NATIVENOTIFICATION']._serialized_end=654
-  _globals['_UNSUBSCRIBEREQUEST']._serialized_start=656
-  _globals['_UNSUBSCRIBEREQUEST']._serialized_end=701
-  _globals['_UNSUBSCRIBEREPLY']._serialized_start=703
-  _globals['_UNSUBSCRIBEREPLY']._serialized_end=736
-  _globals['_PUBLISHREQUEST']._serialized_start=738
-  _globals['_PUBLISHREQUEST']._serialized_end=846
-  _globals['_PUBLISHREPLY']._serialized_start=848
-  _globals['_PUBLISHREPLY']._serialized_end=914
-  _globals['_BASESERVICE']._serialized_start=917
-  _globals['_BASESERVICE']._serialized_end=1239
+  _globals['_CAPABILITIESREPLY']._serialized_end=253
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=255
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=366
+  _globals['_DETECTION']._serialized_start=368
+  _globals['_DETECTION']._serialized_end=466
+  _globals['_NATIVENOTIFICATION']._serialized_start=469
+  _globals['_NATIVENOTIFICATION']._serialized_end=691
+  _globals['_UNSUBSCRIBEREQUEST']._serialized_start=693
+  _globals['_UNSUBSCRIBEREQUEST']._serialized_end=738
+  _globals['_UNSUBSCRIBEREPLY']._serialized_start=740
+  _globals['_UNSUBSCRIBEREPLY']._serialized_end=773
+  _globals['_PUBLISHREQUEST']._serialized_start=775
+  _globals['_PUBLISHREQUEST']._serialized_end=883
+  _globals['_PUBLISHREPLY']._serialized_start=885
+  _globals['_PUBLISHREPLY']._serialized_end=971
+  _globals['_OPENREQUEST']._serialized_start=973
+  _globals['_OPENREQUEST']._serialized_end=1063
+  _globals['_SESSIONMESSAGE']._serialized_start=1066
+  _globals['_SESSIONMESSAGE']._serialized_end=1264
+  _globals['_SESSIONDETECTION']._serialized_start=1267
+  _globals['_SESSIONDETECTION']._serialized_end=1401
+  _globals['_REGISTERREQUEST']._serialized_start=1403
+  _globals['_REGISTERREQUEST']._serialized_end=1477
+  _globals['_REGISTERREPLY']._serialized_start=1479
+  _globals['_REGISTERREPLY']._serialized_end=1494
+  _globals['_DEREGISTERREQUEST']._serialized_start=1496
+  _globals['_DEREGISTERREQUEST']._serialized_end=1557
+  _globals['_DEREGISTERREPLY']._serialized_start=1559
+  _globals['_DEREGISTERREPLY']._serialized_end=1591
+  _globals['_ACKREQUEST']._serialized_start=1593
+  _globals['_ACKREQUEST']._serialized_end=1635
+  _globals['_ACKREPLY']._serialized_start=1637
+  _globals['_ACKREPLY']._serialized_end=1647
+  _globals['_BASESERVICE']._serialized_start=1650
+  _globals['_BASESERVICE']._serialized_end=2238
 # @@protoc_insertion_point(module_scope)

@@ -54,6 +54,26 @@ class BaseServiceStub:
                 request_serializer=eva_dot_base_dot_v1_dot_base__pb2.PublishRequest.SerializeToString,
                 response_deserializer=eva_dot_base_dot_v1_dot_base__pb2.PublishReply.FromString,
                 _registered_method=True)
+        self.Open = channel.unary_stream(
+                '/eva.base.v1.BaseService/Open',
+                request_serializer=eva_dot_base_dot_v1_dot_base__pb2.OpenRequest.SerializeToString,
+                response_deserializer=eva_dot_base_dot_v1_dot_base__pb2.SessionMessage.FromString,
+                _registered_method=True)
+        self.Register = channel.unary_unary(
+                '/eva.base.v1.BaseService/Register',
+                request_serializer=eva_dot_base_dot_v1_dot_base__pb2.RegisterRequest.SerializeToString,
+                response_deserializer=eva_dot_base_dot_v1_dot_base__pb2.RegisterReply.FromString,
+                _registered_method=True)
+        self.Deregister = channel.unary_unary(
+                '/eva.base.v1.BaseService/Deregister',
+                request_serializer=eva_dot_base_dot_v1_dot_base__pb2.DeregisterRequest.SerializeToString,
+                response_deserializer=eva_dot_base_dot_v1_dot_base__pb2.DeregisterReply.FromString,
+                _registered_method=True)
+        self.Ack = channel.unary_unary(
+                '/eva.base.v1.BaseService/Ack',
+                request_serializer=eva_dot_base_dot_v1_dot_base__pb2.AckRequest.SerializeToString,
+                response_deserializer=eva_dot_base_dot_v1_dot_base__pb2.AckReply.FromString,
+                _registered_method=True)
 
 
 class BaseServiceServicer:
@@ -93,6 +113,48 @@ class BaseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Open(self, request, context):
+        """Durable sessions (autonomous services: producers publish to the service themselves; the
+        client only registers queries and reads what they detect; docs/backends.md, "Durable
+        sessions"). A session is state at the service, named by the client: registrations
+        (subscription id -> native query, each seeing the events published after it) and the
+        session's outgoing messages, numbered seq = 1, 2, 3 ... It outlives its stream: evaluation
+        goes on while no stream is open and the messages are kept until acknowledged (up to the
+        service's retention), so a client that reconnects loses nothing.
+
+        Open: the session's stream (one at a time: a newer Open ends the older stream with
+        ABORTED). First a message with ready = true, then every kept message after
+        max(resume_after, acknowledged) in order, then live ones, and a progress-only message
+        (seq 0) whenever the watermark moves or heartbeat_ms passes without a message. Unknown
+        session: NOT_FOUND unless create; dropped (retention, timeout): FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Register(self, request, context):
+        """A query for the session, evaluated from the next Publish message on. A query the language
+        rejects: INVALID_ARGUMENT as Subscribe. The same id and query again: nothing happens (a
+        client re-registers everything after reconnecting); the same id, another query:
+        ALREADY_EXISTS.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Deregister(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Ack(self, request, context):
+        """The client has every message up to seq: the service may forget them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BaseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -115,6 +177,26 @@ def add_BaseServiceServicer_to_server(servicer, server):
                     servicer.Publish,
                     request_deserializer=eva_dot_base_dot_v1_dot_base__pb2.PublishRequest.FromString,
                     response_serializer=eva_dot_base_dot_v1_dot_base__pb2.PublishReply.SerializeToString,
+            ),
+            'Open': grpc.unary_stream_rpc_method_handler(
+                    servicer.Open,
+                    request_deserializer=eva_dot_base_dot_v1_dot_base__pb2.OpenRequest.FromString,
+                    response_serializer=eva_dot_base_dot_v1_dot_base__pb2.SessionMessage.SerializeToString,
+            ),
+            'Register': grpc.unary_unary_rpc_method_handler(
+                    servicer.Register,
+                    request_deserializer=eva_dot_base_dot_v1_dot_base__pb2.RegisterRequest.FromString,
+                    response_serializer=eva_dot_base_dot_v1_dot_base__pb2.RegisterReply.SerializeToString,
+            ),
+            'Deregister': grpc.unary_unary_rpc_method_handler(
+                    servicer.Deregister,
+                    request_deserializer=eva_dot_base_dot_v1_dot_base__pb2.DeregisterRequest.FromString,
+                    response_serializer=eva_dot_base_dot_v1_dot_base__pb2.DeregisterReply.SerializeToString,
+            ),
+            'Ack': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ack,
+                    request_deserializer=eva_dot_base_dot_v1_dot_base__pb2.AckRequest.FromString,
+                    response_serializer=eva_dot_base_dot_v1_dot_base__pb2.AckReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -225,6 +307,114 @@ class BaseService:
             '/eva.base.v1.BaseService/Publish',
             eva_dot_base_dot_v1_dot_base__pb2.PublishRequest.SerializeToString,
             eva_dot_base_dot_v1_dot_base__pb2.PublishReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Open(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/eva.base.v1.BaseService/Open',
+            eva_dot_base_dot_v1_dot_base__pb2.OpenRequest.SerializeToString,
+            eva_dot_base_dot_v1_dot_base__pb2.SessionMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Register(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eva.base.v1.BaseService/Register',
+            eva_dot_base_dot_v1_dot_base__pb2.RegisterRequest.SerializeToString,
+            eva_dot_base_dot_v1_dot_base__pb2.RegisterReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Deregister(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eva.base.v1.BaseService/Deregister',
+            eva_dot_base_dot_v1_dot_base__pb2.DeregisterRequest.SerializeToString,
+            eva_dot_base_dot_v1_dot_base__pb2.DeregisterReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Ack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eva.base.v1.BaseService/Ack',
+            eva_dot_base_dot_v1_dot_base__pb2.AckRequest.SerializeToString,
+            eva_dot_base_dot_v1_dot_base__pb2.AckReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -114,7 +114,10 @@ class Evaluator:
         if newest is None or event.time > newest:
             self._newest[event.source] = event.time
         out = self._detections(notes)
-        self._forget(event.time)
+        # Not the event's own time: the engine reports an instant only once every source has
+        # passed it (``reach``), so with a lagging source an occurrence at an earlier instant
+        # is still to be reported, and needs its events.
+        self._forget(min(self._newest.values()) - self._lateness)
         return out
 
     def advance(self, time: int) -> list[Detection]:

@@ -36,6 +36,21 @@ takes the order lock), never for one that has read nothing for ``stall_timeout``
 dropped with RESOURCE_EXHAUSTED once its queue is full, so it cannot stall the others;
 Unsubscribe never waits and releases whoever waited on that subscriber; a second server on a
 taken port fails to start; shutdown reports NOT_SERVING while it drains.
+
+Durable sessions (``Open``, ``Register``, ``Deregister``, ``Ack``; :mod:`adapters.backends.sessions`
+holds their records): for an autonomous service, whose producers publish to it themselves. Each
+Publish message is first decided on for the sessions — an event whose (source, id) was accepted
+before is a duplicate, one at or before the watermark is late, an advance too far ahead is
+refused — and what is accepted is appended to the event log (one transaction, with ``--data``
+durable) before anything is evaluated. Then, under the same order lock as the fed path, every
+live registration evaluates the logged events (the same stepping as a subscription: catch-up,
+push, slices) and its clock is run to the new watermark; at the end, with nothing awaited in
+between, each session's detections become its next message(s) and the watermark moves, so a
+stream never sends a watermark ahead of the detections it covers. Subscriptions (the fed mode)
+see every well-formed event as before, duplicates and late ones too: a mediator that feeds a
+service re-publishes events to fresh subscriptions after a reconnection, and ``replay --via``
+publishes each event once per query. Session streams never hold the publishers back: messages
+are kept until acknowledged, up to ``retention`` per session (then the session is dropped).
 """
 
 from __future__ import annotations
@@ -66,6 +81,20 @@ from grpc_status import rpc_status
 
 from adapters.backends.native import MAX_QUERY_BYTES, Detection, EventRejected, Language, NativeQueryError
 from adapters.backends.registry import language as language_of
+from adapters.backends.sessions import (
+    HEARTBEAT_MS,
+    RETENTION,
+    SESSION_TIMEOUT,
+    LogError,
+    MemoryStore,
+    Registration,
+    Session,
+    SqliteStore,
+    Store,
+    StoredRegistration,
+    Stream,
+    dropped_reason,
+)
 from adapters.wire import SERVICE_NAME, base_pb2, base_pb2_grpc
 from eva.events import Event, EventError, from_json_line, to_cloudevent
 from eva.units import format_span
@@ -186,6 +215,9 @@ class _Subscription:
     """When its stream last took a notification, or something was queued for it while it had
     read everything: a subscriber with a backlog that has read nothing for the stall timeout
     is no longer waited for."""
+    found: list[Detection] | None = None
+    """A session's registration: its detections of the current Publish message go here (not
+    to the outbox, which it does not read)."""
 
 
 @dataclass(eq=False)
@@ -224,6 +256,12 @@ class _Publisher:
         return (found[0], found[1]) if found is not None and found[2] is event else None
 
 
+def _latest(*times: int | None) -> int | None:
+    """The greatest of the times given (None: none given)."""
+    known = [t for t in times if t is not None]
+    return max(known) if known else None
+
+
 def _refusal(what: str, refusals: list[str], subscriptions: int) -> str:
     share = "" if subscriptions == 1 else f" (by {len(refusals)} of {subscriptions} subscriptions)"
     return f"{what}: {refusals[0]}{share}"
@@ -233,6 +271,7 @@ def _refusal(what: str, refusals: list[str], subscriptions: int) -> str:
 class _Tally:
     accepted: int = 0
     rejected: int = 0
+    duplicates: int = 0
     number: int = 0  # events seen in this call
     errors: list[str] | None = None
 
@@ -244,10 +283,31 @@ class _Tally:
             self.errors.append(message)
 
 
+LOGGED, DUPLICATE, LATE = "logged", "duplicate", "late"
+"""What the sessions make of an event of a Publish message (``_Entry.fates``)."""
+
+
+@dataclass
+class _Entry:
+    """A Publish message as the sessions see it, decided before it is evaluated."""
+
+    fates: list[str]
+    """Per well-formed event of the message: LOGGED, DUPLICATE or LATE."""
+    number: int = 0
+    """Its number in the event log (0: nothing of it was logged)."""
+    watermark: int | None = None
+    clock: int | None = None
+    """The watermark and the service clock (the newest logged event time or advance) once it
+    is evaluated."""
+    refused: str = ""
+    """Why its advance is refused for the sessions ('' if it is not)."""
+
+
 class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
     def __init__(self, group: str, lang: Language, queue_size: int = 1024,
                  stall_timeout: float = STALL_SECONDS, tick: int = 1_000_000,
-                 max_advance: int | None = None) -> None:
+                 max_advance: int | None = None, store: Store | None = None,
+                 retention: int = RETENTION, session_timeout: float = SESSION_TIMEOUT) -> None:
         self.group = group
         self.language = lang
         self.queue_size = max(2, queue_size)  # back-pressure starts at half of it
@@ -262,10 +322,26 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
         self._seq = 0
         self._turn = time.monotonic()
         self._closing = False
+        # Durable sessions (the module's docstring).
+        self.store: Store = store if store is not None else MemoryStore()
+        self.retention = max(1, retention)
+        self.session_timeout = session_timeout
+        self._sessions: dict[str, Session] = {}
+        self._dropped: dict[str, str] = {}  # name → why (FAILED_PRECONDITION until created anew)
+        self._live: dict[int, Registration] = {}  # evaluated, by ordinal (registration order)
+        self._ordinal = 1
+        self._messages = 0  # the number of the last message in the event log
+        self.watermark: int | None = None
+        self._clock: int | None = None  # the newest logged event time or advance
+        self._expiry: asyncio.Task[None] | None = None
 
     @property
     def subscriptions(self) -> list[str]:
         return list(self._subs)  # a copy made without running Python code: safe from a thread
+
+    @property
+    def sessions(self) -> list[str]:
+        return list(self._sessions)
 
     # ---------------------------------------------------------------- RPCs
 
@@ -275,30 +351,34 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
         return base_pb2.CapabilitiesReply(
             group=self.group, language=self.language.name,
             capability_json=json.dumps(cap, default=list), max_advance_us=self.max_advance,
-            max_query_bytes=MAX_QUERY_BYTES, max_message_bytes=MAX_MESSAGE_BYTES)
+            max_query_bytes=MAX_QUERY_BYTES, max_message_bytes=MAX_MESSAGE_BYTES,
+            sessions=True, retention=self.retention)
+
+    def _compile(self, text: str) -> tuple[Any, grpc.Status | None]:
+        """A fresh evaluator of a native query, or the INVALID_ARGUMENT status refusing it:
+        over ``MAX_QUERY_BYTES`` (before any parser sees it), or whatever the parser raises."""
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > MAX_QUERY_BYTES:
+            return None, query_status(NativeQueryError(
+                self.language.name, f"the query is {size:,} bytes; a native query may be at "
+                f"most {MAX_QUERY_BYTES:,} bytes"))
+        try:
+            return self.language.parse(text).evaluator(), None
+        except NativeQueryError as exc:
+            return None, query_status(exc)
+        except RecursionError:
+            return None, query_status(NativeQueryError(
+                self.language.name, "the query nests too deeply to be read", 1, 1, text))
+        except Exception as exc:  # a parser bug must still answer the client as a bad query
+            log.exception("query not understood: %s", text[:MAX_SHOWN])
+            return None, query_status(NativeQueryError(
+                self.language.name, f"the query could not be read ({type(exc).__name__}: "
+                f"{_short(str(exc))})", 1, 1, text))
 
     async def Subscribe(self, request: Any, context: grpc.aio.ServicerContext
                         ) -> AsyncIterator[Any]:
         text: str = request.query
-        size = len(text.encode("utf-8", "surrogatepass"))
-        if size > MAX_QUERY_BYTES:  # before any parser sees it
-            await context.abort_with_status(query_status(NativeQueryError(
-                self.language.name, f"the query is {size:,} bytes; a native query may be at "
-                f"most {MAX_QUERY_BYTES:,} bytes")))
-        evaluator = None
-        failure: grpc.Status | None = None
-        try:
-            evaluator = self.language.parse(text).evaluator()
-        except NativeQueryError as exc:
-            failure = query_status(exc)
-        except RecursionError:
-            failure = query_status(NativeQueryError(
-                self.language.name, "the query nests too deeply to be read", 1, 1, text))
-        except Exception as exc:  # a parser bug must still answer the client as a bad query
-            log.exception("query not understood: %s", text[:MAX_SHOWN])
-            failure = query_status(NativeQueryError(
-                self.language.name, f"the query could not be read ({type(exc).__name__}: "
-                f"{_short(str(exc))})", 1, 1, text))
+        evaluator, failure = self._compile(text)
         if failure is not None:
             await context.abort_with_status(failure)
         if self._closing:
@@ -353,14 +433,20 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
                     request.ClearField("publisher")
                 # Shielded: a publisher that goes away mid-message does not leave an event seen
                 # by some subscriptions and not others (a message's work is bounded).
-                await asyncio.shield(self._message(request, tally))
+                try:
+                    await asyncio.shield(self._message(request, tally))
+                except LogError as exc:
+                    log.error("the event log could not be written: %s", exc)
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, (
+                        f"the event log could not be written ({_short(str(exc))}); that message "
+                        "was not evaluated: publish it again"))
         finally:
             if publisher:
                 self._publishers[publisher].streams -= 1
                 if not self._publishers[publisher].streams:
                     del self._publishers[publisher]
         return base_pb2.PublishReply(accepted=tally.accepted, rejected=tally.rejected,
-                                     errors=tally.errors or [])
+                                     errors=tally.errors or [], duplicates=tally.duplicates)
 
     # ---------------------------------------------------------------- evaluation
 
@@ -370,17 +456,31 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
             publisher = self._publishers.get(request.publisher) if request.batch else None
             kept = (publisher.begin(len(request.cloudevents), min(request.keep, MAX_KEEP))
                     if publisher is not None else None)
+            items: list[tuple[int, Event | str]] = []  # (number in the call, event or why not)
+            events: list[tuple[Event, str]] = []
             for index, text in enumerate(request.cloudevents):
-                event = self._parse(text, tally)
-                if event is None:
+                tally.number += 1
+                event = self._parse(text, tally.number)
+                items.append((tally.number, event))
+                if isinstance(event, str):
                     continue
+                events.append((event, text))
                 if kept is not None and publisher is not None:  # before a detection names it
                     kept.append(event.seq)
                     publisher.places[event.seq] = (request.batch, index, event)
-                await self._event(event, tally)
+            # Logged before anything is evaluated: durable before any detection it causes.
+            entry = self._log(events, request.advance_to_us)
+            fates = iter(entry.fates)
+            for number, item in items:
+                if isinstance(item, str):
+                    tally.reject(item)
+                else:
+                    await self._event(item, tally, number, next(fates))
             if request.advance_to_us:
-                await self._advance(request.advance_to_us, tally)
+                await self._advance(request.advance_to_us, tally, entry.refused)
             await self._end_message(request.batch)
+            if entry.number:
+                await self._seal(entry)
 
     async def _end_message(self, batch: int) -> None:
         """Send each packed subscription what it holds and tell each subscription that asked
@@ -395,25 +495,27 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
                     progress_batch=batch if marker else 0,
                     progress_us=(sub.clock or 0) if marker else 0))
 
-    def _parse(self, text: str, tally: _Tally) -> Event | None:
-        """The next event of the call, numbered in arrival order (None: rejected)."""
-        tally.number += 1
+    def _parse(self, text: str, number: int) -> Event | str:
+        """Event ``number`` of the call, numbered in arrival order; why not (a rejection)."""
         try:
             event = from_json_line(text, seq=self._seq)
         except EventError as exc:
-            tally.reject(f"event {tally.number}: {exc}")
-            return None
+            return f"event {number}: {exc}"
         except Exception as exc:  # whatever the line holds, only this event is refused
-            log.exception("event %d could not be read", tally.number)
-            tally.reject(f"event {tally.number}: could not be read ({type(exc).__name__}: "
-                         f"{_short(str(exc))})")
-            return None
+            log.exception("event %d could not be read", number)
+            return (f"event {number}: could not be read ({type(exc).__name__}: "
+                    f"{_short(str(exc))})")
         self._seq += 1
         return event
 
-    async def _event(self, event: Event, tally: _Tally) -> None:
-        what = f"event {tally.number}"
+    async def _event(self, event: Event, tally: _Tally, number: int, fate: str) -> None:
+        """One event at every subscription and — logged — every live registration. Counted
+        accepted, rejected (a refusal; late, while registrations would have seen it) or a
+        duplicate."""
+        what = f"event {number}"
         subs = list(self._subs.values())
+        if fate == LOGGED:
+            subs += [r.subscription for r in self._live.values()]
         refusals: list[str] = []
         for sub in subs:
             refused = await self._catch_up(sub, event)
@@ -424,12 +526,19 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
             if refused:
                 refusals.append(refused)
             await self._pause()
-        if refusals:
+        if fate == LATE and self._live:
+            tally.reject(f"{what}: late: at or before the watermark {self.watermark} µs (the "
+                         "sessions do not see it)")
+        elif refusals:
             tally.reject(_refusal(what, refusals, len(subs)))
+        elif fate == DUPLICATE:
+            tally.duplicates += 1
         else:
             tally.accepted += 1
 
-    async def _advance(self, until: int, tally: _Tally) -> None:
+    async def _advance(self, until: int, tally: _Tally, sessions_refuse: str = "") -> None:
+        """An explicit advance at every subscription (the registrations' clocks are run at
+        the message's end, ``_seal``); ``sessions_refuse``: why the sessions refuse it."""
         what = f"advance_to_us {until}"
         subs = list(self._subs.values())
         refusals: list[str] = []
@@ -441,7 +550,9 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
             if refused:
                 refusals.append(refused)
             await self._pause()
-        if refusals:
+        if sessions_refuse and self._live:
+            tally.reject(f"{what}: {sessions_refuse}")
+        elif refusals:
             tally.reject(_refusal(what, refusals, len(subs)))
 
     def _too_far(self, sub: _Subscription, time: int, subject: str) -> str:
@@ -533,6 +644,9 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
             self._fail(sub, grpc.StatusCode.INTERNAL,
                        f"evaluation failed on {what}: {type(exc).__name__}: {_short(str(exc))}")
             return f"evaluation failed ({type(exc).__name__}; the subscription was ended)"
+        if sub.found is not None:  # a registration: its session's message takes them at the end
+            sub.found.extend(detections)
+            return ""
         for d in detections:
             try:
                 item = self._packed(sub, d) if sub.packed else notification(sub.ident, d)
@@ -641,10 +755,408 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
             sub.outbox.get_nowait()
 
     def close(self) -> None:
-        """End every subscription (UNAVAILABLE): the service is going away."""
+        """End every subscription and session stream (UNAVAILABLE): the service is going
+        away (the sessions stay in the store, with ``--data``)."""
         self._closing = True
         for sub in list(self._subs.values()):
             self._fail(sub, grpc.StatusCode.UNAVAILABLE, "the base service is shutting down")
+        for session in self._sessions.values():
+            session.wake()
+        if self._expiry is not None:
+            self._expiry.cancel()
+
+    # ---------------------------------------------------------------- durable sessions
+
+    async def Open(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        """The session's stream: ready, the kept messages after max(resume_after, acked),
+        then live ones; a progress-only message (seq 0) when the watermark or origin moved
+        and nothing else is pending, and after ``heartbeat_ms`` without any message."""
+        name: str = request.session
+        if not name:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a session needs a name "
+                                "(OpenRequest.session)")
+        if self._closing:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the base service is shutting down")
+        session = self._sessions.get(name)
+        if session is None:
+            if not request.create:
+                await self._absent(name, context)
+            try:
+                session = self._create(name)
+            except LogError as exc:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"the session could not be "
+                                    f"stored ({_short(str(exc))}): open it again")
+                raise  # (abort raises)
+        stream = Stream()
+        if session.stream is not None:
+            session.stream.superseded = True
+            session.stream.wake.set()
+        session.stream = stream
+        heartbeat = (request.heartbeat_ms if request.heartbeat_ms > 0 else HEARTBEAT_MS) / 1000
+        cursor = max(request.resume_after, session.acked)
+        try:
+            # The watermark only if no kept message is pending: those cover it.
+            shown = self._progress(session, ready=True, watermark=cursor >= session.seq)
+            yield shown
+            sent = time.monotonic()
+            while True:
+                stream.wake.clear()  # before looking: whatever happens after is seen next turn
+                if stream.superseded:
+                    await context.abort(grpc.StatusCode.ABORTED, "superseded by a newer stream")
+                if session.dropped is not None:
+                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, session.dropped)
+                if self._closing:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                        "the base service is shutting down")
+                if cursor < session.acked:  # acknowledged meanwhile: forgotten, not sent
+                    cursor = session.acked
+                if cursor < session.seq:
+                    cursor += 1
+                    shown = session.kept[cursor]
+                    yield shown
+                    sent = time.monotonic()
+                    continue
+                progress = self._progress(session)
+                if (progress.has_watermark, progress.watermark_us, progress.has_origin,
+                        progress.origin_us) != (shown.has_watermark, shown.watermark_us,
+                                                shown.has_origin, shown.origin_us):
+                    shown = progress
+                    yield shown
+                    sent = time.monotonic()
+                    continue
+                idle = heartbeat - (time.monotonic() - sent)
+                if idle <= 0:
+                    yield progress  # liveness: the same watermark again
+                    sent = time.monotonic()
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stream.wake.wait(), idle)
+        finally:  # disconnected, superseded or dropped: the session lives on
+            if session.stream is stream:
+                session.stream = None
+                session.detached = time.monotonic()
+
+    async def Register(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        session = await self._session(request.session, context)
+        ident, text = request.subscription_id, request.query
+        if not ident:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a registration needs a "
+                                "subscription_id")
+        if await self._registered(session, ident, text, context):
+            return base_pb2.RegisterReply()
+        evaluator, failure = self._compile(text)
+        if failure is not None:
+            await context.abort_with_status(failure)
+        async with self._order:  # between two Publish messages: it sees the next one on
+            if session.dropped is not None:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, session.dropped)
+            if await self._registered(session, ident, text, context):
+                return base_pb2.RegisterReply()
+            stored = StoredRegistration(self._ordinal, session.name, ident, text,
+                                        self._messages, None)
+            try:
+                self.store.register(stored)
+            except LogError as exc:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"the registration could not "
+                                    f"be stored ({_short(str(exc))}): register again")
+            self._ordinal += 1
+            self._activate(session, stored, evaluator)
+        log.info("session %s: registered %s: %s", session.name, ident, _short(text))
+        return base_pb2.RegisterReply()
+
+    async def _registered(self, session: Session, ident: str, text: str,
+                          context: grpc.aio.ServicerContext) -> bool:
+        """Whether ``ident`` is registered with this very query (ALREADY_EXISTS with
+        another)."""
+        known = session.registrations.get(ident)
+        if known is None:
+            return False
+        if known.query != text:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, (
+                f"subscription {ident!r} of session {session.name} is registered with another "
+                "query (deregister it first)"))
+        return True
+
+    async def Deregister(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        session = await self._session(request.session, context)
+        async with self._order:  # between two Publish messages: it saw the last one
+            registration = session.registrations.pop(request.subscription_id, None)
+            if registration is not None:
+                self._deactivate(registration)
+                try:
+                    self.store.deregister(registration.ordinal, self._messages)
+                except LogError as exc:  # a restart would evaluate it again: say so
+                    log.error("session %s: the deregistration of %s could not be stored: %s",
+                              session.name, registration.ident, exc)
+        return base_pb2.DeregisterReply(found=registration is not None)
+
+    async def Ack(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        session = await self._session(request.session, context)
+        before = session.acked
+        session.forget(request.seq)
+        if session.acked > before:
+            try:
+                self.store.ack(session.name, session.acked)
+            except LogError as exc:  # a restart would send them again: the client skips them
+                log.error("session %s: the acknowledgement could not be stored: %s",
+                          session.name, exc)
+        return base_pb2.AckReply()
+
+    async def _session(self, name: str, context: grpc.aio.ServicerContext) -> Session:
+        session = self._sessions.get(name)
+        if session is None:
+            await self._absent(name, context)
+        assert session is not None
+        return session
+
+    async def _absent(self, name: str, context: grpc.aio.ServicerContext) -> None:
+        """End the call: the session was dropped (FAILED_PRECONDITION) or is unknown."""
+        if name in self._dropped:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self._dropped[name])
+        await context.abort(grpc.StatusCode.NOT_FOUND, (
+            f"session {name} is not known to this base service (never created, or the service "
+            "restarted without --data): open it with create"))
+
+    def _create(self, name: str) -> Session:
+        session = Session(name, self.watermark)
+        self.store.create_session(name, session.origin)
+        self._dropped.pop(name, None)
+        self._sessions[name] = session
+        log.info("session %s created (origin %s)", name, session.origin)
+        return session
+
+    def _activate(self, session: Session, stored: StoredRegistration, evaluator: Any) -> None:
+        sub = _Subscription(stored.ident, evaluator, asyncio.Queue(maxsize=1), found=[])
+        registration = Registration(stored.ordinal, session, stored.ident, stored.query,
+                                    stored.position, sub, stored.deregistered)
+        session.registrations[stored.ident] = registration
+        self._live[stored.ordinal] = registration
+
+    def _deactivate(self, registration: Registration) -> None:
+        registration.subscription.ended = True
+        self._live.pop(registration.ordinal, None)
+
+    def _progress(self, session: Session, ready: bool = False, watermark: bool = True) -> Any:
+        message = base_pb2.SessionMessage(seq=0, ready=ready,
+                                          retention=self.retention if ready else 0)
+        if watermark and self.watermark is not None:
+            message.has_watermark, message.watermark_us = True, self.watermark
+        if session.origin is not None:
+            message.has_origin, message.origin_us = True, session.origin
+        return message
+
+    def _log(self, events: list[tuple[Event, str]], advance: int) -> _Entry:
+        """Decide what the sessions see of a Publish message — an event whose (source, id)
+        was logged is a duplicate, one at or before the watermark is late, an advance more
+        than ``max_advance`` past the service clock is refused — and append it to the event
+        log in one transaction, with the origin of each session that was waiting for its
+        first event. Nothing is evaluated yet."""
+        watermark, clock = self.watermark, self._clock
+        entry = _Entry([])
+        number = self._messages + 1
+        newest: int | None = None
+        first: Event | None = None
+        origins: list[Session] = []
+        with self.store.transaction():
+            for event, line in events:
+                if watermark is not None and event.time <= watermark:
+                    entry.fates.append(DUPLICATE if self.store.known(event) else LATE)
+                elif self.store.add_event(event, line, number):
+                    entry.fates.append(LOGGED)
+                    newest = event.time if newest is None else max(newest, event.time)
+                    first = first or event
+                else:
+                    entry.fates.append(DUPLICATE)
+            top = _latest(clock, newest)
+            sealed: int | None = None
+            if advance and top is not None and advance - top > self.max_advance:
+                entry.refused = (
+                    f"clock_jump: it is {format_span(advance - top)} after the service's "
+                    f"clock ({top} µs); an advance_to_us may move it by at most "
+                    f"{format_span(self.max_advance)}: publish it in steps")
+            elif advance and (watermark is None or advance > watermark):
+                sealed = advance
+            if newest is None and sealed is None:
+                return entry  # nothing for the sessions
+            self.store.add_message(number, newest, sealed)
+            if first is not None:
+                origins = [s for s in self._sessions.values() if s.origin is None]
+                for session in origins:
+                    self.store.set_origin(session.name, first.time - 1)
+        self._messages = entry.number = number
+        if first is not None:
+            for session in origins:
+                session.origin = first.time - 1
+        entry.watermark = _latest(watermark, None if newest is None else newest - 1, sealed)
+        entry.clock = _latest(top, sealed)
+        return entry
+
+    async def _seal(self, entry: _Entry) -> None:
+        """The end of a logged message for the sessions: every registration's clock run to the
+        new watermark (as far as work is pending: every detection up to it is then found);
+        then, with nothing awaited in between, each session's detections become its next
+        messages and the watermark moves, and the streams are woken."""
+        until = entry.watermark
+        live = list(self._live.values())
+        for registration in live:
+            sub = registration.subscription
+            if until is None or sub.ended:
+                continue
+            if sub.clock is None:  # no event yet: the evaluator's clock has not started
+                await self._apply(sub, methodcaller("advance", until), f"advance_to_us {until}")
+            else:  # to ``until`` included: what is due at the clock itself too (an interval's end)
+                refused = await self._run_clock(sub, until, final=False)
+                if refused:
+                    log.warning("session %s, %s: the clock stays behind the watermark: %s",
+                                registration.session.name, registration.ident, refused)
+            await self._pause()
+        before, self.watermark, self._clock = self.watermark, until, entry.clock
+        found: dict[Session, list[tuple[str, list[Detection]]]] = {}
+        for registration in live:
+            sub = registration.subscription
+            if sub.found:
+                found.setdefault(registration.session, []).append((registration.ident, sub.found))
+                sub.found = []
+        for session, detections in found.items():
+            if session.dropped is None:
+                self._keep(session, detections, before, until)
+        for session in list(self._sessions.values()):
+            session.wake()
+
+    def _keep(self, session: Session, found: list[tuple[str, list[Detection]]],
+              before: int | None, after: int | None) -> None:
+        """One Publish message's detections as the session's next message (split at the
+        pack's bounds: every part but the last carries the watermark from before the
+        message), kept until acknowledged; a session that would keep more than ``retention``
+        is dropped."""
+        parts: list[list[Any]] = [[]]
+        size = 0
+        for ident, detections in found:
+            for d in detections:
+                try:
+                    item = self._session_detection(ident, d)
+                except Exception as exc:  # e.g. a value JSON cannot carry
+                    log.exception("session %s, %s: a detection could not be sent (%s)",
+                                  session.name, ident, type(exc).__name__)
+                    continue
+                if len(parts[-1]) >= PACK_DETECTIONS or size >= PACK_BYTES:
+                    parts.append([])
+                    size = 0
+                parts[-1].append(item)
+                size += (len(item.text) + len(item.extra_json)
+                         + sum(map(len, item.constituents)) + 8 * len(item.arrivals))
+        if not parts[-1]:
+            return
+        for index, part in enumerate(parts):
+            session.seq += 1
+            if session.seq <= session.acked:  # regenerated by a replay, acknowledged before
+                continue
+            watermark = after if index == len(parts) - 1 else before
+            message = base_pb2.SessionMessage(seq=session.seq, detections=part)
+            if watermark is not None:
+                message.has_watermark, message.watermark_us = True, watermark
+            if session.origin is not None:
+                message.has_origin, message.origin_us = True, session.origin
+            session.kept[session.seq] = message
+        if len(session.kept) > self.retention:
+            self._drop(session, f"more than {self.retention} messages unacknowledged (the "
+                                "service's --retention)")
+
+    def _session_detection(self, ident: str, d: Detection) -> Any:
+        return base_pb2.SessionDetection(
+            subscription_id=ident, text=d.text, time_us=d.time,
+            constituents=[_cloudevent_json(e) for e in d.constituents],
+            # An evaluator's own event (none does so far) would carry a number the service
+            # never gave: -1.
+            arrivals=[e.seq if 0 <= e.seq < self._seq else -1 for e in d.constituents],
+            extra_json=_extra_json(d))
+
+    def _drop(self, session: Session, why: str) -> None:
+        """Forget a session — registrations, messages — and say so to every later call."""
+        reason = dropped_reason(session.name, why)
+        log.warning("%s", reason)
+        session.dropped = reason
+        for registration in session.registrations.values():
+            self._deactivate(registration)
+        session.registrations.clear()
+        session.kept.clear()
+        self._sessions.pop(session.name, None)
+        self._dropped[session.name] = reason
+        try:
+            self.store.drop(session.name, reason)
+        except LogError as exc:
+            log.error("session %s: its drop could not be stored: %s", session.name, exc)
+        session.wake()
+
+    async def expire(self) -> None:
+        """Drop the sessions that have had no open stream for ``session_timeout`` seconds
+        (between two Publish messages), for as long as the service runs."""
+        period = min(1.0, max(self.session_timeout / 4, 0.01))
+        while not self._closing:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            if not any(s.stream is None and now - s.detached >= self.session_timeout
+                       for s in self._sessions.values()):
+                continue
+            async with self._order:
+                now = time.monotonic()
+                for session in list(self._sessions.values()):
+                    if session.stream is None and now - session.detached >= self.session_timeout:
+                        self._drop(session, f"no open stream for {self.session_timeout:g} s (the "
+                                            "service's --session-timeout)")
+
+    async def restore(self) -> None:
+        """Take up what the store holds (``--data``): the sessions, their registrations — each
+        evaluator rebuilt by replaying the log from its registration on, in the logged
+        messages' boundaries and in registration order, which regenerates the sessions'
+        messages with the same seq numbers (those acknowledged are not kept) — the dropped
+        sessions' names, and the log's numbering. Before the service answers anyone."""
+        state = self.store.restore()
+        self._messages, self._seq, self._dropped = state.messages, state.next_seq, state.dropped
+        self._ordinal = max((r.ordinal for r in state.registrations), default=0) + 1
+        for stored in state.sessions:
+            self._sessions[stored.name] = Session(stored.name, stored.origin, acked=stored.acked)
+        pending = [r for r in state.registrations if r.session in self._sessions]
+        start = min((r.position for r in pending), default=state.messages)
+        self.watermark, self._clock = self.store.progress_before(start + 1)
+        replayed = 0
+        tally = _Tally()
+        for message in self.store.messages(start):
+            self._turn_registrations(pending, message.number)
+            for position, line in message.events:
+                await self._event(from_json_line(line, seq=position), tally, 0, LOGGED)
+            newest = message.newest
+            entry = _Entry([], message.number, _latest(
+                self.watermark, None if newest is None else newest - 1, message.advance),
+                _latest(self._clock, newest, message.advance))
+            await self._seal(entry)
+            replayed += 1
+        self._turn_registrations(pending, state.messages + 1)
+        self.watermark, self._clock = self.store.progress_before(state.messages + 1)
+        if state.sessions:
+            log.info("restored %d sessions, %d registrations (%d messages of the log "
+                     "replayed)", len(self._sessions), len(self._live), replayed)
+
+    def _turn_registrations(self, pending: list[StoredRegistration], number: int) -> None:
+        """Before logged message ``number`` is replayed: the registrations deregistered before
+        it end, those registered before it start (in registration order)."""
+        for registration in list(self._live.values()):
+            if registration.deregistered is not None and registration.deregistered < number:
+                self._deactivate(registration)
+                session = registration.session
+                if session.registrations.get(registration.ident) is registration:
+                    del session.registrations[registration.ident]
+        while pending and pending[0].position < number:
+            stored = pending.pop(0)
+            owner = self._sessions.get(stored.session)
+            if owner is None:
+                continue  # dropped during the replay
+            evaluator, failure = self._compile(stored.query)
+            if failure is not None:
+                log.error("session %s: %s can no longer be registered: %s", stored.session,
+                          stored.ident, failure.details)
+                continue
+            self._activate(owner, stored, evaluator)
 
 
 # ------------------------------------------------------------------ serving
@@ -668,20 +1180,34 @@ class Served:
             await asyncio.sleep(drain)
         self.service.close()
         await self.server.stop(grace)
+        self.service.store.close()
 
 
 async def start(group: str, listen: str, tick: int = 1_000_000, queue_size: int = 1024,
                 stall_timeout: float = STALL_SECONDS, max_advance: int | None = None,
-                lang: Language | None = None) -> Served:
+                lang: Language | None = None, data: str | os.PathLike[str] | None = None,
+                retention: int = RETENTION, session_timeout: float = SESSION_TIMEOUT) -> Served:
     """Start a base service on the running loop (``listen`` may use port 0: any free port);
-    ``lang``: another language than the group's own (tests). A port another server listens on
-    is refused (no port sharing): OSError saying why."""
+    ``lang``: another language than the group's own (tests). ``data``: the directory of its
+    event log and sessions (None: in memory), whose sessions are restored before it answers.
+    A port another server listens on is refused (no port sharing): OSError saying why; a
+    ``data`` directory it cannot use: OSError too (LogError)."""
     lang = lang if lang is not None else language_of(group, tick)
+    try:
+        store: Store = SqliteStore(data, group) if data is not None else MemoryStore()
+    except LogError as exc:
+        raise OSError(str(exc)) from None
     server = grpc.aio.server(options=[
         ("grpc.so_reuseport", 0),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ])
-    service = BaseService(group, lang, queue_size, stall_timeout, tick, max_advance)
+    service = BaseService(group, lang, queue_size, stall_timeout, tick, max_advance, store,
+                          retention, session_timeout)
+    try:
+        await service.restore()
+    except LogError as exc:
+        store.close()
+        raise OSError(str(exc)) from None
     base_pb2_grpc.add_BaseServiceServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -693,8 +1219,10 @@ async def start(group: str, listen: str, tick: int = 1_000_000, queue_size: int 
     except RuntimeError:
         port = 0
     if port == 0:
+        store.close()
         raise OSError(f"cannot listen on {listen}: {_bind_error(listen)}")
     await server.start()
+    service._expiry = asyncio.create_task(service.expire())
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return Served(server, port, service, health_servicer)
@@ -718,10 +1246,13 @@ def _bind_error(listen: str) -> str:
 
 async def run(group: str, listen: str, ready: Callable[[int], None], tick: int = 1_000_000,
               queue_size: int = 1024, max_advance: int | None = None, drain: float = 1.0,
-              grace: float = 2.0, stall_timeout: float = STALL_SECONDS) -> None:
+              grace: float = 2.0, stall_timeout: float = STALL_SECONDS,
+              data: str | os.PathLike[str] | None = None, retention: int = RETENTION,
+              session_timeout: float = SESSION_TIMEOUT) -> None:
     """Serve until SIGTERM or SIGINT, then shut down gracefully (``Served.stop``); a second
     signal skips the drain. ``ready(port)`` is called once the service answers."""
-    served = await start(group, listen, tick, queue_size, stall_timeout, max_advance)
+    served = await start(group, listen, tick, queue_size, stall_timeout, max_advance,
+                         data=data, retention=retention, session_timeout=session_timeout)
     # What is loaded by now (grpc, the parsers, the language: ~10⁶ objects) lives as long as the
     # process: out of the collector's sight, a full collection scans only what serving made —
     # a few ms instead of 15–20 ms every ten thousand events (a batch's p99, benchmarks/links.py).
@@ -784,10 +1315,12 @@ class Running:
 
 def serve(group: str, listen: str, tick: int = 1_000_000, queue_size: int = 1024,
           stall_timeout: float = STALL_SECONDS, max_advance: int | None = None,
-          lang: Language | None = None) -> Running:
+          lang: Language | None = None, data: str | os.PathLike[str] | None = None,
+          retention: int = RETENTION, session_timeout: float = SESSION_TIMEOUT) -> Running:
     """Start a base service in a background thread (``listen`` may use port 0)."""
     return Running(group, listen, tick=tick, queue_size=queue_size, stall_timeout=stall_timeout,
-                   max_advance=max_advance, lang=lang)
+                   max_advance=max_advance, lang=lang, data=data, retention=retention,
+                   session_timeout=session_timeout)
 
 
 __all__ = ["BaseService", "Running", "Served", "notification", "query_status", "run",

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -23,12 +24,23 @@ def base_service(
     stall_timeout: Annotated[str, typer.Option(
         help="A subscriber that has read nothing this long with a full queue is dropped.")]
         = "10s",
+    data: Annotated[Path | None, typer.Option(
+        help="Directory of the event log and the durable sessions (SQLite): they survive a "
+             "restart, a kill too. Without it, everything is in memory.")] = None,
+    retention: Annotated[int, typer.Option(
+        min=1, help="Unacknowledged messages a session may hold; one that would hold more is "
+                    "dropped.")] = 100_000,  # adapters.backends.sessions.RETENTION
+    session_timeout: Annotated[float, typer.Option(
+        min=0.001, help="Seconds a session may go without an open stream before it is "
+                        "dropped.")] = 86_400.0,  # sessions.SESSION_TIMEOUT (not imported:
+    # the CLI loads no adapter until a command runs, tests/test_startup.py)
 ) -> None:
     """Run the reference base service of a language group: eva.base.v1.BaseService (native
-    queries in, native notifications out), standard health checking and server reflection.
-    SIGTERM or SIGINT: health says NOT_SERVING for a second, then calls get 2 s to finish.
+    queries in, native notifications out; durable sessions for autonomous producers),
+    standard health checking and server reflection. SIGTERM or SIGINT: health says
+    NOT_SERVING for a second, then calls get 2 s to finish.
 
-    Example: evamed base-service --group cg3 --listen 127.0.0.1:50053
+    Example: evamed base-service --group cg3 --listen 127.0.0.1:50053 --data /var/lib/cg3
     """
     import asyncio
 
@@ -41,8 +53,9 @@ def base_service(
         asyncio.run(run(group, listen, lambda port: print(f"serving {group} on {host}:{port}",
                                                           flush=True), tick_us, queue_size,
                         span_option(max_advance, "max-advance"),
-                        stall_timeout=(span_option(stall_timeout, "stall-timeout") or 1) / 1e6))
-    except (OSError, RuntimeError) as exc:  # the port is taken (no sharing) or not ours
+                        stall_timeout=(span_option(stall_timeout, "stall-timeout") or 1) / 1e6,
+                        data=data, retention=retention, session_timeout=session_timeout))
+    except (OSError, RuntimeError) as exc:  # the port is taken (no sharing), --data unusable
         fail(str(exc))
 
 
