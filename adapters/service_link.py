@@ -84,7 +84,7 @@ class AutonomousLink:
         self._session = self._open(resume_after)
 
     def _open(self, resume_after: int) -> Any:
-        from adapters.session import Session  # type: ignore[import-not-found,unused-ignore]
+        from adapters.session import Session
 
         assert self._on_message is not None
         return Session(self.address, self.name, self.info.group, on_message=self._on_message,
@@ -92,6 +92,11 @@ class AutonomousLink:
                        timeout=self.timeout)
 
     def _lost(self, reason: str) -> None:
+        if "superseded" in reason:
+            log.error("base service %r (%s) at %s: another stream took the mediator's session %s "
+                      "over (a second mediator on the same store?): this one reads it no more",
+                      self.info.name, self.info.group, self.address, self.name)
+            return
         log.error("base service %r (%s) at %s dropped the mediator's session %s: %s; opening "
                   "it anew and registering its %d queries again (what it dropped is lost)",
                   self.info.name, self.info.group, self.address, self.name, reason,

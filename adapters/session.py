@@ -434,8 +434,12 @@ class Session:
                       message.origin_us if message.has_origin else None)
         try:
             self._on_message(out)
-        except Exception:  # the caller's bug: logged, and the stream goes on
+        except Exception as exc:
+            # Not delivered: the stream is opened again after the last message that was, so
+            # the service sends it again (a caller that logs a message before acknowledging
+            # it, as the mediator does, must not have one skipped that it failed to log).
             log.exception("%s: on_message failed on message %d", self._where(), message.seq)
+            raise _Lost(f"message {message.seq} could not be taken: {exc}") from None
         if message.seq > 0:
             self._delivered = message.seq
 
