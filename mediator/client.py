@@ -128,8 +128,9 @@ class ServiceStatus:
     address: str                 # "embedded": run in the mediator's process
     sources: tuple[str, ...]     # coverage: source patterns (fnmatch)
     types: tuple[str, ...]       # coverage: type patterns (fnmatch)
-    status: str                  # SERVING, NOT_SERVING, CONNECTING
+    status: str                  # SERVING, NOT_SERVING, CONNECTING (LOST: session dropped)
     subscriptions: int           # native queries subscribed there
+    mode: str = ""               # autonomous, fed, or source (a broker the mediator reads)
 
 
 @dataclass(frozen=True)
@@ -401,7 +402,8 @@ class MediatorClient:
         """The services the mediator is connected to, their coverage and state."""
         reply = self._call("ListServices", mediator_pb2.ListServicesRequest())
         return [ServiceStatus(s.name, s.group, s.language, s.address, tuple(s.sources),
-                              tuple(s.types), s.status, s.subscriptions) for s in reply.services]
+                              tuple(s.types), s.status, s.subscriptions, s.mode)
+                for s in reply.services]
 
     # -- events in
 
