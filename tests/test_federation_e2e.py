@@ -190,8 +190,12 @@ def test_autonomous_services_federated_through_crashes_of_everyone(
         # 3. The SQL service crashes mid-stream and comes back with its data.
         part = split(events, cuts[2], cuts[3])
         producers["sql"].pace = 0.2  # its part takes a few seconds: the crash falls inside
-        killer = threading.Timer(0.5, lambda: (services["sql"].kill(), time.sleep(0.5),
-                                               services["sql"].start()))
+        def crash() -> None:
+            services["sql"].kill()
+            time.sleep(0.5)
+            services["sql"].start()
+
+        killer = threading.Timer(0.5, crash)
         killer.start()
         publish_all(producers, part)
         killer.join()
