@@ -636,7 +636,8 @@ class Pipeline:
                 found = bound(used or everything)
                 if found is None:
                     continue
-                newest = found if newest is None else max(newest, found)
+                # The slowest federation's: it may still name an event the others are past.
+                newest = found if newest is None else min(newest, found)
                 notes = federation.decide(found)
                 if notes:
                     decided.setdefault(sub.key, []).extend(notes)

@@ -649,7 +649,12 @@ def _planning_refusal(exc: Exception) -> Refusal:
 
 def _plan_summary(p: Plan) -> dict[str, Any]:
     """What ProfileInfo.plans shows of a plan: its kind and the services it uses."""
-    services = [n.service or RESERVED_SERVICE for n in nodes(p.root) if isinstance(n, (Remote, Subscribe))]
+    leaves = [n for n in [*nodes(p.root), *p.observed] if isinstance(n, (Remote, Subscribe))
+              and not (isinstance(n, Subscribe) and n.clock)]
+    services = [s or RESERVED_SERVICE for n in leaves
+                for s in (n.sources if isinstance(n, Subscribe) else (n.service,))]
+    if len(leaves) < len([n for n in nodes(p.root) if isinstance(n, (Remote, Subscribe))]):
+        services.append(RESERVED_SERVICE)  # a time class: the mediator's clock
     return {"profile": p.profile.name, "kind": str(p.kind),
             "services": list(dict.fromkeys(services))}
 

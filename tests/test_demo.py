@@ -37,9 +37,13 @@ def test_the_demo_plays_the_day_and_agrees_with_replay(tmp_path: Path) -> None:
                           "--workdir", str(workdir)], capture_output=True, text=True,
                          timeout=300, env={**os.environ, "COLUMNS": "100"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "the 57 live composites are exactly what `evamed replay` computes" in out.stdout
-    assert "P6 \"T1\"  through fleet-radio, mediator" in out.stdout
+    assert ("the 58 live composites are exactly what `evamed replay` computes over the merged "
+            "trace of all producers") in out.stdout
+    assert "P6 \"T1\"  through mediator; composed at the mediator" in out.stdout
+    assert "P8 \"C\"  through orders, warehouse; composed at the mediator" in out.stdout
+    assert "P1  through traffic, mediator; composed at the mediator" in out.stdout
     assert "truck.location  mqtt://fleet-radio/T1" in out.stdout  # the events, not only ids
+    assert "every service a plan assigns is subscribed there" in out.stdout
     assert "dead letters: none" in out.stdout
     assert out.stderr == ""  # the servers' lines went to their logs
     assert (workdir / "logs" / "mediator.log").exists()
@@ -74,7 +78,8 @@ def test_the_demo_with_the_default_spark_composer_agrees_with_replay(tmp_path: P
                          env={**os.environ, "COLUMNS": "100"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "composer spark" in out.stdout
-    assert "the 57 live composites are exactly what `evamed replay` computes" in out.stdout
+    assert "the 58 live composites are exactly what `evamed replay` computes" in out.stdout
+    assert "every service a plan assigns is subscribed there" in out.stdout
     assert out.stderr == ""  # Spark's lines went to its log
     assert (workdir / "evamed.db.spark" / "spark.log").exists()
     assert left_running(workdir) == []

@@ -27,14 +27,15 @@ def demo(
         help="Where the logs, the configuration and the store go (a new or empty directory; "
              "default: a new temporary one).", show_default=False)] = None,
 ) -> None:
-    """Run the whole system live: mosquitto, the five base services, the mediator with its
-    Spark composer, and four clients subscribing the paper's profiles P1–P7, while the
-    logistics day is played — truck locations over MQTT, the rest through Publish.
+    """Run the whole system live: mosquitto, five base services (each a company's existing
+    service with producers of its own), the mediator with its Spark composer, and four clients
+    subscribing the paper's profiles, while the logistics day is played — truck locations over
+    MQTT to the mediator, every other event by its producer to its own service.
 
-    Each composite is shown as it arrives, with its contributing events and the services they
-    came through; then a summary and a check against `evamed replay`. Everything started is
-    stopped at the end, also on Ctrl-C. Needs mosquitto (`make demo` installs it) and, for the
-    Spark composer, Java 17.
+    Each composite is shown as it arrives, with its contributing events, the services they
+    came through and what the mediator did; then a summary and a check against `evamed replay`
+    over the merged trace of all producers. Everything started is stopped at the end, also on
+    Ctrl-C. Needs mosquitto (`make demo` installs it) and, for the Spark composer, Java 17.
 
     Example: evamed demo --seconds 20
     """

@@ -1,13 +1,17 @@
 """The live demo (``evamed demo``, ``make demo``): the whole system on one machine, as a
 newcomer first sees it.
 
-It starts mosquitto, the five base services and ``evamed serve`` (SQLite store, the Spark
-composer by default), registers the paper's profiles P1–P7 for four clients, and plays the
-logistics day (EVA §3.1): the trucks' location reports over MQTT, everything else through
-``Publish``, in time order, compressed into about half a minute. Each composite is shown as it
-arrives, with its contributing events (type, source, time) and the services they came through;
-then a summary, and a check that the composites are exactly what ``evamed replay`` computes over
-the mediator's own event log. Everything it started is stopped at the end, also after Ctrl-C.
+It starts mosquitto, the five base services — each a company service with producers of its
+own — and ``evamed serve`` (SQLite store, the Spark composer by default), registers the
+paper's profiles P1–P7 and one more for four clients, and plays the logistics day (EVA §3.1)
+in time order, compressed into about half a minute: the trucks' location reports over MQTT to
+the mediator, every other event published by its producer to its own service — the mediator
+never receives those. Each composite is shown as it arrives, with its contributing events
+(type, source, time), the services they came through and what the mediator did (composed it,
+post-filtered it, or took it as the service reported it); then a summary, a check that every
+service a plan assigns took part, and a check that the composites are exactly what ``evamed
+replay`` computes over the merged trace of all producers. Everything it started is stopped at
+the end, also after Ctrl-C.
 
 Modules: :mod:`mediator.demo.scenario` (who observes what, the configuration),
 :mod:`mediator.demo.processes` (starting and stopping the servers), here the run and its
@@ -33,7 +37,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from mediator.demo.processes import Child, DemoError, Stack, evamed, free_port, mosquitto
-from mediator.demo.scenario import BROKER, CLIENTS, SERVICES, config, documents, mqtt_message, runs
+from mediator.demo.scenario import (
+    BROKER,
+    CLIENTS,
+    SERVICES,
+    config,
+    documents,
+    mqtt_message,
+    runs,
+    service_of,
+)
 
 LOGISTICS = Path(__file__).resolve().parents[2] / "examples" / "logistics"
 PROFILES = LOGISTICS / "profiles.eva"
@@ -60,6 +73,8 @@ class Seen:
 
     composites: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # by profile
     services: dict[str, tuple[str, ...]] = field(default_factory=dict)  # composite id → services
+    plans: dict[str, tuple[str, list[str]]] = field(default_factory=dict)  # profile → kind, services
+    published: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # service → events
 
 
 def run(workdir: Path, *, composer: str = "spark", seconds: float = 30.0,
@@ -73,11 +88,11 @@ def run(workdir: Path, *, composer: str = "spark", seconds: float = 30.0,
     stack = Stack()
     clients: list[Any] = []
     try:
-        mediator, metrics, mqtt_port = _start(stack, workdir, logs, composer, console)
-        clients, notes = _subscribe(workdir, mediator, console)
+        mediator, services, metrics, mqtt_port = _start(stack, workdir, logs, composer, console)
         seen = Seen()
-        _play(events, mqtt_port, metrics, clients[0][1], seconds, console, notes, seen)
-        return _check(workdir, metrics, notes, seen, console)
+        clients, notes = _subscribe(workdir, mediator, console, seen)
+        _play(events, mqtt_port, metrics, clients[0][1], services, seconds, console, notes, seen)
+        return _check(workdir, metrics, notes, seen, console, clients[0][1])
     finally:
         for _, client in clients:
             client.close()
@@ -90,20 +105,22 @@ def run(workdir: Path, *, composer: str = "spark", seconds: float = 30.0,
 
 
 def _start(stack: Stack, workdir: Path, logs: Path, composer: str,
-           console: Console) -> tuple[Child, int, int]:
+           console: Console) -> tuple[Child, dict[str, str], int, int]:
     with console.status("starting mosquitto and the five base services"):
         mqtt_port = mosquitto(workdir, logs, stack)
         started = {s.name: stack.add(Child(f"base-{s.name}", [
-            evamed(), "base-service", "--group", s.group, "--listen", "127.0.0.1:0"], logs))
-            for s in SERVICES}
+            evamed(), "base-service", "--group", s.group, "--listen", "127.0.0.1:0",
+            "--data", str(workdir / f"base-{s.name}")], logs)) for s in SERVICES}
         addresses = {name: child.serving(60) for name, child in started.items()}
-    table = Table(title="services", title_justify="left", box=None)
-    for column in ("name", "group", "observes", "what"):
+    table = Table(title="services (each with producers of its own: the mediator only "
+                  "subscribes there)", title_justify="left", box=None)
+    for column in ("name", "group", "its producers publish", "what"):
         table.add_column(column)
     for s in SERVICES:
         table.add_row(s.name, s.group.upper(), ", ".join(s.types), s.what)
     table.add_row(BROKER, "CG0", "truck.location", "the trucks' radio, MQTT at "
-                  f"127.0.0.1:{mqtt_port} (topics trucks/<truck>/location)")
+                  f"127.0.0.1:{mqtt_port} (topics trucks/<truck>/location): the mediator's "
+                  "own feed")
     console.print(table)
     metrics = free_port()
     path = workdir / "mediator.toml"
@@ -114,7 +131,7 @@ def _start(stack: Stack, workdir: Path, logs: Path, composer: str,
         mediator.serving(180)
     console.print(f"mediator serving on {mediator.address} (configuration {path}, composer "
                   f"{composer}, metrics on :{metrics})", soft_wrap=True)
-    return mediator, metrics, mqtt_port
+    return mediator, addresses, metrics, mqtt_port
 
 
 # ---------------------------------------------------------------- subscribe
@@ -123,7 +140,8 @@ def _start(stack: Stack, workdir: Path, logs: Path, composer: str,
 Notes = queue.Queue[tuple[str, Any]]
 
 
-def _subscribe(workdir: Path, mediator: Child, console: Console) -> tuple[list[Any], Notes]:
+def _subscribe(workdir: Path, mediator: Child, console: Console,
+               seen: Seen) -> tuple[list[Any], Notes]:
     """Each client registers its profiles and tails them, a thread per subscription."""
     from mediator.client import MediatorClient
 
@@ -141,6 +159,8 @@ def _subscribe(workdir: Path, mediator: Child, console: Console) -> tuple[list[A
         clients.append((name, client))
         for profile in profiles:
             info = client.add_profile(docs[profile], name=profile)
+            kind, *services = info.plans[0].split(": ", 1)[1].split(", ")
+            seen.plans[profile] = (kind, services)
             plans.add_row(name, profile, "; ".join(p.split(": ", 1)[1] for p in info.plans))
             threading.Thread(target=_tail, args=(client, profile, notes), daemon=True,
                              name=f"demo-{profile}").start()
@@ -160,41 +180,62 @@ def _tail(client: Any, name: str, notes: Notes) -> None:
 
 
 def _play(events: list[dict[str, Any]], mqtt_port: int, metrics: int, client: Any,
-          seconds: float, console: Console, notes: Notes, seen: Seen) -> None:
-    """The day in time order, compressed into ``seconds``: MQTT runs through the broker (and
-    waited for until the mediator has taken them), the rest through Publish; each composite
-    printed as it comes."""
+          services: dict[str, str], seconds: float, console: Console, notes: Notes,
+          seen: Seen) -> None:
+    """The day in time order, compressed into ``seconds``: the trucks' reports through the
+    broker (waited for until the mediator has taken them), every other event by its producer
+    to its own service's Publish; each composite printed as it comes. At the end each producer
+    says the day is over (its service's clock moves to the day's last instant, and so does the
+    mediator's own feed's)."""
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion
 
-    from eva.events import parse_time
+    from adapters.client import BaseClient
+    from eva.events import from_cloudevent, parse_time
 
     radio = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="demo-trucks")
     radio.connect("127.0.0.1", mqtt_port)
     radio.loop_start()
+    producers = {name: BaseClient(address) for name, address in services.items()}
     first, last = parse_time(events[0]["time"]), parse_time(events[-1]["time"])
     began = time.monotonic()
     sent = 0
     console.rule(f"the day {events[0]['time'][:10]}: {len(events)} events, "
                  f"{events[0]['time'][11:16]}–{events[-1]['time'][11:16]} in ~{seconds:.0f} s")
+    said = first  # each producer has said no event before this will come from it
     try:
         for over_mqtt, batch in runs(events):
-            due = began + seconds * (parse_time(batch[0]["time"]) - first) / max(1, last - first)
+            at = parse_time(batch[0]["time"])
+            due = began + seconds * (at - first) / max(1, last - first)
             _show(notes, seen, console, until=due)
+            if at - said >= ADVANCE_EVERY:
+                # Time passes for every producer, also one with nothing to publish: its service
+                # learns it (a watermark), so plans that wait on it need not wait for its next
+                # event — or for its idle timeout.
+                for producer in producers.values():
+                    producer.publish([], advance_to=at - 1)
+                said = at
             if over_mqtt:
                 for event in batch:
                     radio.publish(*mqtt_message(event), qos=1).wait_for_publish(10)
                 sent += len(batch)
                 _taken(metrics, sent, notes, seen, console)
-            else:
-                result = client.publish(batch)
-                sent += len(batch)
-                if result.dead_lettered:
-                    console.print(f"[red]refused[/]: {result.dead_letters}")
-        client.publish([], advance_to=last)  # the day is over: decide what waits on the clock
+                continue
+            for event in batch:  # each producer to its own service, in the day's order
+                service = service_of(event)
+                assert service is not None
+                reply = producers[service.name].publish([from_cloudevent(event)])
+                if reply.rejected:
+                    console.print(f"[red]{service.name} refused[/]: {list(reply.errors)}")
+                seen.published.setdefault(service.name, []).append(event)
+        for producer in producers.values():  # the day is over: decide what waits on the clock
+            producer.publish([], advance_to=last)
+        client.publish([], advance_to=last)
     finally:
         radio.loop_stop()
         radio.disconnect()
+        for producer in producers.values():
+            producer.close()
 
 
 def _taken(metrics: int, count: int, notes: Notes, seen: Seen,
@@ -238,8 +279,11 @@ def _show(notes: Notes, seen: Seen, console: Console,
             _row(item, seen, console)
 
 
+ADVANCE_EVERY = 5 * 60_000_000
+"""How far the day moves (µs) before the producers say so to their services again."""
+
 COLOURS = {"P1": "red", "P2": "magenta", "P3": "yellow", "P4": "green", "P5": "cyan",
-           "P6": "blue", "P7": "bright_magenta"}
+           "P6": "blue", "P7": "bright_magenta", "P8": "bright_green"}
 
 
 def _row(note: Any, seen: Seen, console: Console) -> None:
@@ -252,8 +296,11 @@ def _row(note: Any, seen: Seen, console: Console) -> None:
     partition = body["data"].get("partition")
     per = f" {escape(json.dumps(partition))}" if partition is not None else ""
     through = ", ".join(dict.fromkeys(note.services))
+    kind = seen.plans.get(note.profile, ("", []))[0]
+    did = {"decompose": "composed at the mediator", "positive": "post-filtered at the mediator",
+           }.get(kind, "as the service reported it")
     lines = [f"{body['time'][11:19]}  [bold {colour}]{escape(note.profile)}[/]{per}  "
-             f"[dim]through {escape(through)}[/]"]
+             f"[dim]through {escape(through)}; {did}[/]"]
     from eva.events import format_time
 
     # What the mediator says of each contributing event (Notification.types, sources, times_us)
@@ -273,11 +320,11 @@ def _row(note: Any, seen: Seen, console: Console) -> None:
 
 
 def _check(workdir: Path, metrics: int, notes: Notes,
-           seen: Seen, console: Console) -> bool:
-    """Wait for what replay computes over the event log, then compare and summarise."""
+           seen: Seen, console: Console, client: Any) -> bool:
+    """Wait for what replay computes over the merged trace, then compare and summarise."""
     from rich.status import Status
 
-    expected = _replayed(workdir / "evamed.db")
+    expected = _replayed(workdir / "evamed.db", seen.published)
     want = sum(len(v) for v in expected.values())
     deadline = time.monotonic() + 120
     with Status("waiting for the last composites", console=console):
@@ -306,20 +353,36 @@ def _check(workdir: Path, metrics: int, notes: Notes,
     services = Counter(s for names in seen.services.values() for s in dict.fromkeys(names))
     console.print("composites with events through: " + ", ".join(
         f"{s} {n}" for s, n in services.most_common()))
+    assigned = {s for _, named in seen.plans.values() for s in named} - {"mediator"}
+    queries = {s.name: s.subscriptions for s in client.services()}
+    missing = sorted(s for s in assigned if not queries.get(s))
+    if missing:
+        console.print(f"[red]✗[/] assigned by a plan, but nothing subscribed there: "
+                      f"{', '.join(missing)}", soft_wrap=True)
+    else:
+        console.print("[green]✓[/] every service a plan assigns is subscribed there (queries: "
+                      + ", ".join(f"{s} {queries[s]}" for s in sorted(assigned)) + ")",
+                      soft_wrap=True)
     total = sum(len(v) for v in seen.composites.values())
     if equal:
         console.print(f"[green]✓[/] the {total} live composites are exactly what `evamed "
-                      "replay` computes over the mediator's event log", soft_wrap=True)
+                      "replay` computes over the merged trace of all producers (the mediator "
+                      "saw only the trucks' reports and the services' notifications)",
+                      soft_wrap=True)
     else:
         console.print(f"[red]✗[/] the live composites ({total}) differ from replay's ({want})")
-    return equal
+    return equal and not missing
 
 
-def _replayed(store: Path) -> dict[str, list[dict[str, Any]]]:
-    """``evamed replay`` over the event log as the mediator accepted it (the merged trace of
-    the broker and Publish), by profile."""
+def _replayed(store: Path, published: dict[str, list[dict[str, Any]]]
+              ) -> dict[str, list[dict[str, Any]]]:
+    """``evamed replay`` over the merged trace of all producers, by profile: the mediator's
+    own feed as it accepted it (the trucks' reports, its event log) and what each producer
+    published to its service, each event at its place — by time, then the own feed, then the
+    services in the configured order, each in its arrival order."""
+    from adapters.federation import merged_seq
     from eva.engine import replay
-    from eva.events import from_json_line
+    from eva.events import from_cloudevent, from_json_line
     from eva.notify import to_cloudevent
     from eva.parser import parse
     from mediator.store.sqlite import SqliteStore
@@ -331,10 +394,16 @@ def _replayed(store: Path) -> dict[str, list[dict[str, Any]]]:
             lines.extend(item.line for item in batch)
     finally:
         log.close()
-    trace = [from_json_line(line, seq=n) for n, line in enumerate(lines)]
+    trace = [from_json_line(line, seq=merged_seq(0, n + 1)) for n, line in enumerate(lines)]
+    for rank, service in enumerate(SERVICES, start=1):
+        trace += [from_cloudevent(e, merged_seq(rank, n))
+                  for n, e in enumerate(published.get(service.name, []))]
+    trace.sort(key=lambda e: e.key)
+    docs = documents(PROFILES.read_text(encoding="utf-8"))
     out: dict[str, list[dict[str, Any]]] = {}
-    for n in replay(parse(PROFILES.read_text(encoding="utf-8")), trace):
-        out.setdefault(n.profile, []).append(to_cloudevent(n))
+    for text in docs.values():
+        for n in replay(parse(text), trace):
+            out.setdefault(n.profile, []).append(to_cloudevent(n))
     return out
 
 
