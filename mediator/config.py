@@ -433,7 +433,9 @@ def _services(tables: Iterator[tuple[str, dict[str, Any]]]) -> tuple[ServiceConf
     from transforms.capability import PRESETS
 
     out: list[ServiceConfig] = []
+    wheres: list[str] = []
     for here, item in tables:
+        wheres.append(here)
         if "group" not in item:
             raise ConfigError(f"{here}: missing group")
         parts = {k: _SERVICE[k](v, f"{here}.{k}") for k, v in item.items()}
@@ -449,7 +451,53 @@ def _services(tables: Iterator[tuple[str, dict[str, Any]]]) -> tuple[ServiceConf
                               "mediator's process, where no producer reaches it: it can only "
                               "be fed (mode = \"fed\"); give an address for an autonomous one")
         out.append(service)
+    _disjoint([(here, s) for here, s in zip(wheres, out, strict=True)])
     return tuple(out)
+
+
+def _disjoint(services: list[tuple[str, ServiceConfig]]) -> None:
+    """Autonomous services observe disjoint parts of the merged trace: each event is produced
+    at one of them (the planner relies on it — a service covering a class is the only place
+    its events are). Two whose coverages may both match an event are refused."""
+    autonomous = [(here, s) for here, s in services if s.autonomous]
+    for i, (here, a) in enumerate(autonomous):
+        for _, b in autonomous[i + 1:]:
+            types = _meeting(a.types, b.types)
+            sources = _meeting(a.sources, b.sources)
+            if types and sources:
+                raise ConfigError(
+                    f"{here}: the autonomous services {a.name!r} and {b.name!r} may both observe "
+                    f"events of type {types} and source {sources}; autonomous services observe "
+                    "disjoint parts of the events (each event is produced at one of them): "
+                    "narrow their types or sources")
+
+
+def _meeting(left: tuple[str, ...], right: tuple[str, ...]) -> str:
+    """A pair of patterns, one of each, that may match the same value ("" if none may):
+    two literals if equal, a literal and a pattern if it matches, two patterns unless their
+    fixed prefixes or suffixes differ."""
+    for a in left:
+        for b in right:
+            if _meet(a, b):
+                return a if a == b else f"{a} / {b}"
+    return ""
+
+
+def _meet(a: str, b: str) -> bool:
+    from fnmatch import fnmatchcase
+
+    wild = "*?["
+    if not any(c in a for c in wild) or not any(c in b for c in wild):
+        literal, pattern = (a, b) if not any(c in a for c in wild) else (b, a)
+        return fnmatchcase(literal, pattern)
+
+    def fixed(p: str) -> tuple[str, str]:
+        head = min((p.index(c) for c in wild if c in p), default=len(p))
+        tail = max((p.rindex(c) for c in wild if c in p), default=-1)
+        return p[:head], p[tail + 1:]
+
+    (ha, ta), (hb, tb) = fixed(a), fixed(b)
+    return (ha.startswith(hb) or hb.startswith(ha)) and (ta.endswith(tb) or tb.endswith(ta))
 
 
 def _unique(name: str, here: str, taken: Collection[str], what: str) -> None:

@@ -221,3 +221,26 @@ def test_every_key_and_variable_is_documented() -> None:
         assert f"`{key}`" in doc, key
         if "[]" not in key:
             assert f"`{env_name(*key.split('.'))}`" in doc, key
+
+
+@pytest.mark.parametrize(("first", "second", "refused"), [
+    ('types = ["traffic.*"]', 'types = ["truck.*"]', False),
+    ('types = ["traffic.*"]', 'types = ["traffic.jam"]', True),
+    ('types = ["a", "end"]', 'types = ["b", "end"]', True),
+    ('sources = ["s1"]', 'sources = ["s2"]', False),
+    ('sources = ["urn:a:*"]', 'sources = ["urn:*"]', True),
+    ('types = ["*"]', 'types = ["x"]\nmode = "fed"', False),
+])
+def test_autonomous_services_must_observe_disjoint_events(tmp_path: Path, first: str,
+                                                          second: str, refused: bool) -> None:
+    """The planner takes a class covered by an autonomous service as the only place its events
+    are: two autonomous services that may both observe an event are refused, naming them."""
+    path = tmp_path / "c.toml"
+    path.write_text(f'[[services]]\nname = "one"\ngroup = "cg3"\naddress = "h:1"\n{first}\n'
+                    f'[[services]]\nname = "two"\ngroup = "cg3"\naddress = "h:2"\n{second}\n')
+    if not refused:
+        load(path, {})
+        return
+    with pytest.raises(ConfigError, match="the autonomous services 'one' and 'two' may both "
+                                          "observe events of type"):
+        load(path, {})
