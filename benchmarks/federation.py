@@ -1,7 +1,7 @@
 """The mediator over autonomous services, end to end (issue 23, item 8): three base services
-(``evamed base-service`` processes: Snoop, streaming SQL, XChange) each with a producer of its
-own publishing to it, and the mediator in this process (SQLite store in a temporary directory)
-subscribed there; clients subscribe at the mediator.
+(``evamed base-service``: Snoop, streaming SQL, XChange), each with a producer of its own
+publishing to it, and ``evamed serve`` (SQLite store in a temporary directory) subscribed
+there — each a process of its own, as deployed; clients subscribe at the mediator from here.
 
 * **throughput**: N profiles registered (each a sequence of two classes at two different
   services, ``data.k`` picking one profile's events), then the producers publish as fast as
@@ -21,6 +21,7 @@ subscribed there; clients subscribe at the mediator.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -36,55 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 from adapters.client import BaseClient
 from eva.events import Event
-from mediator.cli.serve import tune_gc
 from mediator.client import MediatorClient
-from mediator.config import Config, Limits, ServiceConfig
-from mediator.security import add_client
-from mediator.server import Running, serve
 
 SERVICES = (("snoop", "cg2", "a"), ("sql", "cg3", "b"), ("xchange", "cg4", "c"))
 """(name, group, the event type its producer publishes)."""
 EVAMED = str(Path(sys.executable).with_name("evamed"))
-
-
-@contextmanager
-def federation(directory: str, composer: str = "inprocess", data: bool = False,
-               per_client: int = 100) -> Iterator[tuple[Running, dict[str, str]]]:
-    """The three base services as processes and the mediator (in this process) over them."""
-    processes, addresses = [], {}
-    try:
-        for name, group, _ in SERVICES:
-            argv = [EVAMED, "base-service", "--group", group, "--listen", "127.0.0.1:0"]
-            if data:
-                argv += ["--data", f"{directory}/{name}"]
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                    text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-            processes.append(proc)
-            assert proc.stdout is not None
-            addresses[name] = proc.stdout.readline().split()[-1]
-        config = Config(
-            listen="127.0.0.1:0", store=f"sqlite:///{directory}/bench.db", composer=composer,
-            limits=Limits(profiles=per_client, rate=0), log_level="WARNING",
-            idle_timeout=1_000_000,
-            services=tuple(ServiceConfig(name, group, addresses[name],
-                                         types=(kind, f"end.{name}"), mode="autonomous",
-                                         idle_timeout=60_000_000)
-                           for name, group, kind in SERVICES))
-        tune_gc()
-        running = serve(config)
-        try:
-            yield running, addresses
-        finally:
-            running.stop(1.0)
-    finally:
-        for proc in processes:
-            proc.terminate()
-            proc.wait(10)
-
-
-def client_of(running: Running) -> MediatorClient:
-    token = add_client(running.served.store, f"bench{time.monotonic_ns()}")
-    return MediatorClient(f"127.0.0.1:{running.port}", token, timeout=600)
 
 
 def profile(i: int) -> str:
@@ -101,11 +58,6 @@ PROBE = ('class E0 = type == "end.snoop"\nclass E1 = type == "end.sql"\n'
 """Complete once the last event of every service is decided."""
 
 
-def stamp(us: int) -> str:
-    seconds, micros = divmod(us, 1_000_000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{micros:06d}Z"
-
-
 def events_of(service: int, count: int, keys: int, base: int) -> list[Event]:
     """A service's producer's events: its type, keys in turn, 1 ms apart (times interleave
     with the other services')."""
@@ -116,58 +68,56 @@ def events_of(service: int, count: int, keys: int, base: int) -> list[Event]:
 
 def throughput(profiles: int, events: int, rounds: int, data: bool) -> None:
     print(f"throughput end to end: {profiles:,} profiles at the mediator, {events:,} events per "
-          f"service published to 3 autonomous services (batches of 500){', --data' if data else ''}")
+          f"service published to 3 autonomous services (batches of 500; `evamed serve`, the "
+          f"base services and the producers each a process of its own)"
+          f"{'; the services with --data' if data else ''}")
     print(f"{'round':>6} {'register s':>11} {'publish s':>10} {'end to end s':>13} "
-          f"{'events/s':>10} {'composites':>11}")
+          f"{'events/s':>10}")
     rates = []
     for r in range(rounds):
-        with tempfile.TemporaryDirectory() as directory, federation(
-                directory, data=data) as (running, addresses):
+        with tempfile.TemporaryDirectory() as directory, served(
+                directory, "inprocess", data, profiles + 10) as (address, token, addresses):
+            client = MediatorClient(address, token, timeout=600)
             began = time.perf_counter()
-            clients = [client_of(running) for _ in range((profiles + 99) // 100)]
             for i in range(profiles):
-                clients[i // 100].add_profile(profile(i), name=f"p{i}")
+                client.add_profile(profile(i), name=f"p{i}")
             registered = time.perf_counter() - began
-            probe = client_of(running)
-            probe.add_profile(PROBE, name="probe")
+            client.add_profile(PROBE, name="probe")
             done = threading.Event()
-            threading.Thread(target=wait_one, args=(probe, done), daemon=True).start()
+            threading.Thread(target=wait_one, args=(client, done), daemon=True).start()
             time.sleep(0.5)
             base = 1_767_225_600_000_000
-            parts = [events_of(s, events, profiles, base) for s in range(3)]
             end = base + events * 1000 + 10
-            started = time.perf_counter()
-            threads = [threading.Thread(target=produce, args=(addresses[SERVICES[s][0]], parts[s],
-                                                               SERVICES[s][0], end))
-                       for s in range(3)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            published = time.perf_counter() - started
-            assert done.wait(600), "the probe's composite did not come"
-            elapsed = time.perf_counter() - started
-            store = running.served.store
-            composites = sum(store.notification_bounds(r.owner, r.name)[1]
-                             for r in store.subscriptions() if r.name != "probe")
-            for client in [*clients, probe]:
-                client.close()
+            started_at = time.perf_counter()
+            import multiprocessing
+
+            with multiprocessing.get_context("spawn").Pool(3) as pool:
+                pool.starmap(produce, [(addresses[SERVICES[s][0]], events, profiles, s, base, end)
+                                       for s in range(3)])
+            published = time.perf_counter() - started_at
+            assert done.wait(1200), "the probe's composite did not come"
+            elapsed = time.perf_counter() - started_at
+            client.close()
         rates.append(3 * events / elapsed)
         print(f"{r + 1:>6} {registered:>11.2f} {published:>10.2f} {elapsed:>13.2f} "
-              f"{rates[-1]:>10,.0f} {composites:>11,}", flush=True)
+              f"{rates[-1]:>10,.0f}", flush=True)
     print(f"median {statistics.median(rates):,.0f} events/s (min {min(rates):,.0f}, "
           f"max {max(rates):,.0f})")
 
 
 def wait_one(client: MediatorClient, done: threading.Event) -> None:
-    for _ in client.subscribe(name="probe"):
-        done.set()
-        return
+    with contextlib.suppress(Exception):  # the stream ends with the client
+        for _ in client.subscribe(name="probe"):
+            done.set()
+            return
 
 
-def produce(address: str, events: list[Event], source: str, end: int) -> None:
-    """A producer: its events in batches of 500, then its "end" event and its clock past it."""
-    with BaseClient(address, timeout=60) as client:
+def produce(address: str, count: int, keys: int, service: int, base: int, end: int) -> None:
+    """A producer (a process of its own): its events in batches of 500, then its "end" event
+    and its clock past it."""
+    events = events_of(service, count, keys, base)
+    source = SERVICES[service][0]
+    with BaseClient(address, timeout=600) as client:
         for at in range(0, len(events), 500):
             reply = client.publish(events[at:at + 500], batch=500)
             assert reply.rejected == 0, list(reply.errors)[:3]
@@ -177,12 +127,16 @@ def produce(address: str, events: list[Event], source: str, end: int) -> None:
 
 def latency(rate: int, seconds: float, composers: list[str], data: bool) -> None:
     print(f"publish → client latency at {rate:,} events/s per service (3 services, batches "
-          f"every 10 ms), {seconds:g} s; one event in ten notifies")
+          f"every 10 ms), {seconds:g} s; one event in ten notifies; `evamed serve`, the base "
+          "services and the producers each a process of its own")
     print(f"{'composer':>9} {'profile':>8} {'notified':>9} {'p50 ms':>8} {'p99 ms':>8} "
           f"{'max ms':>8}")
     for composer in composers:
         for name, delays in latency_of(rate, seconds, composer, data).items():
             ms = sorted(d * 1e3 for d in delays)
+            if len(ms) < 2:
+                print(f"{composer:>9} {name:>8} {len(ms):>9,}  (too few to tell)")
+                continue
             q = statistics.quantiles(ms, n=100, method="inclusive")
             print(f"{composer:>9} {name:>8} {len(ms):>9,} {q[49]:>8.1f} {q[98]:>8.1f} "
                   f"{ms[-1]:>8.1f}", flush=True)
@@ -195,53 +149,119 @@ LATENCY = ('class A = type == "a" and data.n == 0\nclass B = type == "b" and dat
 service's completes a sequence with the XChange service's latest event."""
 
 
+@contextmanager
+def served(directory: str, composer: str, data: bool, profiles: int = 100
+           ) -> Iterator[tuple[str, str, dict[str, str]]]:
+    """The three base services and `evamed serve` over them, as processes: the mediator's
+    address, a client token and the services' addresses."""
+    processes: list[subprocess.Popen[str]] = []
+    try:
+        addresses = {}
+        for name, group, _ in SERVICES:
+            argv = [EVAMED, "base-service", "--group", group, "--listen", "127.0.0.1:0"]
+            if data:
+                argv += ["--data", f"{directory}/{name}"]
+            processes.append(started(argv))
+            addresses[name] = address_of(processes[-1])
+        config = Path(directory) / "mediator.toml"
+        lines = ['listen = "127.0.0.1:0"', f'store = "sqlite:///{directory}/m.db"',
+                 f'composer = "{composer}"', 'log_level = "WARNING"', 'idle_timeout = "1s"',
+                 "[limits]", "rate = 0", f"profiles = {profiles}"]
+        for name, group, kind in SERVICES:
+            lines += ["[[services]]", f'name = "{name}"', f'group = "{group}"',
+                      f'address = "{addresses[name]}"', f'types = ["{kind}", "end.{name}"]',
+                      'idle_timeout = "60s"']
+        config.write_text("\n".join(lines) + "\n")
+        token = subprocess.run([EVAMED, "clients", "add", "bench", "--config", str(config)],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        processes.append(started([EVAMED, "serve", "--config", str(config)]))
+        yield address_of(processes[-1], 300), token, addresses
+    finally:
+        for proc in reversed(processes):
+            proc.terminate()
+            proc.wait(20)
+
+
+def started(argv: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def address_of(proc: subprocess.Popen[str], timeout: float = 60) -> str:
+    """The address of a process that prints "serving … on HOST:PORT" once it answers."""
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("serving "):
+        raise RuntimeError(f"{proc.args!r} did not start: {line!r}")
+    return line.split()[-1]
+
+
 def latency_of(rate: int, seconds: float, composer: str, data: bool) -> dict[str, list[float]]:
-    sent: dict[str, float] = {}  # event id → when its batch was published
+    import multiprocessing
+
     delays: dict[str, list[float]] = {"Filter": [], "Across": []}
-    with tempfile.TemporaryDirectory() as directory, federation(
-            directory, composer, data) as (running, addresses):
-        client = client_of(running)
+    received: dict[str, tuple[str, float]] = {}  # last constituent → (profile, when received)
+    with tempfile.TemporaryDirectory() as directory, served(
+            directory, composer, data) as (address, token, addresses):
+        client = MediatorClient(address, token, timeout=600)
         client.add_profile(LATENCY, name="l")
 
         def read() -> None:
-            for note in client.subscribe(name="l"):
-                ident = note.cloudevent["data"]["constituents"][-1]
-                if ident in sent:
-                    delays[note.profile].append(time.perf_counter() - sent[ident])
+            with contextlib.suppress(Exception):  # the stream ends with the client
+                for note in client.subscribe(name="l"):
+                    received[note.cloudevent["data"]["constituents"][-1]] = (note.profile,
+                                                                             time.time())
 
         threading.Thread(target=read, daemon=True).start()
-        time.sleep(0.5)
-        stop = time.perf_counter() + seconds
-        threads = [threading.Thread(target=steady, args=(addresses[name], name, kind, rate, stop,
-                                                          sent))
-                   for name, _, kind in SERVICES]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        time.sleep(2.0)  # the last ones in
+        warm_up(addresses, received, time.monotonic() + (240 if composer == "spark" else 30))
+        received.clear()
+        stop = time.time() + seconds
+        with multiprocessing.get_context("spawn").Pool(3) as pool:
+            sent_parts = pool.starmap(steady, [(addresses[name], name, kind, rate, stop)
+                                               for name, _, kind in SERVICES])
+        time.sleep(3.0)  # the last ones in
         client.close()
+    sent = {ident: at for part in sent_parts for ident, at in part.items()}
+    for ident, (profile_name, at) in list(received.items()):
+        if ident in sent:
+            delays[profile_name].append(at - sent[ident])
     return delays
 
 
-def steady(address: str, source: str, kind: str, rate: int, stop: float,
-           sent: dict[str, float]) -> None:
-    """A producer at ``rate`` events/s: a batch every 10 ms, stamped with the wall clock."""
+def warm_up(addresses: dict[str, str], received: dict[str, tuple[str, float]],
+            deadline: float) -> None:
+    """Publish until a first composite comes (a Spark job plans its query at its first
+    micro-batch: seconds)."""
+    i = 0
+    while not received and time.monotonic() < deadline:
+        now = time.time_ns() // 1000
+        for name, _, kind in SERVICES:
+            with BaseClient(addresses[name], timeout=60) as base:
+                base.publish([Event(f"warm-{name}-{i}", name, kind, now, i, {"n": 0})])
+        i += 1
+        time.sleep(0.2)
+
+
+def steady(address: str, source: str, kind: str, rate: int, stop: float) -> dict[str, float]:
+    """A producer at ``rate`` events/s (a process of its own): a batch every 10 ms, stamped
+    with the wall clock; when each notifying event's batch was published."""
     per_batch = max(1, rate // 100)
+    sent: dict[str, float] = {}
     i = 0
     with BaseClient(address, timeout=60) as client:
         began = time.perf_counter()
-        while time.perf_counter() < stop:
+        while time.time() < stop:
             pause = began + i / rate - time.perf_counter()
             if pause > 0:
                 time.sleep(pause)
             now = time.time_ns() // 1000
             batch = [Event(f"{source}-{i + j}", source, kind, now + j, i + j, {"n": (i + j) % 10})
                      for j in range(per_batch)]
-            at = time.perf_counter()
+            at = time.time()
             sent.update((e.id, at) for e in batch if e.data["n"] == 0)
             client.publish(batch, batch=per_batch)
             i += per_batch
+    return sent
 
 
 def main() -> None:
