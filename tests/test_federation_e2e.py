@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import random
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -31,12 +32,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from adapters.client import BaseClient
-from eva.events import Event, format_time, from_cloudevent
+from eva import ast
+from eva.events import Event, format_time, from_cloudevent, to_cloudevent
 from mediator.client import MediatorClient
 from tests.helpers import Reader
 from tests.servers import free_port
+from tests.strategies import traces
+from tests.test_autonomous import disjoint_services
 from tests.test_service_e2e import EVAMED, Process, cli
 
 CLASSES = ('class A = type == "a"\nclass B = type == "b"\nclass C = type == "c"\n'
@@ -228,3 +234,105 @@ def test_autonomous_services_federated_through_crashes_of_everyone(
               f"stopped 10 s; lost 0, repeated 0, extra 0")
     finally:
         alice.close()
+
+
+# ------------------------------------------------------------------ random profiles, real sessions
+
+
+def merged_parts(services: list[Any], trace: list[Event]) -> dict[int, list[Event]]:
+    """Each input's part of the trace (rank 0: the own feed), each event numbered as its
+    input gives it: a service in its arrival order from 0, the own feed by log position."""
+    parts: dict[int, list[Event]] = {rank: [] for rank in range(len(services) + 1)}
+    for e in trace:
+        rank = next((i + 1 for i, s in enumerate(services) if s.coverage.observes(e)), 0)
+        parts[rank].append(e.renumbered(len(parts[rank]) + (1 if rank == 0 else 0)))
+    return parts
+
+
+@st.composite
+def bounded_documents(draw: st.DrawFn) -> Any:
+    """A profile of disjunctions, conjunctions and sequences (tests/test_autonomous.py's
+    ``pushable``), continuous and without a time class: nothing it reports waits on the clock
+    or the end of the input."""
+    from tests.test_autonomous import pushable
+
+    from transforms.federated import clock_driven
+
+    doc = draw(pushable())
+    p = doc.profiles[0]
+    assume(p.evaluation is ast.Evaluation.CONTINUOUS
+           and not clock_driven(p.expr, doc.class_map()))
+    return doc
+
+
+@pytest.mark.xdist_group("service")
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck),
+          database=None)
+@given(doc=bounded_documents(), services=disjoint_services(), trace=traces(24, sources=("s1", "s2")),
+       draw=st.randoms(use_true_random=False))
+def test_random_profiles_through_real_sessions_give_the_reference(
+        doc: Any, services: list[Any], trace: list[Event], draw: random.Random) -> None:
+    """Random profiles over random sets of real base services (gRPC, durable sessions), the
+    merged trace published to the services directly in random batches and interleavings, one
+    service pausing a while: the subscription's log is the reference over the merged trace.
+    (Profiles that act without events are left to tests/test_autonomous.py, which closes the
+    input: a live mediator decides an instant only once every input has passed it.)"""
+    from adapters.backends.service import serve as serve_base
+    from adapters.service_link import AutonomousLink
+    from eva.notify import composite_line
+    from eva.printer import to_text
+    from mediator.pipeline import Pipeline
+    from mediator.store.base import SubscriptionRecord
+    from mediator.store.sqlite import SqliteStore
+    from tests.test_autonomous import reference
+
+    with tempfile.TemporaryDirectory() as directory:
+        running = {s.name: serve_base(s.group, "127.0.0.1:0", tick=1) for s in services}
+        links = {s.name: AutonomousLink(s, f"127.0.0.1:{running[s.name].port}", f"t/{s.name}",
+                                        heartbeat=0.05) for s in services}
+        store = SqliteStore(f"{directory}/m.db")
+        pipeline = Pipeline(store, links, tick=1, idle_default=0.3)
+        try:
+            pipeline.start()
+            record = SubscriptionRecord("alice", "s", to_text(doc), 1, 0, None)
+            store.put_subscription(record)
+            pipeline.add(record)
+            parts = merged_parts(services, trace)
+            own = parts.pop(0)
+            store.append_events([json.dumps(to_cloudevent(e)) for e in own])
+            pipeline.wake()
+            pending = {rank: list(part) for rank, part in parts.items()}
+            resting = draw.choice(list(pending)) if pending else None
+            while any(pending.values()):
+                rank = draw.choice([r for r, p in pending.items() if p])
+                size = draw.randint(1, 5)
+                batch, pending[rank] = pending[rank][:size], pending[rank][size:]
+                with BaseClient(f"127.0.0.1:{running[services[rank - 1].name].port}") as c:
+                    assert c.publish(batch).rejected == 0
+                if rank == resting and draw.random() < 0.3:
+                    time.sleep(0.2)  # a pause, shorter than an idle timeout would need
+            end = max((e.time for e in trace), default=0) + 1_000
+            for s in services:
+                with BaseClient(f"127.0.0.1:{running[s.name].port}") as c:
+                    c.publish([], advance_to=end)
+            pipeline.advance(end)
+            want = sorted(composite_line(n)[1] for n in reference(services, doc, trace))
+            got: list[str] = []
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                got = sorted(json.loads(i.payload)["cloudevent"]
+                             for i in store.read_notifications("alice", "s", 0, 100_000))
+                if len(got) >= len(want):
+                    time.sleep(0.3)
+                    got = sorted(json.loads(i.payload)["cloudevent"]
+                                 for i in store.read_notifications("alice", "s", 0, 100_000))
+                    break
+                time.sleep(0.05)
+            assert got == want
+        finally:
+            pipeline.stop(2.0)
+            for link in links.values():
+                link.close()
+            for server in running.values():
+                server.stop()
+            store.close()
