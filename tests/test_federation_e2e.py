@@ -255,7 +255,6 @@ def bounded_documents(draw: st.DrawFn) -> Any:
     ``pushable``), continuous and without a time class: nothing it reports waits on the clock
     or the end of the input."""
     from tests.test_autonomous import pushable
-
     from transforms.federated import clock_driven
 
     doc = draw(pushable())
