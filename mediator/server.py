@@ -166,6 +166,7 @@ class Served:
         # and the pipeline drains a log that no longer grows.
         await asyncio.to_thread(self.brokers.stop)
         await self.server.stop(seconds)
+        await self.service.readers.close()  # no call reads a document now
         # What is left of the drain (a moment at least): the pipeline cuts short a batch that
         # waits on a service longer.
         await asyncio.to_thread(self.pipeline.stop, max(deadline - loop.time(), PIPELINE_MIN))
