@@ -9,7 +9,9 @@ and the Prometheus metrics on their own HTTP port when one is configured.
 
 Every call but health and reflection needs ``authorization: Bearer <token>``
 (:class:`Authenticator`): refused with UNAUTHENTICATED otherwise, the client's name is put in
-:data:`mediator.service.CLIENT` for the handler. The token is never logged.
+:data:`mediator.service.CLIENT` for the handler. The token is never logged. A request whose
+bytes do not decode is INVALID_ARGUMENT, logged once per client a minute
+(:mod:`adapters.undecodable`).
 
 Shutdown (SIGTERM, SIGINT, :meth:`Served.stop`): health goes NOT_SERVING (watchers are told at
 once), the Subscribe streams end with UNAVAILABLE (clients resume elsewhere or later with their
@@ -44,6 +46,7 @@ from adapters.backends.service import MAX_MESSAGE_BYTES
 from adapters.backends.service import _bind_error as bind_error
 from adapters.links import Link
 from adapters.remote_link import connect
+from adapters.undecodable import RefuseUndecodable, peer_host
 from mediator.brokers import Accept, Brokers
 from mediator.config import Config, ServiceConfig
 from mediator.delivery import Dispatcher
@@ -127,6 +130,13 @@ def _guarded(handler: Any, enter: Callable[[Any], Awaitable[None]]) -> Any:
         async for message in streaming(request, context):
             yield message
     return handler._replace(**{field: stream})
+
+
+def _client(context: grpc.aio.ServicerContext) -> str:
+    """The client a log line names: the authenticated one, else (health, reflection) its
+    address."""
+    name = CLIENT.get(None)
+    return f"client {name}" if name is not None else peer_host(context)
 
 
 # ------------------------------------------------------------------ serving
@@ -300,7 +310,9 @@ def _server(config: Config, store: Store, service: MediatorService,
             creds: grpc.ServerCredentials | None
             ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
     """The gRPC server with the three services, bound (OSError if the address cannot be)."""
-    server = grpc.aio.server(interceptors=[Authenticator(store)], options=[
+    # Authentication first: a request that does not decode is then refused (and logged) with
+    # the name of the client that sent it.
+    server = grpc.aio.server(interceptors=[Authenticator(store), RefuseUndecodable(_client)], options=[
         ("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
     mediator_pb2_grpc.add_MediatorServiceServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
