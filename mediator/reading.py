@@ -7,7 +7,7 @@ worst shape (brackets nested hundreds of thousands deep, which only lark reads) 
 about 10 s a MiB. On the event loop that stalled every other client, Publish and the health
 probe for as long; in a thread it still did, through the GIL and the garbage collector's passes
 over the parse tree (health answered in up to 0.44 s while a thread read a 1 MiB document). So a
-document is read in a worker process (``python -m mediator.reading``): the loop writes the text
+document is read in a worker process (a Python running :func:`_serve`): the loop writes the text
 down the worker's stdin and reads the answer from its stdout — the document, pickled, or the
 error's message and position — and the worker's GIL and garbage are its own.
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import pickle
@@ -35,7 +36,6 @@ import signal
 import struct
 import sys
 import traceback
-from pathlib import Path
 from typing import Any
 
 from eva import ast
@@ -54,9 +54,11 @@ profiles: tens of milliseconds)."""
 FILENAME = "profile"
 """The name errors give the document (``profile:LINE:COLUMN: error: …``)."""
 _LENGTH = struct.Struct(">Q")
-_ROOT = str(Path(__file__).resolve().parent.parent)
-"""The directory the ``mediator`` package is in: first on the worker's path, so that it runs
-the server's code."""
+_PATH = "EVAMED_READER_PATH"
+_BOOT = (f"import json, os, sys; sys.path[:] = json.loads(os.environ.pop({_PATH!r})); "
+         f"from {__name__} import _serve; _serve()")
+"""What a worker runs: with the server's ``sys.path`` (as multiprocessing's spawn does), it
+imports the same code as the server, however the server found its own."""
 
 
 class ReadTimeout(Exception):
@@ -98,6 +100,13 @@ def _answer(text: str) -> tuple[Any, ...]:
         return ("bug", type(exc).__name__, traceback.format_exc())
 
 
+def _pickled(answer: tuple[Any, ...]) -> bytes:
+    try:
+        return pickle.dumps(answer, pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # RecursionError: deeper than the checks let through (a bug)
+        return pickle.dumps(("bug", type(exc).__name__, traceback.format_exc()))
+
+
 def _serve() -> None:
     """A worker's loop: documents in on stdin, answers out on stdout, until stdin closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -113,8 +122,7 @@ def _serve() -> None:
         data = given.read(size)
         if len(data) < size:
             return
-        answer = pickle.dumps(_answer(data.decode("utf-8", "surrogatepass")),
-                              pickle.HIGHEST_PROTOCOL)
+        answer = _pickled(_answer(data.decode("utf-8", "surrogatepass")))
         answers.write(_LENGTH.pack(len(answer)) + answer)
         answers.flush()
 
@@ -130,11 +138,10 @@ class _Worker:
 
     @classmethod
     async def start(cls) -> _Worker:
-        path = os.environ.get("PYTHONPATH")
-        env = {**os.environ, "PYTHONPATH": _ROOT + (os.pathsep + path if path else "")}
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", __name__, stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, env=env, start_new_session=True)
+            sys.executable, "-c", _BOOT, stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, env={**os.environ, _PATH: json.dumps(sys.path)},
+            start_new_session=True)
         return cls(process)
 
     async def ask(self, data: bytes) -> tuple[Any, ...]:
@@ -238,6 +245,3 @@ def _document(answer: tuple[Any, ...], text: str) -> ast.Document:
 
 
 __all__ = ["WORKERS", "ReadTimeout", "ReaderBug", "ReaderFailed", "Readers", "ReadersBusy"]
-
-if __name__ == "__main__":
-    _serve()
