@@ -620,17 +620,17 @@ def _reading_refusal(exc: Exception, limit: int, size: int) -> Refusal:
         return Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
                        f"reading the profile document ({size:,} bytes) took longer than "
                        f"{format_span(limit)}, the limit (limits.read_time): simplify or split it",
-                       reason("PROFILE_TOO_SLOW", format_span(limit), size))
+                       reason("PROFILE_TOO_SLOW", format_span(limit), f"over {format_span(limit)}"))
     if isinstance(exc, ReadersBusy):
         return Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
                        f"every reader of profile documents stayed busy with other documents "
                        f"for {format_span(limit)} (limits.read_time): try again later",
-                       reason("READERS_BUSY", format_span(limit), size))
+                       reason("READERS_BUSY", format_span(limit), f"waited {format_span(limit)}"))
     log.warning("reading a profile document of %d bytes: %s", size, exc)
     return Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
                    f"the process reading the profile document ({size:,} bytes) stopped before "
                    "it was read (out of memory?): simplify or split it",
-                   reason("PROFILE_TOO_SLOW", format_span(limit), size))
+                   reason("PROFILE_TOO_SLOW", format_span(limit), "the reader stopped"))
 
 
 def _planning_refusal(exc: Exception) -> Refusal:

@@ -385,6 +385,26 @@ def test_limits_are_refused_with_their_reasons(tmp_path: Path) -> None:
         m.close()
 
 
+def test_a_document_that_reads_longer_than_read_time_is_refused_with_its_reason(
+        tmp_path: Path) -> None:
+    """limits.read_time (issue 28, item 2): a document the worker has not read by then is
+    RESOURCE_EXHAUSTED, PROFILE_TOO_SLOW; the next document is read as usual."""
+    m = Mediator(tmp_path / "m.db", limits=Limits(rate=0, read_time=200_000))
+    try:
+        md = m.client("alice")
+        slow = "class C = " + "(" * 200_000 + "x == 1" + ")" * 200_000 + "\nprofile P = C\n"
+        error = refusal(lambda: m.stub.AddProfile(mediator_pb2.AddProfileRequest(
+            profile_text=slow), metadata=md, timeout=TIMEOUT))
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        (info,) = details(error)[1]
+        assert (info.reason, info.metadata["limit"]) == ("PROFILE_TOO_SLOW", "200ms")
+        assert "took longer than 200ms, the limit (limits.read_time)" in (error.details() or "")
+        assert m.stub.AddProfile(mediator_pb2.AddProfileRequest(profile_text=PROFILE),
+                                 metadata=md, timeout=TIMEOUT).name == "P"
+    finally:
+        m.close()
+
+
 def test_names_same_text_resumes_other_text_already_exists_unknown_not_found(
         mediator: Mediator) -> None:
     md = mediator.client("alice")
