@@ -127,7 +127,7 @@ def _quote(text: str, limit: int = 40) -> str:
 
 _WORD = re.compile(r"[A-Za-z0-9_.]+|==|!=|<=|>=|\S")
 _SKIP = re.compile(r"(?:[\t \f\r\n]+|#[^\n]*)*")
-_STRING = re.compile(r'"([^"\\\n]|\\.)*"')
+_STRING = re.compile(r'"(?:[^"\\\n]++|\\.)*+"')  # STRING of grammar.lark
 
 
 def _found_at(source: str, pos: int) -> str:
@@ -617,13 +617,18 @@ def _give_up(message: str, pos: int) -> Exception:
 
 
 _FAST_DEPTH = 48
-# One match per token, the blanks and comments before it skipped (lark's %ignore).
+# One match per token, the blanks and comments before it skipped (lark's %ignore), each match
+# anchored where the last ended, so every character is read once or twice: a search (finditer)
+# retried a failed match at every later position, reading a run of blanks or a
+# backslash-laden string from each of its characters again (quadratic; issue 28).
 # Possessive (*+, ++): a run of blanks or comments is skipped one way only — with plain
 # quantifiers a long run before the end of the input (or before what no token matches) was
-# tried in exponentially many splits.
-_TOKEN = re.compile(r'(?:[\t \f\r\n]++|#[^\n]*+)*+(?:(?P<STRING>"(?:[^"\\\n]|\\.)*")'
+# tried in exponentially many splits. The only match that can fail after reading far is a
+# string without its closing quote: the reader gives up there (see _Fast), so no text is read
+# more than twice.
+_TOKEN = re.compile(r'(?:[\t \f\r\n]++|#[^\n]*+)*+(?:(?P<STRING>"(?:[^"\\\n]++|\\.)*+")'
                     r"|(?P<CMP>==|!=|<=|>=|<|>)|(?P<PUNCT>[()\[\],;|=._-])"
-                    r"|(?P<WORD>[A-Za-z0-9][A-Za-z0-9_]*)|(?P<OTHER>[^\t \f\r\n#]))")
+                    r"|(?P<WORD>[A-Za-z0-9][A-Za-z0-9_]*+)|(?P<OTHER>[^\t \f\r\n#]))")
 _BLANK_END = re.compile(r"(?:[\t \f\r\n]++|#[^\n]*+)*+\Z")
 _NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
 _KEYWORDS = frozenset(("class", "every", "from", "profile", "per", "evaluate", "not", "or", "and",
@@ -667,11 +672,8 @@ class _Fast:
         kinds: dict[str, str] = {}  # a word's kind, once per distinct word
         tokens: list[tuple[str, str, int]] = []
         at = 0
-        for m in _TOKEN.finditer(source):
-            if m.start() != at:
-                # A gap: no token where the last ended (a comment to the end of the input
-                # after a keyword, say); finditer went on inside what it could not read.
-                raise _GiveUp
+        match = _TOKEN.match
+        while (m := match(source, at)) is not None:
             at = m.end()
             group = m.lastgroup or ""  # every alternative is a group
             text = m.group(group)
@@ -681,12 +683,15 @@ class _Fast:
                     kind = kinds[text] = _word_kind(text)
             elif group == "PUNCT":
                 kind = text
+            elif group == "OTHER" and text == '"':
+                raise _GiveUp  # a string without its end: lark reports it
             else:
                 kind = group
             tokens.append((kind, text, m.start(group)))
-        end = tokens[-1][2] + len(tokens[-1][1]) if tokens else 0
-        if not _BLANK_END.match(source, end):
-            raise _GiveUp  # blanks the token pattern does not skip
+        # No token matched at ``at``: the skip took every blank and comment there, and any other
+        # character is a token, so only blanks and comments are left (checked all the same).
+        if not _BLANK_END.match(source, at):
+            raise _GiveUp
         tokens.append(("EOF", "", len(source)))
         self.tokens = tokens
         self.i = 0

@@ -52,6 +52,7 @@ class Limits:
     time_frame: int | None = None  # µs: the longest span of an operator (None: no limit)
     rate: float = 1000.0           # notifications per second sent to the client (0: no limit)
     profile_bytes: int = 1 << 20   # a profile document's size in UTF-8
+    read_time: int = 10_000_000    # µs: reading a profile document (in a worker; then refused)
 
 
 @dataclass(frozen=True)
@@ -301,7 +302,7 @@ _TOP: dict[str, Convert] = {
 _SECTIONS: dict[str, tuple[type, dict[str, Convert]]] = {
     "limits": (Limits, {"profiles": _whole(1), "depth": _whole(0),
                         "time_frame": _span(0, unbounded=True), "rate": _rate,
-                        "profile_bytes": _whole(1)}),
+                        "profile_bytes": _whole(1), "read_time": _span(1)}),
     "tls": (Tls, {"cert": _text, "key": _text, "client_ca": _text}),
 }
 _SERVICE: dict[str, Convert] = {"name": _text, "group": _text, "address": _text,

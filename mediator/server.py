@@ -9,7 +9,9 @@ and the Prometheus metrics on their own HTTP port when one is configured.
 
 Every call but health and reflection needs ``authorization: Bearer <token>``
 (:class:`Authenticator`): refused with UNAUTHENTICATED otherwise, the client's name is put in
-:data:`mediator.service.CLIENT` for the handler. The token is never logged.
+:data:`mediator.service.CLIENT` for the handler. The token is never logged. A request whose
+bytes do not decode is INVALID_ARGUMENT, logged once per client a minute
+(:mod:`adapters.undecodable`).
 
 Shutdown (SIGTERM, SIGINT, :meth:`Served.stop`): health goes NOT_SERVING (watchers are told at
 once), the Subscribe streams end with UNAVAILABLE (clients resume elsewhere or later with their
@@ -45,6 +47,7 @@ from adapters.backends.service import _bind_error as bind_error
 from adapters.links import Link
 from adapters.remote_link import connect
 from adapters.service_link import AutonomousLink
+from adapters.undecodable import RefuseUndecodable, peer_host
 from mediator.brokers import Accept, Brokers, mediator_id
 from mediator.config import Config, ServiceConfig
 from mediator.delivery import Dispatcher
@@ -129,6 +132,13 @@ def _guarded(handler: Any, enter: Callable[[Any], Awaitable[None]]) -> Any:
     return handler._replace(**{field: stream})
 
 
+def _client(context: grpc.aio.ServicerContext) -> str:
+    """The client a log line names: the authenticated one, else (health, reflection) its
+    address."""
+    name = CLIENT.get(None)
+    return f"client {name}" if name is not None else peer_host(context)
+
+
 # ------------------------------------------------------------------ serving
 
 
@@ -166,6 +176,7 @@ class Served:
         # and the pipeline drains a log that no longer grows.
         await asyncio.to_thread(self.brokers.stop)
         await self.server.stop(seconds)
+        await self.service.readers.close()  # no call reads a document now
         # What is left of the drain (a moment at least): the pipeline cuts short a batch that
         # waits on a service longer.
         await asyncio.to_thread(self.pipeline.stop, max(deadline - loop.time(), PIPELINE_MIN))
@@ -317,7 +328,9 @@ def _server(config: Config, store: Store, service: MediatorService,
             creds: grpc.ServerCredentials | None
             ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
     """The gRPC server with the three services, bound (OSError if the address cannot be)."""
-    server = grpc.aio.server(interceptors=[Authenticator(store)], options=[
+    # Authentication first: a request that does not decode is then refused (and logged) with
+    # the name of the client that sent it.
+    server = grpc.aio.server(interceptors=[Authenticator(store), RefuseUndecodable(_client)], options=[
         ("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
     mediator_pb2_grpc.add_MediatorServiceServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()

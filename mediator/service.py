@@ -12,6 +12,10 @@ INVALID_ARGUMENT (a profile's size, nesting, time frame) with an ``ErrorInfo`` r
 handler raises :class:`Refusal`; :func:`_answering` turns it into the status, and anything
 unexpected into INTERNAL with the exception's type (logged with its traceback).
 
+A profile document is read — parsed and checked — in a worker process, never on the server's
+event loop, which goes on answering every other client meanwhile (mediator/reading.py); one
+that takes longer than ``limits.read_time`` is RESOURCE_EXHAUSTED (``PROFILE_TOO_SLOW``).
+
 Publish (events in): each CloudEvents line is decoded (a ``malformed`` dead letter says what
 was wrong), checked against the recently accepted (source, id) pairs (``duplicate``), the
 newest accepted time (``late``) and the clock (``future``: more than that far ahead); the
@@ -42,11 +46,12 @@ from grpc_status import rpc_status
 from adapters.remote_link import EMBEDDED
 from eva import ast
 from eva.events import EventError, brief_repr, format_time, from_json_line
-from eva.parser import ProfileError, parse
+from eva.parser import ProfileError
 from eva.units import format_span
 from mediator.config import RESERVED_SERVICE, Config
 from mediator.delivery import Closing, Dispatcher, Revoked, TokenError, token_position
 from mediator.metrics import Metrics
+from mediator.reading import ReaderBug, ReaderFailed, Readers, ReadersBusy, ReadTimeout
 from mediator.store.base import RetentionError, Store, SubscriptionRecord
 from mediator.wire import mediator_pb2, mediator_pb2_grpc
 from transforms.plans import Plan, Remote, Subscribe, nodes
@@ -197,6 +202,7 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
         self._order = asyncio.Lock()  # one Publish message decides and appends at a time
         self._autonomous = [s.info() for s in config.services if s.autonomous]
         self._registry = asyncio.Lock()  # one registration at a time (names, limits)
+        self.readers = Readers(config.limits.read_time / 1e6)  # documents read off the loop
 
     async def restore(self) -> None:
         """Seed the duplicate memory and the newest time from the event log's tail (what was
@@ -280,9 +286,9 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
     @_answering
     async def Explain(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         if request.profile_text:
-            doc = self._parse(request.profile_text)
+            doc = await self._parse(request.profile_text)
         else:
-            doc = self._parse((await self._own(CLIENT.get(), request.name))[0].text)
+            doc = await self._parse((await self._own(CLIENT.get(), request.name))[0].text)
         try:
             text, as_json = await asyncio.to_thread(self.pipeline.explain, doc)
         except ValueError as exc:
@@ -320,7 +326,7 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
         """The subscription ``name`` (default: the document's first profile) of ``owner`` for
         the document ``text``: registered and planned now, or the one registered before with
         the same text; ALREADY_EXISTS with another text."""
-        doc = self._parse(text)
+        doc = await self._parse(text)
         if not doc.profiles:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "the document defines no profile "
                           "(expected at least one `profile NAME = …`)",
@@ -376,7 +382,9 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
         self.store.put_subscription(record)
         return (record, self.store.notification_bounds(owner, name)), plans
 
-    def _parse(self, text: str) -> ast.Document:
+    async def _parse(self, text: str) -> ast.Document:
+        """The document of ``text``, read in a worker process (mediator/reading.py) so that
+        the loop goes on answering other clients; a Refusal says why it cannot be read."""
         size = len(text.encode("utf-8", "surrogatepass"))
         if size > self.limits.profile_bytes:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
@@ -384,19 +392,20 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
                           f"{self.limits.profile_bytes:,} (limits.profile_bytes)",
                           reason("PROFILE_TOO_LARGE", self.limits.profile_bytes, size))
         try:
-            return parse(text, "profile")
+            return await self.readers.read(text)
         except ProfileError as exc:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exc), violation(
                 f"line {exc.line}, column {exc.column}: {exc.message}")) from None
         except RecursionError:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "the profile nests too deeply to be "
                           "read", violation("line 1, column 1: nests too deeply")) from None
-        except Exception as exc:  # a parser bug must still answer as a bad profile, not a crash
-            log.exception("profile not understood")
+        except (ReadTimeout, ReadersBusy, ReaderFailed) as exc:
+            raise _reading_refusal(exc, self.limits.read_time, size) from None
+        except ReaderBug as exc:  # a parser bug must still answer as a bad profile, not a crash
+            log.error("profile not understood: %s", exc.trace)
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"the profile could not be read "
-                          f"({type(exc).__name__})", violation(
-                              f"line 1, column 1: could not be read ({type(exc).__name__})")
-                          ) from None
+                          f"({exc.kind})", violation(
+                              f"line 1, column 1: could not be read ({exc.kind})")) from None
 
     def _check_shape(self, doc: ast.Document) -> None:
         """The per-profile limits: nesting depth and the longest time frame."""
@@ -624,6 +633,25 @@ def _longest_frame(expr: ast.Expr) -> int | None:
                 return None
             longest = max(longest, node.span)
     return longest
+
+
+def _reading_refusal(exc: Exception, limit: int, size: int) -> Refusal:
+    """Why a profile document was not read (mediator/reading.py), as a status."""
+    if isinstance(exc, ReadTimeout):
+        return Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                       f"reading the profile document ({size:,} bytes) took longer than "
+                       f"{format_span(limit)}, the limit (limits.read_time): simplify or split it",
+                       reason("PROFILE_TOO_SLOW", format_span(limit), f"over {format_span(limit)}"))
+    if isinstance(exc, ReadersBusy):
+        return Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                       f"every reader of profile documents stayed busy with other documents "
+                       f"for {format_span(limit)} (limits.read_time): try again later",
+                       reason("READERS_BUSY", format_span(limit), f"waited {format_span(limit)}"))
+    log.warning("reading a profile document of %d bytes: %s", size, exc)
+    return Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                   f"the process reading the profile document ({size:,} bytes) stopped before "
+                   "it was read (out of memory?): simplify or split it",
+                   reason("PROFILE_TOO_SLOW", format_span(limit), "the reader stopped"))
 
 
 def _planning_refusal(exc: Exception) -> Refusal:

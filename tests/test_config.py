@@ -29,6 +29,7 @@ depth = 4
 time_frame = "1h"
 rate = 2.5
 profile_bytes = 4096
+read_time = "30s"
 
 [tls]
 cert = "server.pem"
@@ -65,7 +66,8 @@ def test_a_file_sets_every_key(tmp_path: Path) -> None:
         listen="0.0.0.0:7000", store="redis://127.0.0.1:6379/2", composer="spark", tick=500_000,
         future=2_000_000, retention=500, metrics_port=9464, metrics_host="0.0.0.0",
         log_json=True, log_level="DEBUG", drain=5_000_000,
-        limits=Limits(profiles=7, depth=4, time_frame=3_600_000_000, rate=2.5, profile_bytes=4096),
+        limits=Limits(profiles=7, depth=4, time_frame=3_600_000_000, rate=2.5, profile_bytes=4096,
+                      read_time=30_000_000),
         tls=Tls("server.pem", "server.key", "clients.pem"),
         services=(ServiceConfig("trucks", "cg2", "127.0.0.1:50051", ("trucks/*",), ("*",)),
                   ServiceConfig("orders", "cg3", "embedded", ("*",), ("order.*", "goods.*"))))

@@ -61,7 +61,8 @@ def test_an_interrupted_demo_stops_everything_it_started(tmp_path: Path) -> None
     for line in demo.stdout:
         if "the day" in line or time.monotonic() > deadline:
             break
-    assert len(left_running(workdir)) == 7  # mosquitto, five base services, the mediator
+    # mosquitto, five base services, the mediator and its reader of profile documents
+    assert len(left_running(workdir)) == 8
     demo.send_signal(signal.SIGINT)
     rest, _ = demo.communicate(timeout=60)
     assert demo.returncode == 130, rest[-2000:]

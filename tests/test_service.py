@@ -34,6 +34,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from adapters.federation import PushRefused
+from adapters.undecodable import Throttle
 from eva import ast
 from eva.parser import parse
 from mediator import logs
@@ -272,6 +273,69 @@ def test_tls_with_client_certificates(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ profiles and limits
 
 
+GARBAGE = b"\x0a\xff\xff"
+"""Not a protobuf message: field 1 with a length that runs past the end."""
+
+
+def test_bytes_that_are_not_a_request_are_refused_and_logged_once_without_a_traceback(
+        mediator: Mediator, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 28, item 3: every method — the API's, health's, reflection's; unary and streaming,
+    a stream's first message or a later one — answers bytes that do not decode
+    INVALID_ARGUMENT naming the message expected (it was UNKNOWN, "Unexpected DecodeError"),
+    and the log says so once per client a minute, in one line (it was a traceback a call)."""
+    caplog.set_level(logging.INFO)
+    md = mediator.client("alice")
+    same = bytes  # the bytes as they are: a generic call with no serializer of its own
+    valid = mediator_pb2.PublishRequest(cloudevents=[json.dumps(
+        {"specversion": "1.0", "id": "e1", "source": "s", "type": "a",
+         "time": "2026-03-02T00:00:00Z"})]).SerializeToString()
+    services = [(mediator_pb2.DESCRIPTOR.services_by_name["MediatorService"], md),
+                (health_pb2.DESCRIPTOR.services_by_name["Health"], []),
+                (reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"], [])]
+    calls = []
+    for service, metadata in services:
+        for method in service.methods:
+            path = f"/{service.full_name}/{method.name}"
+            kind = ("stream" if method.client_streaming else "unary") + "_" + (
+                "stream" if method.server_streaming else "unary")
+            call = getattr(mediator.channel, kind)(path, request_serializer=same,
+                                                   response_deserializer=same)
+            messages = [valid, GARBAGE] if method.name == "Publish" else [GARBAGE]  # Publish:
+            # the garbage is the stream's second message
+            calls.append((path, method.input_type.full_name, kind, call, messages, metadata))
+    assert sum(c[0].startswith("/eva.mediator.v1.") for c in calls) == 8
+    for _ in range(3):
+        for path, expected, kind, call, messages, metadata in calls:
+            with pytest.raises(grpc.RpcError) as refused:
+                given = iter(messages) if kind.startswith("stream") else messages[0]
+                answer = call(given, metadata=metadata, timeout=TIMEOUT)
+                if kind.endswith("stream"):
+                    list(answer)
+            error = refused.value
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (path, error)
+            assert f"the request is not a valid {expected}: its bytes do not decode" in (
+                error.details() or ""), (path, error.details())
+    assert mediator.store.event_head() == 1  # the valid message before the garbage was taken
+    assert "Traceback" not in caplog.text and "Unexpected" not in caplog.text, caplog.text
+    assert not [r for r in caplog.records if r.exc_info]
+    lines = [r.getMessage() for r in caplog.records if "is not a valid" in r.getMessage()]
+    assert [line.split(" sent ")[0] for line in lines] == ["client alice", "ipv4:127.0.0.1"], lines
+    assert all("\n" not in line for line in lines)
+
+
+def test_a_client_s_undecodable_requests_are_logged_once_a_minute_with_the_count() -> None:
+    now = [0.0]
+    throttle = Throttle(period=60.0, clock=lambda: now[0])
+    assert throttle.due("client a") == 0  # logged
+    assert [throttle.due("client a") for _ in range(5)] == [None] * 5  # counted, not logged
+    assert throttle.due("client b") == 0  # another client: logged
+    now[0] = 59.9
+    assert throttle.due("client a") is None
+    now[0] = 60.0
+    assert throttle.due("client a") == 6  # logged, with how many were not
+    assert throttle.due("client a") is None
+
+
 def test_a_profile_that_does_not_parse_names_line_and_column(mediator: Mediator) -> None:
     md = mediator.client("alice")
     text = 'class A = type == "a"\nprofile P = ((all_dup(A); all_dup(A))_10s\n'
@@ -317,6 +381,26 @@ def test_limits_are_refused_with_their_reasons(tmp_path: Path) -> None:
         assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert [i.reason for i in details(error)[1]] == ["TOO_MANY_PROFILES"]
         assert "2" in (error.details() or "")
+    finally:
+        m.close()
+
+
+def test_a_document_that_reads_longer_than_read_time_is_refused_with_its_reason(
+        tmp_path: Path) -> None:
+    """limits.read_time (issue 28, item 2): a document the worker has not read by then is
+    RESOURCE_EXHAUSTED, PROFILE_TOO_SLOW; the next document is read as usual."""
+    m = Mediator(tmp_path / "m.db", limits=Limits(rate=0, read_time=200_000))
+    try:
+        md = m.client("alice")
+        slow = "class C = " + "(" * 200_000 + "x == 1" + ")" * 200_000 + "\nprofile P = C\n"
+        error = refusal(lambda: m.stub.AddProfile(mediator_pb2.AddProfileRequest(
+            profile_text=slow), metadata=md, timeout=TIMEOUT))
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        (info,) = details(error)[1]
+        assert (info.reason, info.metadata["limit"]) == ("PROFILE_TOO_SLOW", "200ms")
+        assert "took longer than 200ms, the limit (limits.read_time)" in (error.details() or "")
+        assert m.stub.AddProfile(mediator_pb2.AddProfileRequest(profile_text=PROFILE),
+                                 metadata=md, timeout=TIMEOUT).name == "P"
     finally:
         m.close()
 

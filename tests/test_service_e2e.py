@@ -30,16 +30,20 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from eva.events import format_time
 from examples.logistics.generate import day
 from mediator.client import MediatorClient, MediatorError, Notification
+from mediator.wire import mediator_pb2, mediator_pb2_grpc
 from tests.helpers import Reader
 from tests.servers import RedisServer, free_port
 
@@ -236,6 +240,111 @@ def _us(text: str) -> int:
     from eva.events import parse_time
 
     return parse_time(text)
+
+
+HOSTILE_A = 'class A = type == "a"\n'
+WORST = {
+    # name: (document, the status of each call, what its message says)
+    "a profile and 1 MiB of blanks": (HOSTILE_A + "profile P = A" + " " * ((1 << 20) - 40),
+                                      grpc.StatusCode.OK, ""),
+    "256 KiB of opening brackets": ("profile P = " + "(" * (1 << 18), grpc.StatusCode.INVALID_ARGUMENT,
+                                    "profile:1:262157: error: found end of input, expected a name"),
+    "a predicate in brackets nested 500,000 deep":
+        ("class C = " + "(" * 500_000 + "x == 1" + ")" * 500_000 + "\nprofile P = C\n",
+         grpc.StatusCode.RESOURCE_EXHAUSTED, "took longer than 2s, the limit (limits.read_time)"),
+    "1 MiB of escaped quotes without their end":
+        ('class A = type == "' + '\\"' * ((1 << 19) - 20), grpc.StatusCode.INVALID_ARGUMENT,
+         "profile:1:19: error: found an unterminated string"),
+}
+"""The worst documents of issue 28 (1 MiB, the default limit): reading the second takes about
+1 s, the third about 10 s (killed at the 2 s this test configures)."""
+
+
+@pytest.mark.xdist_group("service")
+def test_one_client_s_worst_documents_never_stall_health_or_another_client(tmp_path: Path) -> None:
+    """Issue 28, item 2: while one client sends the worst documents to AddProfile, Explain and
+    Subscribe, another publishes and a probe asks for health every 50 ms: every health answer
+    comes within 200 ms, every publish is accepted, and each hostile call gets its answer (a
+    document too slow to read is refused after ``limits.read_time``). Before, parsing ran on
+    the server's loop: health timed out (5 s) while a 256 KiB document was read."""
+    config = tmp_path / "mediator.toml"
+    config.write_text(f'listen = "127.0.0.1:{free_port()}"\nstore = "sqlite:///{tmp_path / "m.db"}"\n'
+                      'composer = "inprocess"\nlog_level = "WARNING"\n'
+                      '[limits]\nrate = 0\nread_time = "2s"\n')
+    tokens = {name: cli("clients", "add", name, "--config", str(config)).strip()
+              for name in ("mallory", "bob")}
+    mediator = Process("serve", "--config", str(config))
+    done = threading.Event()
+    health: list[float] = []
+    published: list[int] = []
+
+    def probe() -> None:
+        with grpc.insecure_channel(mediator.address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while not done.is_set():
+                start = time.perf_counter()
+                try:
+                    stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+                    health.append(time.perf_counter() - start)
+                except grpc.RpcError:
+                    health.append(float("inf"))
+                time.sleep(0.05)
+
+    def publish() -> None:
+        with MediatorClient(mediator.address, tokens["bob"]) as bob:
+            n = 0
+            while not done.is_set():
+                batch = [{"specversion": "1.0", "id": f"e{n}-{k}", "source": "s", "type": "a",
+                          "time": format_time(_us("2026-03-02T00:00:00Z") + n * 1000)}
+                         for k in range(10)]
+                result = bob.publish(batch)
+                published.append(result.accepted)
+                n += 1
+                time.sleep(0.05)
+
+    threads = [threading.Thread(target=probe), threading.Thread(target=publish)]
+    for thread in threads:
+        thread.start()
+    answers: dict[tuple[str, str], tuple[grpc.StatusCode, str]] = {}
+    try:
+        with grpc.insecure_channel(mediator.address) as channel:
+            stub = mediator_pb2_grpc.MediatorServiceStub(channel)
+            metadata = [("authorization", f"Bearer {tokens['mallory']}")]
+            time.sleep(0.5)
+            for number, (name, (text, _, _)) in enumerate(WORST.items()):
+                calls: dict[str, Callable[[], Any]] = {
+                    "AddProfile": lambda: stub.AddProfile(mediator_pb2.AddProfileRequest(
+                        profile_text=text, name=f"add{number}"), metadata=metadata, timeout=60),  # noqa: B023
+                    "Explain": lambda: stub.Explain(mediator_pb2.ExplainRequest(
+                        profile_text=text), metadata=metadata, timeout=60),  # noqa: B023
+                    "Subscribe": lambda: next(stub.Subscribe(mediator_pb2.SubscribeRequest(
+                        profile_text=text, name=f"sub{number}"), metadata=metadata, timeout=60)),  # noqa: B023
+                }
+                for method, call in calls.items():
+                    try:
+                        call()
+                        answers[name, method] = (grpc.StatusCode.OK, "")
+                    except grpc.RpcError as exc:
+                        answers[name, method] = (exc.code(), exc.details() or "")
+            time.sleep(0.5)
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join()
+        assert mediator.proc is not None
+        mediator.proc.terminate()
+        _, log = mediator.proc.communicate(timeout=30)
+    for name, (_, status, words) in WORST.items():
+        for method in ("AddProfile", "Explain", "Subscribe"):
+            code, message = answers[name, method]
+            assert code == status and words in message, (name, method, code, message[:300])
+    print(f"health: {len(health)} answers, the slowest {max(health) * 1000:.1f} ms; "
+          f"{sum(published)} events published in {len(published)} calls")
+    assert len(health) > 100, len(health)
+    slow = [round(s * 1000) for s in health if s >= 0.2]
+    assert not slow, f"{len(slow)} of {len(health)} health answers took 200 ms or more: {slow}"
+    assert len(published) > 50 and set(published) == {10}, published
+    assert "Traceback" not in log, log[-3000:]
 
 
 # The worker that runs tests/test_spark.py (one JVM at a time). Only the one mark: xdist

@@ -833,7 +833,15 @@ def _where(node: exp.Expression | None, text: str) -> tuple[int, int]:
     if isinstance(node, exp.Join):  # the join's keywords, before its stream
         index = text.upper().rfind("JOIN", 0, span[0])
         if index >= 0:
-            words = re.search(r"(?:\b(?:NATURAL|LEFT|RIGHT|FULL|OUTER|INNER|CROSS|SEMI|ANTI)\s+)*$",
-                              text[:index].upper())
-            return position(text, words.start() if words else index)
+            # The words before JOIN, read backwards: matched on the reversed text from its
+            # start, once. (A search for them before the end of the text tried every position
+            # and, at each, the run of words after it: quadratic in a run of such words.)
+            words = _JOIN_WORDS_REVERSED.match(text[index - 1::-1].upper() if index else "")
+            return position(text, index - (words.end() if words else 0))
     return position(text, span[0])
+
+
+_JOIN_WORDS_REVERSED = re.compile(
+    r"(?:\s+(?:LARUTAN|TFEL|THGIR|LLUF|RETUO|RENNI|SSORC|IMES|ITNA)\b)*+")
+"""NATURAL, LEFT, RIGHT, FULL, OUTER, INNER, CROSS, SEMI and ANTI, each after blanks, spelt
+backwards: the join keywords right before a JOIN, read from it towards the start."""
