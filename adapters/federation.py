@@ -61,7 +61,7 @@ from adapters.backends.native import Language, NativeQueryError
 from adapters.client import Connect, in_process
 from adapters.links import Handle, Link, SubscriptionLink
 from eva import ast
-from eva.classes import label, next_tick
+from eva.classes import label, next_tick, required_types, required_values, resolve
 from eva.events import TICK_TYPE, Event, tick_event
 from eva.semantics import Notification
 from transforms.dialects import dialect
@@ -146,6 +146,10 @@ class Federation:
         self.runner = Runner(self.plans, doc, dialects, tick=tick, start=start, end=end)
         self.queries: dict[tuple[str, str], _Query] = {}
         """(service, native text) → its subscription: each distinct query subscribed once."""
+        self.selective: dict[tuple[str, str], list[ast.Predicate]] = {}
+        """(service, native text) of a relaxed query (:func:`relaxation`) → the classes its
+        leaves want of its events: the pipeline hands a detection only to the federations
+        one of whose classes it is of (the runner applies each class itself)."""
         self.handles: dict[str, list[Handle]] = {name: [] for name in links}
         self._of: dict[tuple[str, Handle], _Query] = {}
         try:
@@ -188,7 +192,23 @@ class Federation:
     def _subscribe(self, leaf: Leaf, dialects: Mapping[str, Dialect]) -> None:
         service = leaf.node.service
         link = self.links[service]  # the runner has checked that it is connected
-        text = dialects[service].render(leaf.expr, self.doc, leaf.profile, leaf.root_eoi)
+        relaxed = (relaxation(leaf.expr, self.doc)
+                   if link.info.autonomous and memoryless(leaf, self.doc, link) else None)
+        if relaxed is not None:
+            # The class's types (and pinned sources) only: one registration at the service
+            # for every federation whose class of those types is there; the pipeline hands a
+            # detection to those whose class the event is of (selective), and the runner
+            # applies the class itself.
+            text = dialects[service].render(ast.Prim(RELAXED), relaxed, relaxed.profiles[0],
+                                            False)
+            assert isinstance(leaf.expr, ast.Prim)
+            body = self.doc.class_map()[leaf.expr.name].body
+            assert not isinstance(body, ast.Every)
+            wanted = self.selective.setdefault((service, text), [])
+            if (found := resolve(body, self.doc.class_map())) not in wanted:
+                wanted.append(found)
+        else:
+            text = dialects[service].render(leaf.expr, self.doc, leaf.profile, leaf.root_eoi)
         query = self.queries.get((service, text))
         if query is None:
             shared = _SHARED.setdefault(link, {}) if memoryless(leaf, self.doc, link) else None
@@ -206,6 +226,10 @@ class Federation:
             self.handles[service].append(handle)
             self._of[(service, handle)] = query
         query.leaves.append(leaf)
+
+    def text_of(self, service: str, handle: Handle) -> str:
+        """The native text subscribed as ``handle`` at ``service``."""
+        return self._of[(service, handle)].text
 
     def set_origin(self, origin: int) -> None:
         """Profiles see events after ``origin`` (before the first batch; then: no effect)."""
@@ -408,6 +432,34 @@ def _refused(exc: NativeQueryError, info: ServiceInfo, profile: str) -> PushRefu
         f"profile {profile}: the {info.group} service{named} ({exc.language}) refuses the query "
         f"the mediator would subscribe for it: {exc.message} (see docs/backends.md, Limits; "
         f"'evamed explain --group {info.group}' shows the query)")
+
+
+RELAXED = "Relaxed"
+"""The class name a relaxed query is rendered with (the same for every federation, so that
+their texts are equal and share one registration)."""
+
+
+def relaxation(expr: ast.Expr, doc: ast.Document) -> ast.Document | None:
+    """A primitive class relaxed to the types it requires (and the sources it pins), as a
+    document of that one class: a superset of its events that many classes of the same types
+    share. None when the class names no type (nothing to share: the class is subscribed as it
+    is) or is already that test."""
+    if not isinstance(expr, ast.Prim):
+        return None
+    classes = doc.class_map()
+    body = classes[expr.name].body
+    if isinstance(body, ast.Every):
+        return None
+    types = required_types(body, classes)
+    if types is None:
+        return None
+    sources = required_values(body, classes, "source")
+    test: ast.Predicate = ast.Compare("type", "in", tuple(sorted(types)))
+    if sources is not None:
+        test = ast.And(test, ast.Compare("source", "in", tuple(sorted(sources))))
+    return ast.Document((ast.ClassDef(RELAXED, test),),
+                        (ast.Profile(RELAXED + "Filter", ast.Prim(RELAXED), None,
+                                     ast.Evaluation.CONTINUOUS),))
 
 
 def memoryless(leaf: Leaf, doc: ast.Document, link: Link) -> bool:

@@ -27,6 +27,7 @@ import time as clock
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -34,6 +35,8 @@ from adapters.client import cloudevent_json
 from adapters.federation import merged_seq
 from adapters.links import Handle
 from adapters.service_link import AutonomousLink, Message
+from eva import ast
+from eva.classes import ClassIndex
 from eva.events import EventError, from_json_line
 from mediator.store.base import Store
 from transforms.dialects.base import Detection
@@ -97,6 +100,49 @@ def bound(states: Sequence[State]) -> int | None:
         return None if None in live else min(w for w in live if w is not None)
     known = [s.watermark for s in states if s.watermark is not None]
     return max(known) if known else None
+
+
+class Takers:
+    """Who takes one registration's detections: the federations holding its handle. A relaxed
+    registration (the types of many classes, :func:`adapters.federation.relaxation`) hands an
+    event only to those one of whose classes it is of — found with the predicate index, so an
+    event costs the federations it concerns, not every one holding the registration."""
+
+    def __init__(self) -> None:
+        self.every: list[tuple[Any, Any]] = []  # (subscription, federation): all it reports
+        self._index = ClassIndex()
+        self._by_id: dict[int, list[tuple[Any, Any]]] = {}
+
+    def add(self, user: tuple[Any, Any], classes: list[ast.Predicate] | None) -> None:
+        if classes is None:
+            self.every.append(user)
+            return
+        for pred in classes:
+            self._by_id.setdefault(self._index.add(pred, {}), []).append(user)
+
+    def remove(self, federation: Any) -> None:
+        self.every = [u for u in self.every if u[1] is not federation]
+        for ident in list(self._by_id):
+            kept = [u for u in self._by_id[ident] if u[1] is not federation]
+            if kept:
+                self._by_id[ident] = kept
+            else:
+                del self._by_id[ident]
+                self._index.release(ident)
+
+    def __bool__(self) -> bool:
+        return bool(self.every or self._by_id)
+
+    def of(self, detection: Detection) -> list[tuple[Any, Any]]:
+        """The users a detection goes to (each once, in the order they came)."""
+        if not self._by_id:
+            return self.every
+        found: dict[int, tuple[Any, Any]] = {id(u[1]): u for u in self.every}
+        for event in detection.constituents:
+            for ident in self._index.match(event):
+                for user in self._by_id.get(ident, ()):
+                    found.setdefault(id(user[1]), user)
+        return list(found.values())
 
 
 class ServiceFeed:
@@ -180,4 +226,4 @@ class ServiceFeed:
             self._moved = clock.monotonic()
 
 
-__all__ = ["Notice", "ServiceFeed", "State", "bound", "decode", "encode"]
+__all__ = ["Notice", "ServiceFeed", "State", "Takers", "bound", "decode", "encode"]

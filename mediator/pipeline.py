@@ -59,7 +59,7 @@ from eva.parser import parse
 from eva.semantics import Notification
 from mediator.config import COMPOSERS
 from mediator.ingestion import OwnFeed
-from mediator.inputs import ServiceFeed, State, bound
+from mediator.inputs import ServiceFeed, State, Takers, bound
 from mediator.metrics import Metrics
 from mediator.notification_log import Entry, encode
 from mediator.placement import SparkSlots, spark_composes
@@ -201,7 +201,7 @@ class Pipeline:
             self._feeds[link.info.name] = ServiceFeed(
                 link, store, rank, (idle or {}).get(link.info.name, idle_default), self.wake)
         # Who takes each autonomous handle's detections: (subscription, federation).
-        self._users: dict[tuple[str, Handle], list[tuple[_Subscription, Federation]]] = {}
+        self._users: dict[tuple[str, Handle], Takers] = {}
         known = store.get_meta(ORIGIN_KEY) if self._feeds else None
         self._origin: int | None = int(known) if known is not None else None
         self._batches = 0
@@ -421,11 +421,12 @@ class Pipeline:
                 if name not in self._feeds:
                     continue
                 for handle in handles:
-                    users = self._users.setdefault((name, handle), [])
+                    users = self._users.setdefault((name, handle), Takers())
                     if sign > 0:
-                        users.append((sub, federation))
+                        users.add((sub, federation), federation.selective.get(
+                            (name, federation.text_of(name, handle))))
                     else:
-                        users[:] = [u for u in users if u[1] is not federation]
+                        users.remove(federation)
                         if not users:
                             del self._users[(name, handle)]
 
@@ -601,7 +602,7 @@ class Pipeline:
                     if not users:
                         continue  # a registration no live subscription holds any more
                     self._origins.reported(name, handle, [detection])
-                    for sub, federation in users:
+                    for sub, federation in users.of(detection):
                         if notice.position > sub.links.get(name, 0):
                             late += federation.learn(name, handle, [detection])
                 feed.heard(notice)
