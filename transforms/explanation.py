@@ -36,7 +36,7 @@ LEGEND = (
 
 
 def _label(node: PlanNode, render: Render | None = None, federated: bool = False,
-           cap: Capability | None = None) -> str:
+           cap: Capability | None = None, autonomous: tuple[str, ...] = ()) -> str:
     reason = node.why if federated else (
         decomposed_because(node, cap) if isinstance(node, Local) and cap is not None else "")
     why = f"\n  why: {escape(reason)}" if reason else ""
@@ -56,6 +56,10 @@ def _label(node: PlanNode, render: Render | None = None, federated: bool = False
             text += f"\n  for: {expr_text(node.original)}"
         if render is not None:
             text += "\n  native: " + escape(render(node).strip().replace("\n", " ⏎ "))
+        if node.service in autonomous and isinstance(node.original, ast.Prim):
+            text += ("\n  registered as the types the class names, if it names them (one "
+                     "registration shared by every class of those types there); the mediator "
+                     "selects this class's events itself")
         if (cost := growing(node)):
             text += f"\n  [yellow]cost:[/] {escape(cost)}"
         return text + why
@@ -106,21 +110,23 @@ def explain(p: Plan, render: Render | None = None) -> Tree:
     if (per := partitioning(p)):
         title += f"\n{escape(per)}"
     root = Tree(title)
-    _grow(root, p.root, render, bool(p.services), None if p.services else p.capability)
+    relaxing = tuple(n for n, g in p.services if n in p.autonomous and g != "cg5")
+    _grow(root, p.root, render, bool(p.services), None if p.services else p.capability,
+          relaxing)
     if p.observed:
         seen = root.add("[bold]observed[/] (a partition opens at the first event of its "
                         "classes, which no composite need name):")
         for node in p.observed:
-            seen.add(_label(node, render, True))
+            seen.add(_label(node, render, True, autonomous=relaxing))
     return root
 
 
 def _grow(parent: Tree, node: PlanNode, render: Render | None, federated: bool,
-          cap: Capability | None) -> None:
-    branch = parent.add(_label(node, render, federated, cap))
+          cap: Capability | None, autonomous: tuple[str, ...] = ()) -> None:
+    branch = parent.add(_label(node, render, federated, cap, autonomous))
     if isinstance(node, Local):
         for child in node.children:
-            _grow(branch, child, render, federated, cap)
+            _grow(branch, child, render, federated, cap, autonomous)
 
 
 def partitioning(p: Plan) -> str:
