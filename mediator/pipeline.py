@@ -628,7 +628,8 @@ class Pipeline:
         states = {name: feed.state() for name, feed in self._feeds.items()}
         everything = [own, *states.values()]
         decided: dict[Key, list[Notification]] = {}
-        newest: int | None = None
+        slowest: int | None = None  # the least bound decided: a composite still to come of
+        # the federation behind the others may name what lies a horizon before it
         for sub in self._subs.values():
             for federation in sub.federations:
                 used = ([own] if federation.own_inputs else []) + [
@@ -636,7 +637,7 @@ class Pipeline:
                 found = bound(used or everything)
                 if found is None:
                     continue
-                newest = found if newest is None else max(newest, found)
+                slowest = found if slowest is None else min(slowest, found)
                 notes = federation.decide(found)
                 if notes:
                     decided.setdefault(sub.key, []).extend(notes)
@@ -649,8 +650,8 @@ class Pipeline:
             if decided:
                 self.metrics.composer_latency.observe(clock.perf_counter() - began)
             self._measure(self.metrics)
-        if newest is not None:
-            self._origins.forget(newest)
+        if slowest is not None:
+            self._origins.forget(slowest)
 
     def _measure(self, metrics: Metrics) -> None:
         """After a round: what the runners hold, summed over every subscription per part (a
