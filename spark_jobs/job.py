@@ -33,7 +33,14 @@ from typing import TYPE_CHECKING, Any
 from eva.engine import EngineConfig
 from eva.events import MAX_DEPTH
 from eva.notify import SOURCE
-from spark_jobs.processor import ANCHOR, DROP, anchor_line, composer_processor, parsed_events
+from spark_jobs.processor import (
+    ANCHOR,
+    DROP,
+    anchor_line,
+    composer_processor,
+    parsed_events,
+    watermark_of,
+)
 from spark_jobs.profiles import profiles, removed, router
 from spark_jobs.sinks import Sink
 from spark_jobs.spool import spool_lines, write_whole
@@ -47,6 +54,17 @@ class StreamJob:
     table: str  # path of the profile table (profiles.write_table); read again whenever it changes
     config: dict[str, Any]  # EngineConfig.to_json(): plain data, shipped with every task
     buckets: int = 16
+    ordered: bool = False
+    """The input is the mediator's composer log (events in trace order, released in whole
+    instants, each release closed by a watermark line): its watermark lines move the clock,
+    which is exact to the microsecond, and keys hold their rows until the clock reaches them
+    (spark_jobs/processor.py, "Ordered input")."""
+
+
+MAX_MARK = (2**63 - 1) // 1000
+"""An ordered job's event-time column holds microseconds as Spark's milliseconds (its
+timestamps' microseconds are the clock's × 1000): its clock stops at this time, 2262-04-11
+(a limit of the live composer; docs/spark.md, "Order")."""
 
 
 # ------------------------------------------------------------------ the checkpoint's layout
@@ -66,7 +84,9 @@ def check_layout(checkpoint: str, job: StreamJob) -> None:
     evaluate a partition in two engines (or in none of its old state), and another
     configuration would mix two in one job."""
     config = EngineConfig.from_json(job.config).to_json()  # checked, in its canonical form
-    layout = {"buckets": job.buckets, "config": config, "state": STATE_FORMAT}
+    layout: dict[str, Any] = {"buckets": job.buckets, "config": config, "state": STATE_FORMAT}
+    if job.ordered:  # its clock's unit, its state variables and its offsets differ
+        layout["input"] = "ordered"
     path = os.path.join(checkpoint, LAYOUT)
     if not os.path.exists(path):
         os.makedirs(checkpoint, exist_ok=True)
@@ -113,12 +133,16 @@ PARSED = ("seq LONG, id STRING, source STRING, type STRING, time LONG, data STRI
 in µs, ``data`` the data member's JSON text, ``attrs`` the extension attributes as a JSON
 object or null, ``line`` null); any other line as itself (``line``, the rest null), for the
 engine to parse and, if malformed, report as replay reports it."""
-ROUTED = f"profile STRING, bucket INT, ts TIMESTAMP, {PARSED}"
+ROUTED = f"profile STRING, bucket INT, ts TIMESTAMP, mark LONG, {PARSED}"
+"""The fan-out's rows: ``ts``, the event time that moves the watermark (anchors only); an
+ordered job's anchors carry it as ``mark`` instead, in microseconds, and the JVM makes ``ts``
+of it (``start``)."""
 OUT = ("kind STRING, profile STRING, ident STRING, time LONG, partition STRING, "
-       "constituents ARRAY<STRING>, payload STRING")
+       "constituents ARRAY<STRING>, payload STRING, key STRING, sources ARRAY<STRING>")
 """The processor's rows: a composite as columns (``payload`` null; the JVM writes its JSON,
 ``composite_json``), or a row whose ``payload`` Python wrote (a dead letter, a composite with
-text the JVM's quoting would write otherwise than Python's json)."""
+text the JVM's quoting would write otherwise than Python's json); a composite's report key
+(JSON) and its constituents' sources (processor.as_columns)."""
 
 EXTRAS = ("subject", "datacontenttype", "dataschema")
 """The optional attributes a JVM-parsed line may carry besides the required ones and data:
@@ -197,16 +221,22 @@ def parse_lines(lines: Any) -> Any:
 def fan_out(job: StreamJob, frame: pd.DataFrame) -> pd.DataFrame:
     """One frame of PARSED rows as ROUTED rows: each event to its (profile, bucket) keys (the
     row itself copied, not rewritten), anchors carrying the frame's newest time, and a drop
-    row to every bucket of a removed profile (its keys' state goes at once, processor.DROP)."""
+    row to every bucket of a removed profile (its keys' state goes at once, processor.DROP).
+    An ordered job's watermark lines go to no key: an anchor carries the newest of them (its
+    time + 1 µs: the clock goes to it) when it is newer than the frame's events."""
     import pandas as pd
 
     events = parsed_events(frame)
+    clocks = ([watermark_of(line) for line in frame["line"].tolist()] if job.ordered
+              else [None] * len(events))
     keys_of = router(job.table, job.buckets).keys  # once per frame: profiles come and go
     table = sorted(profiles(job.table).items())
     taken: list[int] = []
     names: list[str] = []
     groups: list[int] = []
     for position, event in enumerate(events):
+        if clocks[position] is not None:
+            continue  # a watermark line: no event
         for profile, group in keys_of(event):
             taken.append(position)
             names.append(profile)
@@ -215,23 +245,35 @@ def fan_out(job: StreamJob, frame: pd.DataFrame) -> pd.DataFrame:
     # and the engine reports it as a late dead letter instead.
     routed = frame.iloc[taken].assign(profile=names, bucket=groups)
     routed["ts"] = pd.Series(pd.NaT, index=routed.index, dtype="datetime64[ns, UTC]")
+    routed["mark"] = pd.Series(pd.NA, index=routed.index, dtype="Int64")
     marks: list[tuple[str, int, int, int | None, str | None]] = []
-    times = [e.time for e in events if e is not None]
+    seen = [e for e, c in zip(events, clocks, strict=True) if e is not None and c is None]
+    times = [e.time for e in seen] + [c + 1 for c in clocks if c is not None]
     if times:
         # Anchors carry the frame's newest time (they alone move the watermark) to every
         # profile without `per` (its one key: clock-only profiles stay alive) — and to one
         # key at least, so that an event no profile wants (a heartbeat) still moves the
         # watermark, which is global: every key's timer for a buffered instant then fires.
         keys = [name for name, (_, per, _) in table if per is None] or [n for n, _ in table[:1]]
-        first = anchor_line(frame["seq"].tolist(), events)
-        marks.extend((name, 0, ANCHOR, max(times), first) for name in keys)
+        first = (anchor_line([s for s, c in zip(frame["seq"].tolist(), clocks, strict=True)
+                              if c is None], [e for e, c in zip(events, clocks, strict=True)
+                                              if c is None]) if seen else None)
+        marks.extend((name, 0, ANCHOR, min(max(times), MAX_MARK), first) for name in keys)
     marks.extend((name, group, DROP, None, None) for name in removed(job.table)
                  for group in range(job.buckets))
     if not marks:
         return routed[ROUTED_COLUMNS]
-    extra = pd.DataFrame(marks, columns=["profile", "bucket", "seq", "ts", "line"]).assign(
+    at = [m[3] for m in marks]  # as ints: a column of ints and Nones would be floats
+    extra = pd.DataFrame([(m[0], m[1], m[2], m[4]) for m in marks],
+                         columns=["profile", "bucket", "seq", "line"]).assign(
         id=None, source=None, type=None, time=0, data=None, attrs=None)
-    extra["ts"] = pd.to_datetime(extra["ts"], unit="us", utc=True)
+    if job.ordered:
+        extra["mark"] = pd.array(at, dtype="Int64")
+        extra["ts"] = pd.Series(pd.NaT, index=extra.index, dtype="datetime64[ns, UTC]")
+    else:
+        extra["mark"] = pd.Series(pd.NA, index=extra.index, dtype="Int64")
+        extra["ts"] = pd.Series(pd.to_datetime(pd.array(at, dtype="Int64"), unit="us", utc=True),
+                                index=extra.index).astype("datetime64[ns, UTC]")
     return pd.concat([routed, extra[ROUTED_COLUMNS]], ignore_index=True)[ROUTED_COLUMNS]
 
 
@@ -281,7 +323,7 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str, sink: Sink, *
           trigger: dict[str, Any] | None = None, lines: Any = None) -> Any:
     """Start the job over a spool directory of CloudEvents JSON-lines files (or over ``lines``,
     a stream with columns ``value`` and ``seq``, e.g. the Redis log); ``sink(batch_id, rows)``
-    receives each micro-batch's (kind, profile, ident, payload) rows.
+    receives each micro-batch's (kind, profile, ident, payload, key, sources) rows.
 
     With sources declared (``EngineConfig.sources``), each has its own watermark — the stream
     is split by source, each part watermarked, and Spark's ``min`` policy takes the slowest —
@@ -294,9 +336,18 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str, sink: Sink, *
     def routed(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         return (fan_out(job, frame) for frame in frames)
 
+    import pyspark.sql.functions as F
+
+    def timed(part: Any) -> Any:
+        # An ordered job's event time: microseconds as Spark's milliseconds, so Spark's
+        # watermark — milliseconds — is the clock to the microsecond (processor._clock).
+        out = part.mapInPandas(routed, ROUTED)
+        if job.ordered:
+            out = out.withColumn("ts", F.timestamp_micros(F.col("mark") * 1000))
+        return out.withWatermark("ts", lateness)
+
     parts = _by_source(spark, parse_lines(lines), EngineConfig.from_json(job.config).sources)
-    watermarked = reduce(lambda a, b: a.union(b), [
-        part.mapInPandas(routed, ROUTED).withWatermark("ts", lateness) for part in parts])
+    watermarked = reduce(lambda a, b: a.union(b), [timed(part) for part in parts])
     composed = (watermarked
                 .groupBy("profile", "bucket")
                 .transformWithStateInPandas(statefulProcessor=composer_processor(job),
@@ -307,10 +358,9 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str, sink: Sink, *
         # Through Arrow: collect() would build a Row per composite in the driver.
         sink(batch_id, list(batch.toPandas().itertuples(index=False)))
 
-    import pyspark.sql.functions as F
-
     written = composed.select("kind", "profile", "ident",
-                              F.coalesce("payload", composite_json()).alias("payload"))
+                              F.coalesce("payload", composite_json()).alias("payload"),
+                              "key", "sources")
     writer = written.writeStream.foreachBatch(each).option("checkpointLocation", checkpoint)
     writer = writer.trigger(**trigger) if trigger else writer
     return writer.start()

@@ -1,18 +1,22 @@
-"""The embedded live feed: a Python streaming Data Source over the SQLite store's event log
-(mediator/store/sqlite.py, table ``events``: position, line), so the streaming job reads what
-``Publish`` accepted itself, in log order (docs/spark.md, "What runs where in the mediator
-service"). The deployed counterpart over the Redis store's stream is
-spark_jobs/redis_io.py.
+"""The embedded live feed: a Python streaming Data Source over a log table of the SQLite store
+(mediator/store/sqlite.py: ``position, line`` rows, the head in ``counters`` under the table's
+name) — the **composer log** (``composer_log``: the merged trace of what the Spark composer's
+plans need, which the mediator's pipeline writes; docs/spark.md, "What runs where in the
+mediator service") or the event log (``events``, the default: what ``Publish`` accepted) — so
+the streaming job reads it itself, in log order. The deployed counterpart over the Redis
+store's streams is spark_jobs/redis_io.py.
 
 * Offsets are log positions (``{"position": n}``): a restarted query resumes after the last
   position its checkpoint committed, and a micro-batch re-run after a crash reads the same
   positions again.
 * Rows are ``value STRING, seq LONG``: the line as accepted and its position (the arrival
   order the job keeps).
-* ``cap`` (option): a file holding the newest position the job may read yet — the position the
-  mediator's pipeline has evaluated. A profile registered at pipeline position P sees the
-  events after P; the job never reads past P before that registration is in its profile
-  table, so it never evaluates an event its profiles should have seen without them.
+* ``table`` (option): the log table, ``events`` by default.
+* ``cap`` (option): a file holding the newest position the job may read yet — the composer
+  log's head the pipeline has written. A profile registered at composer-log position P sees
+  the lines after P; the job never reads past P before that registration is in its profile
+  table, so it never evaluates a line its profiles should have seen without them (and the
+  processor skips the lines up to P for it: ``Registration.after``).
 * ``max_rows`` (option): at most that many positions per micro-batch (a restart after a long
   stop catches up in bounded batches).
 
@@ -32,6 +36,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
 SCHEMA = "value STRING, seq LONG"
+TABLES = ("events", "composer_log")
+"""The SQLite store's log tables a job may read."""
 PAGE = 10_000
 """Rows per read: a batch's positions are read in pages, not as one result set."""
 
@@ -79,6 +85,10 @@ class _Reader(DataSourceStreamReader):
             raise ValueError("the evamed_sqlite_log source needs option path: the SQLite "
                              "store's file")
         self.path = options["path"]
+        self.table = options.get("table", "events")
+        if self.table not in TABLES:
+            raise ValueError(f"option table: found {self.table!r}, expected one of "
+                             f"{', '.join(TABLES)}")
         self.cap = options.get("cap")
         self.start = int(options.get("start", "0"))
         self.limit = read_limit(options)
@@ -93,10 +103,11 @@ class _Reader(DataSourceStreamReader):
         begin = int(start["position"])
         db = _connect(self.path)
         try:
-            (head,) = db.execute("SELECT head FROM counters WHERE log = 'events'").fetchone()
+            found = db.execute("SELECT head FROM counters WHERE log = ?",
+                               (self.table,)).fetchone()
         finally:
             db.close()
-        end = int(head)
+        end = int(found[0]) if found else 0  # a store written before that log existed
         cap = read_cap(self.cap)
         if cap is not None:
             end = min(end, cap)
@@ -114,8 +125,8 @@ class _Reader(DataSourceStreamReader):
         try:
             cursor = partition.start
             while cursor < partition.end:  # (start, end], in pages
-                page = db.execute("SELECT position, line FROM events WHERE position > ? AND "
-                                  "position <= ? ORDER BY position LIMIT ?",
+                page = db.execute(f"SELECT position, line FROM {self.table} WHERE position > "
+                                  "? AND position <= ? ORDER BY position LIMIT ?",
                                   (cursor, partition.end, PAGE)).fetchall()
                 if not page:
                     return  # trimmed meanwhile: what is gone no live profile needs
@@ -152,7 +163,7 @@ def bounded(reader: Any, cap: str | None, max_rows: int | None) -> Any:
 
 class SqliteLogSource(LogSource):
     """``spark.readStream.format("evamed_sqlite_log").option("path", FILE)`` (options
-    ``cap``, ``start``, ``max_rows``: the module docstring)."""
+    ``table``, ``cap``, ``start``, ``max_rows``: the module docstring)."""
 
     reader = _Reader
 
@@ -161,11 +172,12 @@ class SqliteLogSource(LogSource):
         return "evamed_sqlite_log"
 
 
-def sqlite_log_lines(spark: Any, path: str, *, cap: str | None = None, start: int = 0,
-                     max_rows: int | None = None) -> Any:
-    """The SQLite store's event log at ``path`` as a stream of (value, seq) lines, from the
-    position after ``start`` (a fresh query; a restarted one resumes from its checkpoint)."""
+def sqlite_log_lines(spark: Any, path: str, *, table: str = "events", cap: str | None = None,
+                     start: int = 0, max_rows: int | None = None) -> Any:
+    """The log ``table`` of the SQLite store at ``path`` as a stream of (value, seq) lines,
+    from the position after ``start`` (a fresh query; a restarted one resumes from its
+    checkpoint)."""
     spark.dataSource.register(SqliteLogSource)
     reader = (spark.readStream.format("evamed_sqlite_log").option("path", path)
-              .option("start", str(start)))
+              .option("table", table).option("start", str(start)))
     return bounded(reader, cap, max_rows).load()

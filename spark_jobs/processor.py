@@ -9,22 +9,37 @@ parsed here as the engine's reader parses every line (malformed: the same dead l
 replay's). The key's engine comes from its state (spark_jobs/state.py: the worker's cache, or
 a lazy restore of the core and the partitions it needs); a call stores the core and the
 partitions it changed. Composites leave as columns (``as_columns``) and the JVM writes their
-JSON (job.composite_json).
+JSON (job.composite_json), each with its report key and its constituents' sources (what the
+mediator orders a micro-batch's composites by, and finds their provenance with).
+
+**Ordered input** (``StreamJob.ordered``: the mediator's composer log — events in trace order,
+released in whole instants, each release closed by a watermark line): the clock is exact to
+the microsecond (the job's event-time column counts microseconds as Spark's milliseconds:
+job.start), and a key **holds** the rows of a call until the clock reaches their time
+(``_held``, in the key's state): every key then decides, in a micro-batch, exactly the instants
+up to the clock Spark's watermark gives that micro-batch — none further — so no micro-batch
+reports a composite older than one an earlier micro-batch reported (docs/spark.md, "Order").
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
 from eva.engine import DeadLetter, Engine, EngineConfig
 from eva.events import MAX_TIME, MIN_TIME, Event, EventError, from_fields, from_json_line
-from eva.notify import composite_id, composite_line, dead_letter_record
+from eva.notify import (
+    composite_id,
+    composite_line,
+    dead_letter_record,
+    tuples_from_json,
+    tuples_to_json,
+)
 from eva.semantics import Notification
 from eva.snapshot import SnapshotError
 from spark_jobs.profiles import Registration, profiles
@@ -36,7 +51,15 @@ if TYPE_CHECKING:  # job.py builds its plan around this processor: the settings 
 
     from spark_jobs.job import StreamJob
 
-__all__ = ["CheckpointError", "composer_processor", "refusal"]
+__all__ = ["CheckpointError", "composer_processor", "refusal", "report_key", "watermark_line",
+           "watermark_of"]
+
+_T = TypeVar("_T")
+
+WATERMARK = "evamed:watermark"
+"""The key of a watermark line of the composer log: ``{"evamed:watermark": T}`` says every
+instant up to T is complete (an ordered job's clock goes there)."""
+_MARK = '{"' + WATERMARK + '"'
 
 ANCHOR = -1  # a row that only keeps a profile without `per` alive (its clock may report)
 # and tells it its frame's first event (anchor_line)
@@ -44,11 +67,29 @@ DROP = -2  # a row that only reaches a removed profile's key: its state goes (pr
 
 FIELDS = ["seq", "id", "source", "type", "time", "data", "attrs", "line"]  # job.PARSED
 Row = tuple[int, str | None, str | None, str | None, int, str | None, str | None, str | None]
-COLUMNS = ["kind", "profile", "ident", "time", "partition", "constituents", "payload"]  # job.OUT
-Out = tuple[str, str, str, int, str | None, list[str], str | None]
+COLUMNS = ["kind", "profile", "ident", "time", "partition", "constituents", "payload", "key",
+           "sources"]  # job.OUT
+Out = tuple[str, str, str, int, str | None, list[str], str | None, str, list[str]]
 
 
 # ------------------------------------------------------------------ rows and events
+
+
+def watermark_line(time: int) -> str:
+    """The composer log's watermark line for ``time``."""
+    return json.dumps({WATERMARK: time})
+
+
+def watermark_of(line: str | None) -> int | None:
+    """The time a watermark line names; None for any other line."""
+    if line is None or not line.startswith(_MARK):
+        return None
+    try:
+        found = json.loads(line)
+    except ValueError:
+        return None
+    time = found.get(WATERMARK) if isinstance(found, dict) and len(found) == 1 else None
+    return time if type(time) is int else None
 
 
 def event_of(row: Row) -> Event:
@@ -149,31 +190,87 @@ def _step(engine: Engine, rows: list[Row], watermark: int | None,
     return notes
 
 
+Held = list[tuple[int, Row]]
+"""An ordered key's rows waiting for the clock: (the event's time, the row), in arrival
+order."""
+
+
+def _step_ordered(engine: Engine, held: Held, rows: list[Row], clock: int | None,
+                  registered: int | None, after: int) -> tuple[list[Notification], Held]:
+    """One call's work on a key's engine over ordered input: the rows held before whose time
+    the clock has reached, pushed in arrival order; the clock to the watermark; then this
+    call's rows (after the registration's position ``after``) — each held until the clock
+    reaches its time, or pushed now if the clock is past it (then late, as in ``_step``; a
+    malformed line is reported now). Returns the composites and the rows still held. The
+    engine decides nothing past the clock, which every key of the micro-batch shares."""
+    if registered is None and engine.origin is None:
+        _begin_at_first(engine, rows, clock)
+    notes: list[Notification] = []
+    later: Held = []
+
+    def push(row: Row, event: Event) -> None:
+        if registered is None or event.time > registered:  # else before it (Def. 3.5)
+            notes.extend(engine.push(event))
+
+    for time, row in held:
+        if clock is not None and time <= clock:
+            push(row, event_of(row))
+        else:
+            later.append((time, row))
+    if clock is not None and engine.origin is not None:
+        notes.extend(engine.advance(clock))
+    for row in rows:
+        if row[0] < 0 or row[0] <= after:  # an anchor or a drop row; a line before it
+            continue
+        try:
+            event = event_of(row)
+        except EventError as exc:
+            engine.malformed(str(exc), row[7])
+            continue
+        if clock is not None and event.time <= clock:
+            push(row, event)
+        else:
+            later.append((event.time, row))
+    return notes, later
+
+
 def _evaluate(engine: Engine, rows: list[Row], watermark: int | None,
               registered: int | None) -> tuple[list[Notification], list[str]]:
     """``_step`` with the dead letters it reported as JSON lines."""
+    return _reported(engine, lambda: _step(engine, rows, watermark, registered))
+
+
+def _reported(engine: Engine, work: Callable[[], _T]) -> tuple[_T, list[str]]:
+    """``work`` on the engine (``_step``, ``_step_ordered``), with the dead letters it
+    reported as JSON lines."""
     letters: list[str] = []
     engine.dead_letter = lambda letter: letters.append(json.dumps(dead_letter_record(letter)))
     try:
-        notes = _step(engine, rows, watermark, registered)
+        done = work()
     finally:
         engine.dead_letter = _ignore  # a cached engine keeps no reference to this call's list
-    return notes, letters
+    return done, letters
 
 
 def _ignore(letter: DeadLetter) -> None:
     pass
 
 
-def _clock(watermark_ms: int) -> int | None:
+def _clock(watermark_ms: int, ordered: bool = False) -> int | None:
     """Spark's watermark says no row at or before it is still to come; the clock stops just
-    short of it, so an event at the newest time seen is still on time. None: no watermark yet."""
-    return watermark_ms * 1000 - 1 if watermark_ms > 0 else None
+    short of it, so an event at the newest time seen is still on time. None: no watermark yet.
+    An ordered job's watermark counts microseconds (job.start)."""
+    if watermark_ms <= 0:
+        return None
+    return watermark_ms - 1 if ordered else watermark_ms * 1000 - 1
 
 
-def _timer(upcoming: int, watermark_ms: int) -> int:
+def _timer(upcoming: int, watermark_ms: int, ordered: bool = False) -> int:
     """The timer (ms) for the engine's next instant: a timer at T fires once the watermark
-    reaches T; the clock then goes to T·1000 − 1 µs, which must reach the instant."""
+    reaches T; the clock then goes to T·1000 − 1 µs (an ordered job's: T − 1), which must
+    reach the instant."""
+    if ordered:
+        return max(upcoming + 1, watermark_ms + 1)
     return max(-(-(upcoming + 1) // 1000), watermark_ms + 1)
 
 
@@ -184,13 +281,43 @@ def as_columns(profile: str, note: Notification) -> Out:
     """A composite as the processor's output row. Its JSON is the JVM's to write
     (job.composite_json) when its text needs no escape — constituent ids and a string
     partition ``_plain``, a time in years 0001–9999; otherwise the row carries the line
-    ``composite_line`` wrote."""
+    ``composite_line`` wrote. Either way with its report key (``key``: JSON, ``report_key``
+    reads it back) and its constituents' sources (``sources``)."""
     occ = note.occ
+    key = json.dumps(tuples_to_json(note.emitted))
+    sources = constituent_sources(occ.ident, occ.events)
     if _plain("".join(occ.events)) and MIN_TIME <= occ.time <= MAX_TIME:
         return ("composite", profile, composite_id(note), occ.time,
-                _partition_json(note.partition), list(occ.events), None)
+                _partition_json(note.partition), list(occ.events), None, key, sources)
     ident, line = composite_line(note)
-    return ("composite", profile, ident, 0, None, [], line)
+    return ("composite", profile, ident, 0, None, [], line, key, sources)
+
+
+def report_key(text: str) -> Any:
+    """A composite row's report key, as the engine's order compares it (nested tuples)."""
+    return tuples_from_json(json.loads(text))
+
+
+def constituent_sources(ident: Any, events: tuple[str, ...]) -> list[str]:
+    """The source of each constituent (in the order of ``events``) as the occurrence's
+    identity names it — a primitive's identity is its (source, id), a binary composite's
+    (tag, left, right); "" for a tick or an absence — or [] when the identity does not name
+    exactly these constituents (the mediator then finds them by id alone)."""
+    out: list[str] = []
+
+    def walk(node: Any) -> bool:
+        if not isinstance(node, tuple) or not node:
+            return False
+        if len(node) == 2 and isinstance(node[0], str) and isinstance(node[1], str):
+            out.append(node[0])
+            return len(out) <= len(events) and events[len(out) - 1] == node[1]
+        if node[0] in ("tick", "not"):
+            out.append("")
+            return True
+        return (len(node) == 3 and isinstance(node[0], str)
+                and walk(node[1]) and walk(node[2]))
+
+    return out if walk(ident) and len(out) == len(events) else []
 
 
 def _plain(text: str) -> bool:
@@ -224,7 +351,7 @@ class KeyProcessor:
     def __init__(self, job: StreamJob, handle: Any) -> None:
         self.job = job
         self.handle = handle
-        self.state = KeyState(handle)
+        self.state = KeyState(handle, job.ordered)
 
     def call(self, key: GroupKey, rows: list[Row], watermark_ms: int) -> list[Out]:
         """Evaluate the rows on the key's engine; store what changed and arm the key's
@@ -234,19 +361,31 @@ class KeyProcessor:
             self.state.drop(key)
             return []
         entry = found[0]
+        ordered = self.job.ordered
         taken = self.state.take(key, entry.token)
         engine, records = taken if taken is not None else (self._new(key, entry), None)
+        clock = _clock(watermark_ms, ordered)
+        held: Held = []
         try:  # a lazily restored engine reads partition records during the call
-            notes, letters = _evaluate(engine, rows, _clock(watermark_ms), entry.registered)
+            if ordered:
+                (notes, held), letters = _reported(engine, lambda: _step_ordered(
+                    engine, self.state.held(entry.token), rows, clock, entry.registered,
+                    entry.after))
+            else:
+                notes, letters = _evaluate(engine, rows, clock, entry.registered)
         except SnapshotError as exc:
             raise refused(key, exc) from None
         self.state.store(key, entry.token, engine, records)
+        if ordered:
+            self.state.hold(entry.token, held)
         self.state.clear_timers()
-        upcoming = engine.next_instant()
-        if upcoming is not None:
-            self.handle.registerTimer(_timer(upcoming, watermark_ms))
+        # Its next instant: the engine's own, or the earliest row it holds.
+        upcoming = [t for t in (engine.next_instant(),) if t is not None] + [t for t, _ in held]
+        if upcoming:
+            self.handle.registerTimer(_timer(min(upcoming), watermark_ms, ordered))
         out = [as_columns(key[0], n) for n in notes]
-        return out + [("dead_letter", key[0], "", 0, None, [], text) for text in letters]
+        return out + [("dead_letter", key[0], "", 0, None, [], text, "", [])
+                      for text in letters]
 
     def _new(self, key: GroupKey, entry: Registration) -> Engine:
         engine = Engine(EngineConfig.from_json(self.job.config))
@@ -281,7 +420,7 @@ def composer_processor(job: StreamJob) -> Any:
 
     class Processor(StatefulProcessor):
         def init(self, handle: Any) -> None:
-            self.keys = KeyProcessor(job, handle)
+            self.keys = KeyProcessor(job, handle)  # declares the key's state (KeyState)
 
         def handleInputRows(self, key: Any, rows: Any,
                             timerValues: Any) -> Iterator[pd.DataFrame]:

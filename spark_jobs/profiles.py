@@ -29,12 +29,16 @@ class Registration:
     text: str
     registered: int | None
     removed: frozenset[str] = frozenset()  # profiles of the document no longer evaluated
+    after: int = 0
+    """The input position it was registered at (the composer log's, for the mediator's live
+    jobs): its profiles see the lines after it only (0: every line)."""
 
     @property
     def token(self) -> str:
         """Identifies this registration: a profile re-registered later gets a fresh engine."""
         at = "first" if self.registered is None else self.registered
-        return f"{at}:{zlib.crc32(self.text.encode())}"
+        where = f"@{self.after}" if self.after else ""
+        return f"{at}{where}:{zlib.crc32(self.text.encode())}"
 
 
 Entry = tuple[Registration, str | None, list[Matcher]]
@@ -45,14 +49,16 @@ classes."""
 def write_table(path: str, registrations: list[Registration]) -> None:
     """The profile table the running job follows: written whole and atomically."""
     write_whole(path, json.dumps([{"text": r.text, "registered": r.registered,
-                                   "removed": sorted(r.removed)} for r in registrations]))
+                                   "removed": sorted(r.removed), "after": r.after}
+                                  for r in registrations]))
 
 
 @lru_cache(maxsize=32)
 def _table(path: str, version: int) -> tuple[dict[str, Entry], tuple[str, ...]]:
     with open(path, encoding="utf-8") as handle:
         entries = [Registration(e["text"], None if e["registered"] is None else int(e["registered"]),
-                                frozenset(e.get("removed", ()))) for e in json.load(handle)]
+                                frozenset(e.get("removed", ())), int(e.get("after", 0)))
+                   for e in json.load(handle)]
     out = {}
     for entry in entries:
         doc = document(entry.text)

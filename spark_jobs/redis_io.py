@@ -3,10 +3,13 @@
 * ``RedisStreamSource`` — a Python streaming Data Source over a Redis stream: by default the
   Redis store's event log (mediator/store/redis.py: the stream ``evamed:events``, one
   CloudEvent JSON per entry in field ``line``, ids ``<position>-0``), so the job reads what
-  ``Publish`` accepted. Offsets are stream ids, so a restarted query resumes exactly after the
-  last committed entry. Options ``cap`` and ``max_rows`` as for the SQLite log
-  (spark_jobs/log_source.py): with the store's ids a cap file's position is the id
-  ``<position>-0``.
+  ``Publish`` accepted; the mediator's live composer reads the store's composer log
+  (``<prefix>composer``, same field and ids) with option ``positions``: each row's ``seq`` is
+  then the entry's position (the id's first part), as the SQLite log gives it — the profile
+  table names composer-log positions (``Registration.after``). Offsets are stream ids, so a
+  restarted query resumes exactly after the last committed entry. Options ``cap`` and
+  ``max_rows`` as for the SQLite log (spark_jobs/log_source.py): with the store's ids a cap
+  file's position is the id ``<position>-0``.
 * ``redis_sink`` — a ``foreachBatch`` writer for ``evamed compose --redis``: each composite is
   stored once under its id (``HSETNX evamed:composites``) and appended to
   ``evamed:composites:log`` only when new, so a batch re-run after a restart writes nothing
@@ -54,6 +57,7 @@ class _Reader(DataSourceStreamReader):
         self.field = options.get("field", FIELD)
         self.cap = options.get("cap")
         self.start = options.get("start", "0-0")  # a fresh query reads the entries after it
+        self.positions = options.get("positions", "false") == "true"  # seq: the position
         self.limit = read_limit(options)
 
     def _client(self) -> Any:
@@ -91,7 +95,8 @@ class _Reader(DataSourceStreamReader):
             if not page:
                 return
             for stream_id, fields in page:
-                yield (fields.get(self.field, ""), _seq(stream_id))
+                seq = int(stream_id.partition("-")[0]) if self.positions else _seq(stream_id)
+                yield (fields.get(self.field, ""), seq)
             cursor = page[-1][0]
             if cursor == partition.end:
                 return
@@ -102,7 +107,7 @@ class _Reader(DataSourceStreamReader):
 
 class RedisStreamSource(LogSource):
     """``spark.readStream.format("evamed_redis").option("url", …)`` (options ``stream``,
-    ``field``, ``start``, ``cap``, ``max_rows``: the module docstring)."""
+    ``field``, ``start``, ``positions``, ``cap``, ``max_rows``: the module docstring)."""
 
     reader = _Reader
 
@@ -112,12 +117,14 @@ class RedisStreamSource(LogSource):
 
 
 def redis_lines(spark: Any, url: str, stream: str = EVENTS, *, field: str = FIELD,
-                cap: str | None = None, start: str = "0-0", max_rows: int | None = None) -> Any:
+                cap: str | None = None, start: str = "0-0", max_rows: int | None = None,
+                positions: bool = False) -> Any:
     """The stream's entries after id ``start`` as (value, seq) lines: by default the Redis
-    store's event log."""
+    store's event log; ``positions``: seq is the store's position of the entry."""
     spark.dataSource.register(RedisStreamSource)
     reader = (spark.readStream.format("evamed_redis").option("url", url)
-              .option("stream", stream).option("field", field).option("start", start))
+              .option("stream", stream).option("field", field).option("start", start)
+              .option("positions", "true" if positions else "false"))
     return bounded(reader, cap, max_rows).load()
 
 
