@@ -6,7 +6,13 @@ composites over the merged trace, across a crash of the mediator.
 The services here are test doubles in this process that speak the session's terms (numbered
 messages with constituents in full and a watermark, kept until acknowledged, resent after a
 restart); the real gRPC sessions are tested in tests/test_sessions.py and end to end in
-tests/test_federation_e2e.py."""
+tests/test_federation_e2e.py.
+
+The same scenarios run with the Spark composer (issue 23 item 4; a module-scoped local
+session, a few examples: Spark is slow here): the plans whose leaves are filters go to live
+Spark jobs fed by the composer log — their filters subscribed at the services — and the logs
+hold the reference's composites all the same, with each constituent's provenance and each
+profile's composites in replay order."""
 
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -146,14 +153,39 @@ def split(events: list[Event]) -> dict[str, list[Event]]:
     return parts
 
 
-def reference(events: list[Event]) -> list[str]:
+def reference(events: list[Event], ordered: bool = False) -> list[str]:
     """The composites over the merged trace, each event at its place (merged_seq; the own
-    feed's arrival numbers are its log positions)."""
+    feed's arrival numbers are its log positions): sorted, or (``ordered``) in replay's
+    order."""
     ranks = {"ab": 1, "cs": 2, "own": 0}
     merged = sorted((e.renumbered(merged_seq(ranks[name], e.seq))
                      for name, part in split(events).items() for e in part), key=lambda e: e.key)
     notes = evaluate(parse(DOC), merged, tick=1)
-    return sorted(composite_line(n)[1] for n in notes)
+    found = [composite_line(n)[1] for n in notes]
+    return found if ordered else sorted(found)
+
+
+SERVICES = {"Across": ["ab", "cs"], "Pushed": ["ab", "cs"], "Keyed": ["ab"],
+            "Own": ["mediator", "cs"]}
+"""The services each profile's composites came through (the own feed: the mediator)."""
+
+
+def check_entries(store: Store, events: list[Event]) -> None:
+    """Each profile's composites in the log in replay's order, and each naming where its
+    constituents came from: their source, type and time as published, and the services."""
+    published = {e.id: e for e in events}
+    items = [json.loads(i.payload) for i in store.read_notifications("alice", "s", 0, 100_000)]
+    for profile in SERVICES:
+        got = [i["cloudevent"] for i in items if i["profile"] == profile]
+        want = [line for line in reference(events, ordered=True)
+                if json.loads(line)["subject"] == profile]
+        assert got == want, f"{profile}: not in replay's order"
+    for item in items:
+        ids = json.loads(item["cloudevent"])["data"]["constituents"]
+        assert item["sources"] == [published[i].source for i in ids], item
+        assert item["types"] == [published[i].type for i in ids], item
+        assert item["times"] == [published[i].time for i in ids], item
+        assert item["services"] == SERVICES[item["profile"]], item
 
 
 def logged(store: Store) -> list[str]:
@@ -193,73 +225,118 @@ def finish(pipeline: Pipeline, store: Store, links: dict[str, Link], end: int) -
     pipeline.advance(end)
 
 
-def settled(store: Store, want: list[str], seconds: float = 20.0) -> list[str]:
+def settled(store: Store, want: list[str], seconds: float = 20.0,
+            pipeline: Pipeline | None = None) -> list[str]:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
+        assert pipeline is None or pipeline.error is None, pipeline.error
         got = logged(store)
         if len(got) >= len(want):
-            time.sleep(0.2)  # nothing more comes
+            time.sleep(0.2 if seconds <= 20 else 2.0)  # nothing more comes
             return logged(store)
         time.sleep(0.02)
     return logged(store)
 
 
-def subscribe(pipeline: Pipeline, store: Store) -> None:
-    record = SubscriptionRecord("alice", "s", DOC, 1, store.event_head(), None)
+def subscribe(pipeline: Pipeline, store: Store, text: str = DOC, name: str = "s") -> None:
+    record = SubscriptionRecord("alice", name, text, 1, store.event_head(), None)
     store.put_subscription(record)
     pipeline.add(record)
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.fixture(scope="module")
+def spark() -> Any:
+    """The local session (the one tests/test_spark.py starts, in the same xdist worker)."""
+    from spark_jobs.session import build_session
+
+    return build_session("local[2]", "evamed-tests")
+
+
+def composer(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    """The pipeline's composer settings: in process, or Spark (its jobs beside the store)."""
+    if kind == "inprocess":
+        return {}
+    return {"composer": "spark", "spark": request.getfixturevalue("spark"),
+            "spark_dir": str(tmp_path / "spark"), "trigger": "100 milliseconds"}
+
+
+WAIT = {"inprocess": 20.0, "spark": 240.0}
+"""Seconds to wait for the logs: the first micro-batch of a Spark job plans its query."""
+
+
+SCENARIOS = [pytest.param("inprocess", seed, id=f"inprocess-{seed}") for seed in range(6)] + [
+    pytest.param("spark", seed, id=f"spark-{seed}", marks=pytest.mark.xdist_group("spark"))
+    for seed in range(2)]
+
+
+@pytest.mark.parametrize(("kind", "seed"), SCENARIOS)
 def test_autonomous_services_and_the_own_feed_give_the_reference_over_the_merged_trace(
-        tmp_path: Path, seed: int) -> None:
+        tmp_path: Path, kind: str, seed: int, request: pytest.FixtureRequest) -> None:
     """Two autonomous services (a/b at a streaming-SQL service, c at a Snoop service) and the
     own feed (d, published to the mediator): the profiles cross them; the producers publish
-    in random batches and interleavings; the subscription's log is the reference's."""
+    in random batches and interleavings; the subscription's log is the reference's — with
+    the Spark composer too, which composes Across (A at one service, C at the other), Keyed
+    (its parameters no service takes: A and B filtered there) and Own (D of the own feed, C
+    at a service) and leaves the pushed sequence to its runner."""
     store = SqliteStore(tmp_path / "s.db")
     links = services()
-    pipeline = Pipeline(store, links, tick=1, idle_default=30.0)
+    pipeline = Pipeline(store, links, tick=1, idle_default=30.0,
+                        **composer(kind, request, tmp_path))
     pipeline.start()
     subscribe(pipeline, store)
+    if kind == "spark":
+        assert pipeline.placement("alice", "s") == {
+            "Across": "spark", "Pushed": "inprocess", "Keyed": "spark", "Own": "spark"}
     events = trace(seed)
     want = reference(events)
     assert len(want) > 5
     play(pipeline, store, links, split(events), random.Random(seed))
     finish(pipeline, store, links, events[-1].time + 100)
-    assert settled(store, want) == want
+    assert settled(store, want, WAIT[kind], pipeline) == want
+    check_entries(store, events)
     pipeline.stop()
     store.close()
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_a_crash_of_the_mediator_loses_nothing_and_repeats_nothing(tmp_path: Path,
-                                                                  seed: int) -> None:
+CRASHES = [pytest.param("inprocess", seed, id=f"inprocess-{seed}") for seed in range(4)] + [
+    pytest.param("spark", 0, id="spark-0", marks=pytest.mark.xdist_group("spark"))]
+
+
+@pytest.mark.parametrize(("kind", "seed"), CRASHES)
+def test_a_crash_of_the_mediator_loses_nothing_and_repeats_nothing(
+        tmp_path: Path, kind: str, seed: int, request: pytest.FixtureRequest) -> None:
     """The mediator dies (its thread abandoned, nothing stopped cleanly) halfway; a new one on
     the same store resumes each session after the newest message it logged: the log holds
-    every composite of the reference once."""
+    every composite of the reference once. With Spark, its jobs die with it (their queries
+    stopped where they are, as the JVM would be) and the new mediator's resume from their
+    checkpoints over the composer log."""
     store = SqliteStore(tmp_path / "s.db")
     links = services()
     events = trace(seed)
     want = reference(events)
     parts = split(events)
     draw = random.Random(seed)
-    first = Pipeline(store, links, tick=1, idle_default=30.0)
+    settings = composer(kind, request, tmp_path)
+    first = Pipeline(store, links, tick=1, idle_default=30.0, **settings)
     first.start()
     subscribe(first, store)
     play(first, store, links, parts, draw, until=0.5)
-    time.sleep(0.2)
+    time.sleep(0.2 if kind == "inprocess" else 5.0)
     first._halt = True  # the crash: no stop, no unsubscribing, nothing flushed
     first.wake()
+    if first._sparks is not None:
+        first._sparks.close()  # the JVM dies with the process
     for link in links.values():
         link.close()
     assert all(link.acked > 0 for link in links.values())  # type: ignore[attr-defined]
-    second = Pipeline(store, links, tick=1, idle_default=30.0)
+    second = Pipeline(store, links, tick=1, idle_default=30.0, **settings)
     second.start()
     for name, part in parts.items():
         parts[name] = part  # the rest of each part comes now
     play_rest(second, store, links, parts, draw)
     finish(second, store, links, events[-1].time + 100)
-    assert settled(store, want) == want
+    assert settled(store, want, WAIT[kind], second) == want
+    check_entries(store, events)
     second.stop()
     store.close()
 
