@@ -32,7 +32,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 
 from eva.engine import DeadLetter, Engine, EngineConfig
-from eva.events import MAX_TIME, MIN_TIME, Event, EventError, from_fields, from_json_line
+from eva.events import (
+    MAX_TIME,
+    MIN_TIME,
+    PRIMITIVE,
+    Event,
+    EventError,
+    from_fields,
+    from_json_line,
+)
 from eva.notify import (
     composite_id,
     composite_line,
@@ -40,7 +48,7 @@ from eva.notify import (
     tuples_from_json,
     tuples_to_json,
 )
-from eva.semantics import Notification
+from eva.semantics import Notification, partition_key
 from eva.snapshot import SnapshotError
 from spark_jobs.profiles import Registration, profiles
 from spark_jobs.routing import document
@@ -202,7 +210,8 @@ def _step_ordered(engine: Engine, held: Held, rows: list[Row], clock: int | None
     call's rows (after the registration's position ``after``) — each held until the clock
     reaches its time, or pushed now if the clock is past it (then late, as in ``_step``; a
     malformed line is reported now). Returns the composites and the rows still held. The
-    engine decides nothing past the clock, which every key of the micro-batch shares."""
+    engine decides nothing past the clock, which every key of the micro-batch shares, and
+    numbers each event by its position in the log."""
     if registered is None and engine.origin is None:
         _begin_at_first(engine, rows, clock)
     notes: list[Notification] = []
@@ -210,6 +219,11 @@ def _step_ordered(engine: Engine, held: Held, rows: list[Row], clock: int | None
 
     def push(row: Row, event: Event) -> None:
         if registered is None or event.time > registered:  # else before it (Def. 3.5)
+            # Numbered by its position in the log, not the key's count of arrivals: report
+            # keys (and partitions' creation keys) then compare across keys — the order the
+            # mediator sorts a micro-batch by. (The engine numbers what it admits from this
+            # counter on; no call of its takes the number.)
+            engine._arrivals = max(engine._arrivals, row[0])
             notes.extend(engine.push(event))
 
     for time, row in held:
@@ -277,14 +291,15 @@ def _timer(upcoming: int, watermark_ms: int, ordered: bool = False) -> int:
 # ------------------------------------------------------------------ output
 
 
-def as_columns(profile: str, note: Notification) -> Out:
+def as_columns(profile: str, note: Notification, engine: Engine | None = None) -> Out:
     """A composite as the processor's output row. Its JSON is the JVM's to write
     (job.composite_json) when its text needs no escape — constituent ids and a string
     partition ``_plain``, a time in years 0001–9999; otherwise the row carries the line
-    ``composite_line`` wrote. Either way with its report key (``key``: JSON, ``report_key``
-    reads it back) and its constituents' sources (``sources``)."""
+    ``composite_line`` wrote. Either way with its order (``key``: JSON of the report key and
+    the creation key of its partition, as ``engine`` knows it; ``report_key`` reads it back)
+    and its constituents' sources (``sources``)."""
     occ = note.occ
-    key = json.dumps(tuples_to_json(note.emitted))
+    key = json.dumps(tuples_to_json((note.emitted, _created(engine, note))))
     sources = constituent_sources(occ.ident, occ.events)
     if _plain("".join(occ.events)) and MIN_TIME <= occ.time <= MAX_TIME:
         return ("composite", profile, composite_id(note), occ.time,
@@ -294,8 +309,25 @@ def as_columns(profile: str, note: Notification) -> Out:
 
 
 def report_key(text: str) -> Any:
-    """A composite row's report key, as the engine's order compares it (nested tuples)."""
+    """A composite row's order: (its report key, the key its partition was created at) as
+    nested tuples — replay's order within a profile: by report key, then partitions in order
+    of creation (``per`` partitions of one profile at one clock step, in different
+    buckets)."""
     return tuples_from_json(json.loads(text))
+
+
+def _created(engine: Engine | None, note: Notification) -> Any:
+    """The key at which the composite's partition was created (``()``: a profile without
+    ``per``, or one not found). Only a clock step (a tick, a passive event) reports in many
+    partitions at one report key, and the partitions of a clock-driven profile are kept, so
+    the engine still holds it. (Read from the engine's records: no call of its gives it.)"""
+    if engine is None or note.partition is None or note.emitted[1] == PRIMITIVE:
+        return ()
+    try:
+        found = engine._named[note.profile][-1].partitions.get(partition_key(note.partition))
+    except (AttributeError, KeyError, IndexError, TypeError):
+        return ()
+    return found.created if found is not None and found.created is not None else ()
 
 
 def constituent_sources(ident: Any, events: tuple[str, ...]) -> list[str]:
@@ -383,7 +415,7 @@ class KeyProcessor:
         upcoming = [t for t in (engine.next_instant(),) if t is not None] + [t for t, _ in held]
         if upcoming:
             self.handle.registerTimer(_timer(min(upcoming), watermark_ms, ordered))
-        out = [as_columns(key[0], n) for n in notes]
+        out = [as_columns(key[0], n, engine) for n in notes]
         return out + [("dead_letter", key[0], "", 0, None, [], text, "", [])
                       for text in letters]
 

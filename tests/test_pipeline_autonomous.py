@@ -70,6 +70,7 @@ class Producing(AutonomousLink):
         super().__init__(info, "in-process", f"test/{info.name}")
         self.service = InProcessLink(info, language(info.group, 1))
         self.names: dict[str, Handle] = {}  # registration → the evaluator's handle
+        self.texts: dict[str, str] = {}  # registration → its native query
         self.messages: list[Msg] = []
         self.acked = 0
         self.origin: int | None = None
@@ -88,11 +89,13 @@ class Producing(AutonomousLink):
         with self._mutex:
             if name not in self.names:
                 self.names[name] = self.service.subscribe(text)
+                self.texts[name] = text
         return name
 
     def unsubscribe(self, handle: Handle) -> None:
         with self._mutex:
             found = self.names.pop(handle, None)
+            self.texts.pop(handle, None)
             if found is not None:
                 self.service.unsubscribe(found)
 

@@ -399,3 +399,128 @@ def test_composites_leave_as_columns_unless_their_text_needs_escapes() -> None:
     out: list[Any] = list(frame.itertuples(index=False))  # as the sink gets them
     assert [r.payload is None for r in out] == [True, False, False, False, False]
     assert [r.payload or _jvm_json(r) for r in out] == [composite_line(n)[1] for n in notes]
+
+
+# -- ordered input: the mediator's composer log (issue 23 item 4)
+
+
+class _Ordered:
+    """Spark's calls of an ordered job's processor, as ``_Store`` makes them, over composer-log
+    lines: the watermark is the newest anchor's ``mark`` of earlier micro-batches (its clock
+    counts microseconds); each micro-batch's composites are kept apart, with report keys."""
+
+    def __init__(self, job: StreamJob) -> None:
+        self.job = job
+        self.handles: dict[tuple[str, int], _Handle] = defaultdict(_Handle)
+        self.batches: list[list[tuple[Any, str, str]]] = []  # (report key, profile, line)
+        self.letters: list[str] = []
+        self.watermark = 0
+        self.seq = 1  # composer-log positions from 1
+        state._ENGINES.clear()
+
+    def _call(self, key: tuple[str, int], rows: pd.DataFrame | None,
+              out: list[tuple[Any, str, str]]) -> None:
+        processor = composer_processor(self.job)
+        processor.init(self.handles[key])
+        frames = (processor.handleExpiredTimer(key, _Clock(self.watermark), None) if rows is None
+                  else processor.handleInputRows(key, iter([rows]), _Clock(self.watermark)))
+        for frame in frames:
+            for row in frame.itertuples(index=False):
+                if row.kind == "composite":
+                    out.append((processing.report_key(row.key), row.profile,
+                                row.payload if row.payload is not None else _jvm_json(row)))
+                else:
+                    self.letters.append(row.payload)
+
+    def batch(self, lines: list[str]) -> None:
+        out: list[tuple[Any, str, str]] = []
+        routed = fan_out(self.job, parsed(lines, self.seq)) if lines else None
+        self.seq += len(lines)
+        newest = self.watermark
+        if routed is not None:
+            assert routed["ts"].isna().all()  # an ordered job's anchors carry `mark` only
+            newest = max([newest, *(int(m) for m in routed["mark"].dropna())])
+            for key, rows in sorted(routed.groupby(["profile", "bucket"]), key=lambda kv: kv[0]):
+                self._call((str(key[0]), int(key[1])), rows, out)
+        for key, handle in sorted(self.handles.items()):
+            if any(timer <= self.watermark for timer in handle.timers):
+                self._call(key, None, out)
+        self.watermark = newest
+        self.batches.append(out)
+
+
+def _composer_log(events: list[Any], releases: list[int]) -> list[str]:
+    """The composer log of ``events`` (in trace order) released at the given times: each
+    release's events, then its watermark line."""
+    from eva.events import to_cloudevent
+
+    lines: list[str] = []
+    pending = list(events)
+    for bound in releases:
+        lines += [json.dumps(to_cloudevent(e)) for e in pending if e.time <= bound]
+        pending = [e for e in pending if e.time > bound]
+        lines.append(processing.watermark_line(bound))
+    return lines
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_an_ordered_jobs_micro_batches_never_reorder_a_profile(tmp_path: Path,
+                                                               seed: int) -> None:
+    """Over the composer log cut into random micro-batches: every key decides, in a
+    micro-batch, just the instants up to the clock that micro-batch shares, so each
+    micro-batch's report keys lie after the previous one's. Sorted by report key within each
+    micro-batch (what the mediator appends), each profile's composites come in replay's
+    order — ``per`` partitions spread over buckets included — and, once the last watermark
+    line is read, all of them: the last instant waits for no later event."""
+    import random
+
+    from eva.engine import Engine
+    from eva.events import Event
+    from eva.notify import composite_line
+    from eva.parser import parse
+
+    draw = random.Random(seed)
+    text = ('class A = type == "a"\nclass B = type == "b"\n'
+            "profile K per data.k = ((all_dup(A); last_dup(B))_3s)_all_pairs\n"
+            "profile L = ((all_dup(A), all_dup(B))_2s)_all_pairs\n"
+            "profile N per data.k = ((not A)_2s)_all_pairs\n")
+    start = 1_772_445_600_000_000  # 2026-03-02T10:00:00Z
+    events, t = [], start
+    for i in range(120):
+        t += draw.choice([0, 300_000, 1_000_000, 2_000_000])
+        events.append(Event(f"e{i}", "urn:s", draw.choice("ab"), t, i + 1,
+                            {"k": draw.randrange(6)}))
+    releases = sorted({events[-1].time, *draw.sample([e.time for e in events], 15)})
+    lines = _composer_log(events, releases)
+    engine = Engine(EngineConfig())
+    engine.add_document(parse(text), start=start)
+    log_order = [json.loads(line) for line in lines]
+    numbered = [e.renumbered(n) for n, e in enumerate(
+        (from_json_line(line) for line in lines if "evamed:watermark" not in line), 1)]
+    # The composer log numbers its lines, watermark lines included: the engine sees the same.
+    positions = [n for n, entry in enumerate(log_order, 1) if "evamed:watermark" not in entry]
+    numbered = [e.renumbered(p) for e, p in zip(numbered, positions, strict=True)]
+    notes = [n for e in numbered for n in engine.push(e)] + engine.close(releases[-1])
+    want = {p: [composite_line(n)[1] for n in notes if n.profile == p] for p in "KLN"}
+    table = str(tmp_path / "profiles.json")
+    write_table(table, [Registration(text, start)])
+    job = StreamJob(table, EngineConfig().to_json(), 4, ordered=True)
+    spark = _Ordered(job)
+    at = 0
+    while at < len(lines):
+        size = draw.randint(1, 40)
+        spark.batch(lines[at:at + size])
+        at += size
+    spark.batch([])  # the watermark of the last line moved: Spark's no-data micro-batch
+    spark.batch([])
+    assert not spark.letters
+    newest = None
+    for batch in spark.batches:
+        keys = [key for key, _, _ in batch]
+        if keys:
+            assert newest is None or min(keys) > newest, "a micro-batch reported behind"
+            newest = max(keys)
+    got = [line for batch in spark.batches for _, _, line in sorted(batch, key=lambda c: c[0])]
+    for p in "KLN":
+        assert [line for line in got if json.loads(line)["subject"] == p] == want[p], p
+    assert sum(len(w) for w in want.values()) > 40
