@@ -348,6 +348,8 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str, sink: Sink, *
 
     parts = _by_source(spark, parse_lines(lines), EngineConfig.from_json(job.config).sources)
     watermarked = reduce(lambda a, b: a.union(b), [timed(part) for part in parts])
+    if job.ordered:  # its timestamps overflow pandas' nanoseconds: the watermark has them
+        watermarked = watermarked.drop("ts", "mark")
     composed = (watermarked
                 .groupBy("profile", "bucket")
                 .transformWithStateInPandas(statefulProcessor=composer_processor(job),
