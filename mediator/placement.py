@@ -95,6 +95,9 @@ MAX_ROWS = 50_000
 """Composer-log positions per micro-batch at most (a restart after a long stop catches up in
 bounded batches)."""
 
+MARKS = 4096
+"""Watermark lines the composer feed remembers (position, time) to trim by, at most."""
+
 Claim = tuple[str, str, int]
 """A slot's profile holder: (owner, subscription, created_us) — a subscription removed and
 registered again under its name is another holder."""
@@ -460,7 +463,7 @@ class SparkFeed:
         key = (record.owner, record.name)
         owner = f"{record.owner}/{record.name}@{record.created_us}/spark"
         classes = doc.class_map()
-        filters: list[_Filter] = []
+        filters: dict[tuple[str, str], _Filter] = {}  # by (service, native text): once each
         own: dict[str, Matcher] = {}
         eoi = {p.profile.name: p.profile.evaluation is ast.Evaluation.END_OF_INTERVAL
                for p in plans}
@@ -482,22 +485,28 @@ class SparkFeed:
                     link = self.links[service]
                     text = dialect(link.info.group).render(
                         expr, doc, p.profile, at_root and eoi[p.profile.name])
+                    if (service, text) in filters:
+                        continue
+                    # A peer mediator's profile may be partitioned or drop an id it has seen:
+                    # one per subscription (adapters.federation.memoryless).
                     shared = (isinstance(expr, ast.Prim) and link.info.group != "cg5"
                               and not isinstance(classes[expr.name].body, ast.Every))
                     handle = subscribe_query(link, text, shared, owner, len(filters),
                                              p.profile.name)
-                    filters.append(_Filter(service, text, handle))
-        except BaseException:
-            self._let_go(filters)
+                    filters[(service, text)] = _Filter(service, text, handle)
+        except BaseException:  # nothing half-subscribed stays at the services
+            for f in filters.values():
+                unsubscribe_query(self.links[f.service], f.text, f.handle)
             raise
         names = [p.profile.name for p in plans]
-        sub = _Sparked(record, doc, names, filters, list(own.values()),
-                       frozenset(f.service for f in filters if f.service in self._autonomous),
-                       bool(own) or any(f.service not in self._autonomous for f in filters),
+        held = list(filters.values())
+        sub = _Sparked(record, doc, names, held, list(own.values()),
+                       frozenset(f.service for f in held if f.service in self._autonomous),
+                       bool(own) or any(f.service not in self._autonomous for f in held),
                        horizon(doc, self.tick),
-                       handles=frozenset((f.service, f.handle) for f in filters))
+                       handles=frozenset((f.service, f.handle) for f in held))
         self.subs[key] = sub
-        for f in filters:
+        for f in held:
             self._users[(f.service, f.handle)] = self._users.get((f.service, f.handle), 0) + 1
         if record.start_time is not None:
             self._register(sub, record.start_time, begin=not restoring)
@@ -518,6 +527,8 @@ class SparkFeed:
         self._let_go(sub.filters)
         if sub.slot >= 0:
             self.slots.remove(sub.slot, sub.names)
+        if not self.subs:
+            self._pending.clear()  # no plan needs them any more
 
     def _let_go(self, filters: list[_Filter],
                 keep: Callable[[Link], bool] = lambda link: False) -> None:
@@ -532,10 +543,9 @@ class SparkFeed:
     def unsubscribe(self) -> None:
         """The mediator stops: every filter let go of, unsubscribed at the fed services (an
         autonomous service's registrations are durable: the next start takes them up)."""
-        for sub in self.subs.values():
+        for sub in self.subs.values():  # (kept: a micro-batch in flight names their handles)
             self._let_go(sub.filters, keep=lambda link: link.info.autonomous)
             sub.filters = []
-        self.subs.clear()
 
     # ---------------------------------------------------------------- the inputs
 
@@ -613,7 +623,12 @@ class SparkFeed:
         for p in due:
             del self._pending[(p.event.source, p.event.id)]
         self.released = bound
-        self._marks.append((head, bound))
+        marks = self._marks
+        marks.append((head, bound))
+        if len(marks) > MARKS:  # every other one: a coarser trim, never a wrong one
+            kept = list(marks)[-1::-2][::-1]
+            marks.clear()
+            marks.extend(kept)
         self.slots.mark(head)
 
     def trim(self) -> int:
