@@ -93,7 +93,7 @@ jobs' cap (spark_jobs/log_source.py): a job reads no further before the profiles
 there are in its table."""
 MAX_ROWS = 50_000
 """Composer-log positions per micro-batch at most (a restart after a long stop catches up in
-bounded batches)."""
+bounded batches): a micro-batch ends at the last watermark line within them."""
 
 MARKS = 4096
 """Watermark lines the composer feed remembers (position, time) to trim by, at most."""
@@ -141,13 +141,13 @@ def composer_lines(store: Store, cap: str, start: int) -> Callable[[Any], Any]:
 
         path = os.path.realpath(store.path)  # read by Spark's workers, wherever they run
         return lambda spark: sqlite_log_lines(spark, path, table="composer_log", cap=cap,
-                                              start=start, max_rows=MAX_ROWS)
+                                              start=start, max_rows=MAX_ROWS, releases=True)
     if isinstance(store, RedisStore):
         from spark_jobs.redis_io import redis_lines
 
         url, stream = store.url, store.prefix + "composer"
         return lambda spark: redis_lines(spark, url, stream, cap=cap, start=f"{start}-0",
-                                         max_rows=MAX_ROWS, positions=True)
+                                         max_rows=MAX_ROWS, positions=True, releases=True)
     raise ValueError(f"the Spark composer reads the composer log of a SQLite or Redis store, "
                      f"not of {type(store).__name__}")
 

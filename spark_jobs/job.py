@@ -35,13 +35,14 @@ from eva.events import MAX_DEPTH
 from eva.notify import SOURCE
 from spark_jobs.processor import (
     ANCHOR,
+    CLOCK,
     DROP,
     anchor_line,
     composer_processor,
     parsed_events,
     watermark_of,
 )
-from spark_jobs.profiles import profiles, removed, router
+from spark_jobs.profiles import acts_alone, profiles, removed, router
 from spark_jobs.sinks import Sink
 from spark_jobs.spool import spool_lines, write_whole
 from spark_jobs.state import FORMAT as STATE_FORMAT
@@ -55,16 +56,10 @@ class StreamJob:
     config: dict[str, Any]  # EngineConfig.to_json(): plain data, shipped with every task
     buckets: int = 16
     ordered: bool = False
-    """The input is the mediator's composer log (events in trace order, released in whole
-    instants, each release closed by a watermark line): its watermark lines move the clock,
-    which is exact to the microsecond, and keys hold their rows until the clock reaches them
-    (spark_jobs/processor.py, "Ordered input")."""
-
-
-MAX_MARK = (2**63 - 1) // 1000
-"""An ordered job's event-time column holds microseconds as Spark's milliseconds (its
-timestamps' microseconds are the clock's × 1000): its clock stops at this time, 2262-04-11
-(a limit of the live composer; docs/spark.md, "Order")."""
+    """The input is the mediator's composer log read in releases (events in trace order,
+    released in whole instants, each release closed by a watermark line; rows with their
+    release's watermark, ``clock``): keys decide up to the watermarks they are given, not up to
+    Spark's (spark_jobs/processor.py, "Ordered input")."""
 
 
 # ------------------------------------------------------------------ the checkpoint's layout
@@ -128,15 +123,14 @@ def _recorded(checkpoint: str, path: str) -> dict[str, Any]:
 # ------------------------------------------------------------------ parsing, in the JVM
 
 PARSED = ("seq LONG, id STRING, source STRING, type STRING, time LONG, data STRING, "
-          "attrs STRING, line STRING")
+          "attrs STRING, line STRING, clock LONG")
 """The input as the fan-out gets it: a line the JVM parsed as its envelope's columns (``time``
 in µs, ``data`` the data member's JSON text, ``attrs`` the extension attributes as a JSON
 object or null, ``line`` null); any other line as itself (``line``, the rest null), for the
-engine to parse and, if malformed, report as replay reports it."""
-ROUTED = f"profile STRING, bucket INT, ts TIMESTAMP, mark LONG, {PARSED}"
-"""The fan-out's rows: ``ts``, the event time that moves the watermark (anchors only); an
-ordered job's anchors carry it as ``mark`` instead, in microseconds, and the JVM makes ``ts``
-of it (``start``)."""
+engine to parse and, if malformed, report as replay reports it. ``clock``: the watermark of
+its release (a log read in releases; else null)."""
+ROUTED = f"profile STRING, bucket INT, ts TIMESTAMP, {PARSED}"
+"""The fan-out's rows: ``ts``, the event time that moves the watermark (anchors only)."""
 OUT = ("kind STRING, profile STRING, ident STRING, time LONG, partition STRING, "
        "constituents ARRAY<STRING>, payload STRING, key STRING, sources ARRAY<STRING>")
 """The processor's rows: a composite as columns (``payload`` null; the JVM writes its JSON,
@@ -204,15 +198,16 @@ def parse_lines(lines: Any) -> Any:
     extras = F.when(reduce(lambda a, b: a | b, [F.map_contains_key(m, k) for k in EXTRAS]),
                     F.to_json(F.map_filter(m, lambda k, _: k.isin(*EXTRAS))))
     ok = F.coalesce(vouched, F.lit(False))
-    return (lines.select("value", "seq", parsed.alias("a"))
-            .select("value", "seq", F.try_element_at("a", F.lit(1)).alias("m"), "a")
+    clock = F.col("clock") if "clock" in lines.columns else F.lit(None).cast("long")
+    return (lines.select("value", "seq", clock.alias("clock"), parsed.alias("a"))
+            .select("value", "seq", "clock", F.try_element_at("a", F.lit(1)).alias("m"), "a")
             .select("seq", *[F.when(ok, c).alias(name) for name, c in (
                         ("id", text("id")), ("source", text("source")), ("type", text("type")))],
                     # 0, not null, for a whole line: pandas would read the column as floats
                     F.when(ok, us).otherwise(F.lit(0)).alias("time"),
                     *[F.when(ok, c).alias(name) for name, c in (
                         ("data", text("data")), ("attrs", extras))],
-                    F.when(~ok, value).alias("line")))
+                    F.when(~ok, value).alias("line"), "clock"))
 
 
 # ------------------------------------------------------------------ the plan
@@ -222,20 +217,23 @@ def fan_out(job: StreamJob, frame: pd.DataFrame) -> pd.DataFrame:
     """One frame of PARSED rows as ROUTED rows: each event to its (profile, bucket) keys (the
     row itself copied, not rewritten), anchors carrying the frame's newest time, and a drop
     row to every bucket of a removed profile (its keys' state goes at once, processor.DROP).
-    An ordered job's watermark lines go to no key: an anchor carries the newest of them (its
-    time + 1 µs: the clock goes to it) when it is newer than the frame's events."""
+    An ordered job's watermark lines go to no key; its anchors carry the frame's newest
+    release watermark (``clock``), and so does a clock row (processor.CLOCK) to every bucket
+    of each ``per`` profile whose engine acts without events (``acts_alone``)."""
     import pandas as pd
 
+    if "clock" not in frame.columns:  # (a frame built without it: no releases)
+        frame = frame.assign(clock=pd.Series(pd.NA, index=frame.index, dtype="Int64"))
     events = parsed_events(frame)
-    clocks = ([watermark_of(line) for line in frame["line"].tolist()] if job.ordered
-              else [None] * len(events))
+    marks_at = ([watermark_of(line) is not None for line in frame["line"].tolist()]
+                if job.ordered else [False] * len(events))
     keys_of = router(job.table, job.buckets).keys  # once per frame: profiles come and go
     table = sorted(profiles(job.table).items())
     taken: list[int] = []
     names: list[str] = []
     groups: list[int] = []
     for position, event in enumerate(events):
-        if clocks[position] is not None:
+        if marks_at[position]:
             continue  # a watermark line: no event
         for profile, group in keys_of(event):
             taken.append(position)
@@ -245,20 +243,24 @@ def fan_out(job: StreamJob, frame: pd.DataFrame) -> pd.DataFrame:
     # and the engine reports it as a late dead letter instead.
     routed = frame.iloc[taken].assign(profile=names, bucket=groups)
     routed["ts"] = pd.Series(pd.NaT, index=routed.index, dtype="datetime64[ns, UTC]")
-    routed["mark"] = pd.Series(pd.NA, index=routed.index, dtype="Int64")
     marks: list[tuple[str, int, int, int | None, str | None]] = []
-    seen = [e for e, c in zip(events, clocks, strict=True) if e is not None and c is None]
-    times = [e.time for e in seen] + [c + 1 for c in clocks if c is not None]
-    if times:
+    seen = [e for e, mark in zip(events, marks_at, strict=True) if e is not None and not mark]
+    clocks = [int(c) for c in frame["clock"].dropna().tolist()] if job.ordered else []
+    clock = max(clocks, default=None)
+    if seen or clock is not None:
         # Anchors carry the frame's newest time (they alone move the watermark) to every
         # profile without `per` (its one key: clock-only profiles stay alive) — and to one
         # key at least, so that an event no profile wants (a heartbeat) still moves the
         # watermark, which is global: every key's timer for a buffered instant then fires.
         keys = [name for name, (_, per, _) in table if per is None] or [n for n, _ in table[:1]]
-        first = (anchor_line([s for s, c in zip(frame["seq"].tolist(), clocks, strict=True)
-                              if c is None], [e for e, c in zip(events, clocks, strict=True)
-                                              if c is None]) if seen else None)
-        marks.extend((name, 0, ANCHOR, min(max(times), MAX_MARK), first) for name in keys)
+        first = (anchor_line([s for s, mark in zip(frame["seq"].tolist(), marks_at, strict=True)
+                              if not mark], [e for e, mark in zip(events, marks_at, strict=True)
+                                             if not mark]) if seen else None)
+        newest = max(e.time for e in seen) if seen else None
+        marks.extend((name, 0, ANCHOR, newest, first) for name in keys)
+    if clock is not None:
+        marks.extend((name, group, CLOCK, None, None) for name in acts_alone(job.table)
+                     for group in range(job.buckets))
     marks.extend((name, group, DROP, None, None) for name in removed(job.table)
                  for group in range(job.buckets))
     if not marks:
@@ -267,13 +269,10 @@ def fan_out(job: StreamJob, frame: pd.DataFrame) -> pd.DataFrame:
     extra = pd.DataFrame([(m[0], m[1], m[2], m[4]) for m in marks],
                          columns=["profile", "bucket", "seq", "line"]).assign(
         id=None, source=None, type=None, time=0, data=None, attrs=None)
-    if job.ordered:
-        extra["mark"] = pd.array(at, dtype="Int64")
-        extra["ts"] = pd.Series(pd.NaT, index=extra.index, dtype="datetime64[ns, UTC]")
-    else:
-        extra["mark"] = pd.Series(pd.NA, index=extra.index, dtype="Int64")
-        extra["ts"] = pd.Series(pd.to_datetime(pd.array(at, dtype="Int64"), unit="us", utc=True),
-                                index=extra.index).astype("datetime64[ns, UTC]")
+    extra["ts"] = pd.Series(pd.to_datetime(pd.array(at, dtype="Int64"), unit="us", utc=True),
+                            index=extra.index).astype("datetime64[ns, UTC]")
+    extra["clock"] = pd.array([clock if m[2] in (ANCHOR, CLOCK) else None for m in marks],
+                              dtype="Int64")
     return pd.concat([routed, extra[ROUTED_COLUMNS]], ignore_index=True)[ROUTED_COLUMNS]
 
 
@@ -322,7 +321,8 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str, sink: Sink, *
           lateness: str = "0 seconds", max_files: int | None = None,
           trigger: dict[str, Any] | None = None, lines: Any = None) -> Any:
     """Start the job over a spool directory of CloudEvents JSON-lines files (or over ``lines``,
-    a stream with columns ``value`` and ``seq``, e.g. the Redis log); ``sink(batch_id, rows)``
+    a stream with columns ``value`` and ``seq`` — and ``clock``, a log read in releases —,
+    e.g. the Redis log); ``sink(batch_id, rows)``
     receives each micro-batch's (kind, profile, ident, payload, key, sources) rows.
 
     With sources declared (``EngineConfig.sources``), each has its own watermark — the stream
@@ -336,20 +336,9 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str, sink: Sink, *
     def routed(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         return (fan_out(job, frame) for frame in frames)
 
-    import pyspark.sql.functions as F
-
-    def timed(part: Any) -> Any:
-        # An ordered job's event time: microseconds as Spark's milliseconds, so Spark's
-        # watermark — milliseconds — is the clock to the microsecond (processor._clock).
-        out = part.mapInPandas(routed, ROUTED)
-        if job.ordered:
-            out = out.withColumn("ts", F.timestamp_micros(F.col("mark") * 1000))
-        return out.withWatermark("ts", lateness)
-
     parts = _by_source(spark, parse_lines(lines), EngineConfig.from_json(job.config).sources)
-    watermarked = reduce(lambda a, b: a.union(b), [timed(part) for part in parts])
-    if job.ordered:  # its timestamps overflow pandas' nanoseconds: the watermark has them
-        watermarked = watermarked.drop("ts", "mark")
+    watermarked = reduce(lambda a, b: a.union(b), [
+        part.mapInPandas(routed, ROUTED).withWatermark("ts", lateness) for part in parts])
     composed = (watermarked
                 .groupBy("profile", "bucket")
                 .transformWithStateInPandas(statefulProcessor=composer_processor(job),
@@ -359,6 +348,8 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str, sink: Sink, *
     def each(batch: Any, batch_id: int) -> None:
         # Through Arrow: collect() would build a Row per composite in the driver.
         sink(batch_id, list(batch.toPandas().itertuples(index=False)))
+
+    import pyspark.sql.functions as F
 
     written = composed.select("kind", "profile", "ident",
                               F.coalesce("payload", composite_json()).alias("payload"),

@@ -19,6 +19,12 @@ store's streams is spark_jobs/redis_io.py.
   processor skips the lines up to P for it: ``Registration.after``).
 * ``max_rows`` (option): at most that many positions per micro-batch (a restart after a long
   stop catches up in bounded batches).
+* ``releases`` (option, the composer log): the log is written in releases, each closed by a
+  watermark line (spark_jobs/processor.py ``watermark_line``). Each row then carries a third
+  column, ``clock``: its release's watermark; and a micro-batch ends at a watermark line
+  (``max_rows`` is met at the last one within it; a release longer than that is read whole),
+  so every event a micro-batch reads comes with the instant up to which its release is
+  complete (spark_jobs/processor.py, "Ordered input").
 
 It opens its own read-only connection (WAL: it reads while the mediator writes), in the
 Python worker that plans the batches and in each task that reads one; never the store's.
@@ -35,7 +41,11 @@ from urllib.parse import quote
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
+from spark_jobs.processor import MARK, watermark_of
+
 SCHEMA = "value STRING, seq LONG"
+RELEASES = f"{SCHEMA}, clock LONG"
+"""The rows of a log read in releases (option ``releases``)."""
 TABLES = ("events", "composer_log")
 """The SQLite store's log tables a job may read."""
 PAGE = 10_000
@@ -92,6 +102,7 @@ class _Reader(DataSourceStreamReader):
         self.cap = options.get("cap")
         self.start = int(options.get("start", "0"))
         self.limit = read_limit(options)
+        self.releases = options.get("releases", "false") == "true"
 
     def initialOffset(self) -> dict[str, Any]:
         return {"position": self.start}
@@ -111,16 +122,38 @@ class _Reader(DataSourceStreamReader):
         cap = read_cap(self.cap)
         if cap is not None:
             end = min(end, cap)
-        if isinstance(limit, ReadMaxRows):
-            end = min(end, begin + limit.max_rows)
+        if isinstance(limit, ReadMaxRows) and begin + limit.max_rows < end:
+            end = (self._release_end(begin, begin + limit.max_rows, end) if self.releases
+                   else begin + limit.max_rows)
         return {"position": max(begin, end)}  # a cap moved back (a restart's replay): wait
+
+    def _release_end(self, begin: int, limit: int, end: int) -> int:
+        """The last watermark line after ``begin`` up to ``limit`` — else the first after it,
+        up to ``end`` (the head and the cap are at one: a release is appended whole)."""
+        db = _connect(self.path)
+        try:
+            for bound, order in ((limit, "DESC"), (end, "ASC")):
+                low = begin if order == "DESC" else limit
+                found = db.execute(
+                    f"SELECT position FROM {self.table} WHERE position > ? AND position <= ? "
+                    f"AND substr(line, 1, {len(MARK)}) = ? ORDER BY position {order} LIMIT 1",
+                    (low, bound, MARK)).fetchone()
+                if found is not None:
+                    return int(found[0])
+            return end
+        finally:
+            db.close()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         first, last = int(start["position"]), int(end["position"])
         return [_Range(first, last)] if last > first else []
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[str, int]]:
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         assert isinstance(partition, _Range)
+        rows = self._rows(partition)
+        return in_releases(rows) if self.releases else rows
+
+    def _rows(self, partition: _Range) -> Iterator[tuple[str, int]]:
         db = _connect(self.path)
         try:
             cursor = partition.start
@@ -140,25 +173,41 @@ class _Reader(DataSourceStreamReader):
         pass  # the log is the mediator's: its pipeline trims it, not this reader
 
 
+def in_releases(rows: Iterator[tuple[str, int]]) -> Iterator[tuple[str, int, int | None]]:
+    """A log's (line, seq) rows with their release's watermark: each line is held until the
+    watermark line that closes its release (the last of a range is one: ``_release_end``)."""
+    waiting: list[tuple[str, int]] = []
+    for line, seq in rows:
+        clock = watermark_of(line)
+        if clock is None:
+            waiting.append((line, seq))
+            continue
+        yield from ((held, at, clock) for held, at in waiting)
+        waiting = []
+        yield (line, seq, clock)
+    yield from ((held, at, None) for held, at in waiting)  # (a range cut by a trim)
+
+
 class LogSource(DataSource):
-    """What the event-log sources share: the schema, and a reader of their options."""
+    """What the log sources share: the schema, and a reader of their options."""
 
     reader: ClassVar[type[Any]]  # its stream reader class, of the options
 
     def schema(self) -> str:
-        return SCHEMA
+        return RELEASES if self.options.get("releases", "false") == "true" else SCHEMA
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         return self.reader(dict(self.options))
 
 
-def bounded(reader: Any, cap: str | None, max_rows: int | None) -> Any:
-    """A stream reader (``spark.readStream``) with the options ``cap`` and ``max_rows``."""
+def bounded(reader: Any, cap: str | None, max_rows: int | None, releases: bool = False) -> Any:
+    """A stream reader (``spark.readStream``) with the options ``cap``, ``max_rows`` and
+    ``releases``."""
     if cap:
         reader = reader.option("cap", cap)
     if max_rows:
         reader = reader.option("max_rows", str(max_rows))
-    return reader
+    return reader.option("releases", "true") if releases else reader
 
 
 class SqliteLogSource(LogSource):
@@ -173,11 +222,12 @@ class SqliteLogSource(LogSource):
 
 
 def sqlite_log_lines(spark: Any, path: str, *, table: str = "events", cap: str | None = None,
-                     start: int = 0, max_rows: int | None = None) -> Any:
-    """The log ``table`` of the SQLite store at ``path`` as a stream of (value, seq) lines,
-    from the position after ``start`` (a fresh query; a restarted one resumes from its
-    checkpoint)."""
+                     start: int = 0, max_rows: int | None = None, releases: bool = False
+                     ) -> Any:
+    """The log ``table`` of the SQLite store at ``path`` as a stream of (value, seq) lines —
+    (value, seq, clock) with ``releases`` — from the position after ``start`` (a fresh query;
+    a restarted one resumes from its checkpoint)."""
     spark.dataSource.register(SqliteLogSource)
     reader = (spark.readStream.format("evamed_sqlite_log").option("path", path)
               .option("table", table).option("start", str(start)))
-    return bounded(reader, cap, max_rows).load()
+    return bounded(reader, cap, max_rows, releases).load()

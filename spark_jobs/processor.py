@@ -13,12 +13,13 @@ JSON (job.composite_json), each with its report key and its constituents' source
 mediator orders a micro-batch's composites by, and finds their provenance with).
 
 **Ordered input** (``StreamJob.ordered``: the mediator's composer log — events in trace order,
-released in whole instants, each release closed by a watermark line): the clock is exact to
-the microsecond (the job's event-time column counts microseconds as Spark's milliseconds:
-job.start), and a key **holds** the rows of a call until the clock reaches their time
-(``_held``, in the key's state): every key then decides, in a micro-batch, exactly the instants
-up to the clock Spark's watermark gives that micro-batch — none further — so no micro-batch
-reports a composite older than one an earlier micro-batch reported (docs/spark.md, "Order").
+released in whole instants, each release closed by a watermark line, and read in whole
+releases): each row carries its release's watermark (``clock``), and a key's engine decides up
+to the newest its call was given — the rows' own, or a clock row's (job.fan_out sends one to
+every key whose engine acts without events) — not up to Spark's watermark, which it does not
+need: a micro-batch's keys all decide exactly up to the micro-batch's newest watermark line,
+so no micro-batch reports a composite older than one an earlier micro-batch reported
+(docs/spark.md, "Order"), and none waits for the next.
 """
 
 from __future__ import annotations
@@ -67,8 +68,10 @@ _T = TypeVar("_T")
 WATERMARK = "evamed:watermark"
 """The key of a watermark line of the composer log: ``{"evamed:watermark": T}`` says every
 instant up to T is complete (an ordered job's clock goes there)."""
-_MARK = '{"' + WATERMARK + '"'
+MARK = '{"' + WATERMARK + '"'
+"""How a watermark line begins (the log sources find release ends by it)."""
 
+CLOCK = -3  # an ordered job's row that only moves a key's clock (a profile acting on its own)
 ANCHOR = -1  # a row that only keeps a profile without `per` alive (its clock may report)
 # and tells it its frame's first event (anchor_line)
 DROP = -2  # a row that only reaches a removed profile's key: its state goes (profiles.removed)
@@ -90,7 +93,7 @@ def watermark_line(time: int) -> str:
 
 def watermark_of(line: str | None) -> int | None:
     """The time a watermark line names; None for any other line."""
-    if line is None or not line.startswith(_MARK):
+    if line is None or not line.startswith(MARK):
         return None
     try:
         found = json.loads(line)
@@ -198,54 +201,34 @@ def _step(engine: Engine, rows: list[Row], watermark: int | None,
     return notes
 
 
-Held = list[tuple[int, Row]]
-"""An ordered key's rows waiting for the clock: (the event's time, the row), in arrival
-order."""
-
-
-def _step_ordered(engine: Engine, held: Held, rows: list[Row], clock: int | None,
-                  registered: int | None, after: int) -> tuple[list[Notification], Held]:
-    """One call's work on a key's engine over ordered input: the rows held before whose time
-    the clock has reached, pushed in arrival order; the clock to the watermark; then this
-    call's rows (after the registration's position ``after``) — each held until the clock
-    reaches its time, or pushed now if the clock is past it (then late, as in ``_step``; a
-    malformed line is reported now). Returns the composites and the rows still held. The
-    engine decides nothing past the clock, which every key of the micro-batch shares, and
-    numbers each event by its position in the log."""
+def _step_ordered(engine: Engine, rows: list[Row], clock: int | None,
+                  registered: int | None, after: int) -> list[Notification]:
+    """One call's work on a key's engine over ordered input: this call's events (after the
+    registration's position ``after``) in arrival order, each numbered by its position in the
+    log, then the clock to ``clock`` — the newest watermark the call's rows carry, which their
+    release's events all lie at or before (a malformed line is reported as in ``_step``)."""
     if registered is None and engine.origin is None:
         _begin_at_first(engine, rows, clock)
     notes: list[Notification] = []
-    later: Held = []
-
-    def push(row: Row, event: Event) -> None:
-        if registered is None or event.time > registered:  # else before it (Def. 3.5)
-            # Numbered by its position in the log, not the key's count of arrivals: report
-            # keys (and partitions' creation keys) then compare across keys — the order the
-            # mediator sorts a micro-batch by. (The engine numbers what it admits from this
-            # counter on; no call of its takes the number.)
-            engine._arrivals = max(engine._arrivals, row[0])
-            notes.extend(engine.push(event))
-
-    for time, row in held:
-        if clock is not None and time <= clock:
-            push(row, event_of(row))
-        else:
-            later.append((time, row))
-    if clock is not None and engine.origin is not None:
-        notes.extend(engine.advance(clock))
     for row in rows:
-        if row[0] < 0 or row[0] <= after:  # an anchor or a drop row; a line before it
+        if row[0] < 0 or row[0] <= after:  # an anchor, a clock or a drop row; a line before it
             continue
         try:
             event = event_of(row)
         except EventError as exc:
             engine.malformed(str(exc), row[7])
             continue
-        if clock is not None and event.time <= clock:
-            push(row, event)
-        else:
-            later.append((event.time, row))
-    return notes, later
+        if registered is not None and event.time <= registered:
+            continue  # before the profile was registered: not its event (Def. 3.5)
+        # Numbered by its position in the log, not the key's count of arrivals: report keys
+        # (and partitions' creation keys) then compare across keys — the order the mediator
+        # sorts a micro-batch by. (The engine numbers what it admits from this counter on; no
+        # call of its takes the number.)
+        engine._arrivals = max(engine._arrivals, row[0])
+        notes.extend(engine.push(event))
+    if clock is not None and engine.origin is not None:
+        notes.extend(engine.advance(clock))
+    return notes
 
 
 def _evaluate(engine: Engine, rows: list[Row], watermark: int | None,
@@ -270,21 +253,15 @@ def _ignore(letter: DeadLetter) -> None:
     pass
 
 
-def _clock(watermark_ms: int, ordered: bool = False) -> int | None:
+def _clock(watermark_ms: int) -> int | None:
     """Spark's watermark says no row at or before it is still to come; the clock stops just
-    short of it, so an event at the newest time seen is still on time. None: no watermark yet.
-    An ordered job's watermark counts microseconds (job.start)."""
-    if watermark_ms <= 0:
-        return None
-    return watermark_ms - 1 if ordered else watermark_ms * 1000 - 1
+    short of it, so an event at the newest time seen is still on time. None: no watermark yet."""
+    return watermark_ms * 1000 - 1 if watermark_ms > 0 else None
 
 
-def _timer(upcoming: int, watermark_ms: int, ordered: bool = False) -> int:
+def _timer(upcoming: int, watermark_ms: int) -> int:
     """The timer (ms) for the engine's next instant: a timer at T fires once the watermark
-    reaches T; the clock then goes to T·1000 − 1 µs (an ordered job's: T − 1), which must
-    reach the instant."""
-    if ordered:
-        return max(upcoming + 1, watermark_ms + 1)
+    reaches T; the clock then goes to T·1000 − 1 µs, which must reach the instant."""
     return max(-(-(upcoming + 1) // 1000), watermark_ms + 1)
 
 
@@ -383,11 +360,13 @@ class KeyProcessor:
     def __init__(self, job: StreamJob, handle: Any) -> None:
         self.job = job
         self.handle = handle
-        self.state = KeyState(handle, job.ordered)
+        self.state = KeyState(handle)
 
-    def call(self, key: GroupKey, rows: list[Row], watermark_ms: int) -> list[Out]:
+    def call(self, key: GroupKey, rows: list[Row], watermark_ms: int,
+             clock: int | None = None) -> list[Out]:
         """Evaluate the rows on the key's engine; store what changed and arm the key's
-        timer. The output rows: COLUMNS."""
+        timer. ``clock``: an ordered job's, the newest watermark the rows carry. The output
+        rows: COLUMNS."""
         found = profiles(self.job.table).get(key[0])
         if found is None:
             self.state.drop(key)
@@ -395,26 +374,23 @@ class KeyProcessor:
         entry = found[0]
         ordered = self.job.ordered
         taken = self.state.take(key, entry.token)
+        if taken is None and ordered and all(row[0] < 0 for row in rows):
+            return []  # a clock for a key that holds nothing: no engine to move
         engine, records = taken if taken is not None else (self._new(key, entry), None)
-        clock = _clock(watermark_ms, ordered)
-        held: Held = []
         try:  # a lazily restored engine reads partition records during the call
             if ordered:
-                (notes, held), letters = _reported(engine, lambda: _step_ordered(
-                    engine, self.state.held(entry.token), rows, clock, entry.registered,
-                    entry.after))
+                notes, letters = _reported(engine, lambda: _step_ordered(
+                    engine, rows, clock, entry.registered, entry.after))
             else:
-                notes, letters = _evaluate(engine, rows, clock, entry.registered)
+                notes, letters = _evaluate(engine, rows, _clock(watermark_ms),
+                                           entry.registered)
         except SnapshotError as exc:
             raise refused(key, exc) from None
         self.state.store(key, entry.token, engine, records)
-        if ordered:
-            self.state.hold(entry.token, held)
         self.state.clear_timers()
-        # Its next instant: the engine's own, or the earliest row it holds.
-        upcoming = [t for t in (engine.next_instant(),) if t is not None] + [t for t, _ in held]
-        if upcoming:
-            self.handle.registerTimer(_timer(min(upcoming), watermark_ms, ordered))
+        upcoming = engine.next_instant()
+        if upcoming is not None and not ordered:  # (ordered: clock rows call it)
+            self.handle.registerTimer(_timer(upcoming, watermark_ms))
         out = [as_columns(key[0], n, engine) for n in notes]
         return out + [("dead_letter", key[0], "", 0, None, [], text, "", [])
                       for text in letters]
@@ -427,13 +403,17 @@ class KeyProcessor:
         return engine
 
 
-def arrival_order(frames: Iterator[pd.DataFrame]) -> list[Row]:
-    """A key's rows, from Spark's frames, in arrival order (anchors and drops first)."""
+def arrival_order(frames: Iterator[pd.DataFrame]) -> tuple[list[Row], int | None]:
+    """A key's rows, from Spark's frames, in arrival order (anchors, clocks and drops first),
+    and the newest watermark they carry (an ordered job's ``clock`` column; None: none)."""
     rows: list[Row] = []
+    clocks: list[int] = []
     for frame in frames:
         rows.extend(rows_of(frame))
+        if "clock" in frame.columns:
+            clocks.extend(int(c) for c in frame["clock"].dropna().tolist())
     rows.sort(key=_seq)
-    return rows
+    return rows, max(clocks, default=None)
 
 
 def _seq(row: Row) -> int:
@@ -456,8 +436,9 @@ def composer_processor(job: StreamJob) -> Any:
 
         def handleInputRows(self, key: Any, rows: Any,
                             timerValues: Any) -> Iterator[pd.DataFrame]:
-            yield from frames(self.keys.call((key[0], int(key[1])), arrival_order(rows),
-                                             timerValues.getCurrentWatermarkInMs()))
+            ordered, clock = arrival_order(rows)
+            yield from frames(self.keys.call((key[0], int(key[1])), ordered,
+                                             timerValues.getCurrentWatermarkInMs(), clock))
 
         def handleExpiredTimer(self, key: Any, timerValues: Any,
                                expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:

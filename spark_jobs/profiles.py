@@ -15,7 +15,13 @@ from functools import lru_cache
 
 from eva.classes import Matcher
 from eva.events import Event, field_path
-from spark_jobs.routing import bucket_at, document, envelope_only, event_matchers
+from spark_jobs.routing import (
+    bucket_at,
+    clock_driven,
+    document,
+    envelope_only,
+    event_matchers,
+)
 from spark_jobs.spool import write_whole
 
 
@@ -54,7 +60,8 @@ def write_table(path: str, registrations: list[Registration]) -> None:
 
 
 @lru_cache(maxsize=32)
-def _table(path: str, version: int) -> tuple[dict[str, Entry], tuple[str, ...]]:
+def _table(path: str, version: int
+           ) -> tuple[dict[str, Entry], tuple[str, ...], tuple[str, ...]]:
     with open(path, encoding="utf-8") as handle:
         entries = [Registration(e["text"], None if e["registered"] is None else int(e["registered"]),
                                 frozenset(e.get("removed", ())), int(e.get("after", 0)))
@@ -66,13 +73,23 @@ def _table(path: str, version: int) -> tuple[dict[str, Entry], tuple[str, ...]]:
             if profile.name not in entry.removed:
                 out[profile.name] = (entry, profile.per, event_matchers(profile, doc))
     gone = {name for entry in entries for name in entry.removed if name not in out}
-    return out, tuple(sorted(gone))
+    alone = sorted(name for name, (entry, per, _) in out.items() if per is not None and clock_driven(
+        next(p for p in document(entry.text).profiles if p.name == name), document(entry.text)))
+    return out, tuple(sorted(gone)), tuple(alone)
 
 
 def profiles(table: str) -> dict[str, Entry]:
     """Profile name → its entry, by the table at path ``table`` as it is now (re-read when the
     file changes: profiles come and go while the job runs)."""
     return _table(table, os.stat(table).st_mtime_ns)[0]
+
+
+def acts_alone(table: str) -> tuple[str, ...]:
+    """The ``per`` profiles of the table whose engines act without events — a negation, a time
+    class, results at the end of an interval: an ordered job's fan-out gives every bucket of
+    theirs each frame's watermark (processor.CLOCK), so that every key of a micro-batch decides
+    up to it, not only those with events in it."""
+    return _table(table, os.stat(table).st_mtime_ns)[2]
 
 
 def removed(table: str) -> tuple[str, ...]:

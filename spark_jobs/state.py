@@ -14,15 +14,10 @@ state they hold): a call whose key's engine is cached under the stamp the store 
 otherwise (another worker got the key, a restart, a retried batch) the engine is restored.
 Restores are exact (tests/test_snapshot.py), so both are the same engine. All of it is data,
 never code (docs/spark.md).
-
-An ordered job's key (spark_jobs/processor.py, "Ordered input") also holds ``held``: the rows
-it was given whose time the clock has not reached yet, as JSON, with the registration token
-they were taken under (a key registered again holds none of the old registration's).
 """
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections import OrderedDict
 from typing import Any
@@ -68,32 +63,10 @@ _CACHED = 20_000
 class KeyState:
     """One key's state through Spark's state handle (or a double of it, tests)."""
 
-    def __init__(self, handle: Any, ordered: bool = False) -> None:
+    def __init__(self, handle: Any) -> None:
         self.handle = handle
         self.core = handle.getValueState("core", "blob BINARY, token STRING, stamp STRING")
         self.parts = handle.getMapState("parts", "id STRING", "record BINARY")
-        # Declared for an ordered job only: a checkpoint keeps the state variables it was
-        # written with (job.check_layout records which input a job reads).
-        self.waiting = (handle.getValueState("held", "token STRING, rows STRING") if ordered
-                        else None)
-
-    def held(self, token: str) -> list[tuple[int, Any]]:
-        """The rows an ordered key holds for registration ``token``: (time, row)."""
-        if self.waiting is None or not self.waiting.exists():
-            return []
-        stored, rows = self.waiting.get()
-        if stored != token:
-            return []
-        return [(int(time), tuple(row)) for time, row in json.loads(rows)]
-
-    def hold(self, token: str, rows: list[tuple[int, Any]]) -> None:
-        """Keep ``rows`` (time, row) for the next call (none: nothing kept)."""
-        if self.waiting is None:
-            return
-        if rows:
-            self.waiting.update((token, json.dumps([[time, list(row)] for time, row in rows])))
-        elif self.waiting.exists():
-            self.waiting.clear()
 
     def take(self, key: GroupKey, token: str) -> tuple[Engine, _Records] | None:
         """The key's engine as the store holds it for registration ``token``, and its record
@@ -137,8 +110,6 @@ class KeyState:
         _ENGINES.pop(key, None)
         self.core.clear()
         self.parts.clear()
-        if self.waiting is not None:
-            self.waiting.clear()
         self.clear_timers()
 
     def clear_timers(self) -> None:

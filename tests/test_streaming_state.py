@@ -406,46 +406,38 @@ def test_composites_leave_as_columns_unless_their_text_needs_escapes() -> None:
 
 class _Ordered:
     """Spark's calls of an ordered job's processor, as ``_Store`` makes them, over composer-log
-    lines: the watermark is the newest anchor's ``mark`` of earlier micro-batches (its clock
-    counts microseconds); each micro-batch's composites are kept apart, with report keys."""
+    lines read in releases (each row with its release's watermark, as the log sources give
+    them); each micro-batch's composites are kept apart, with their order keys."""
 
     def __init__(self, job: StreamJob) -> None:
         self.job = job
         self.handles: dict[tuple[str, int], _Handle] = defaultdict(_Handle)
-        self.batches: list[list[tuple[Any, str, str]]] = []  # (report key, profile, line)
+        self.batches: list[list[tuple[Any, str, str]]] = []  # (order key, profile, line)
         self.letters: list[str] = []
-        self.watermark = 0
         self.seq = 1  # composer-log positions from 1
         state._ENGINES.clear()
 
-    def _call(self, key: tuple[str, int], rows: pd.DataFrame | None,
-              out: list[tuple[Any, str, str]]) -> None:
-        processor = composer_processor(self.job)
-        processor.init(self.handles[key])
-        frames = (processor.handleExpiredTimer(key, _Clock(self.watermark), None) if rows is None
-                  else processor.handleInputRows(key, iter([rows]), _Clock(self.watermark)))
-        for frame in frames:
-            for row in frame.itertuples(index=False):
-                if row.kind == "composite":
-                    out.append((processing.report_key(row.key), row.profile,
-                                row.payload if row.payload is not None else _jvm_json(row)))
-                else:
-                    self.letters.append(row.payload)
-
     def batch(self, lines: list[str]) -> None:
+        from spark_jobs.log_source import in_releases
+
         out: list[tuple[Any, str, str]] = []
-        routed = fan_out(self.job, parsed(lines, self.seq)) if lines else None
+        frame = parsed(lines, self.seq)
+        frame["clock"] = pd.array([clock for _, _, clock in in_releases(
+            iter((line, 0) for line in lines))], dtype="Int64")
         self.seq += len(lines)
-        newest = self.watermark
-        if routed is not None:
-            assert routed["ts"].isna().all()  # an ordered job's anchors carry `mark` only
-            newest = max([newest, *(int(m) for m in routed["mark"].dropna())])
-            for key, rows in sorted(routed.groupby(["profile", "bucket"]), key=lambda kv: kv[0]):
-                self._call((str(key[0]), int(key[1])), rows, out)
-        for key, handle in sorted(self.handles.items()):
-            if any(timer <= self.watermark for timer in handle.timers):
-                self._call(key, None, out)
-        self.watermark = newest
+        routed = fan_out(self.job, frame)
+        for key, rows in sorted(routed.groupby(["profile", "bucket"]), key=lambda kv: kv[0]):
+            processor = composer_processor(self.job)
+            handle = self.handles[(str(key[0]), int(key[1]))]
+            processor.init(handle)
+            for part in processor.handleInputRows(key, iter([rows]), _Clock(0)):
+                for row in part.itertuples(index=False):
+                    if row.kind == "composite":
+                        out.append((processing.report_key(row.key), row.profile,
+                                    row.payload if row.payload is not None else _jvm_json(row)))
+                    else:
+                        self.letters.append(row.payload)
+            assert not handle.timers  # an ordered key is called by its rows and clocks only
         self.batches.append(out)
 
 
@@ -466,12 +458,14 @@ def _composer_log(events: list[Any], releases: list[int]) -> list[str]:
 @pytest.mark.parametrize("seed", range(6))
 def test_an_ordered_jobs_micro_batches_never_reorder_a_profile(tmp_path: Path,
                                                                seed: int) -> None:
-    """Over the composer log cut into random micro-batches: every key decides, in a
-    micro-batch, just the instants up to the clock that micro-batch shares, so each
-    micro-batch's report keys lie after the previous one's. Sorted by report key within each
-    micro-batch (what the mediator appends), each profile's composites come in replay's
-    order — ``per`` partitions spread over buckets included — and, once the last watermark
-    line is read, all of them: the last instant waits for no later event."""
+    """Over the composer log cut into random micro-batches of whole releases: every key
+    decides, in a micro-batch, just the instants up to the micro-batch's newest watermark line
+    — those given events by their rows' release, the others (a negation, per partition) by a
+    clock row — so each micro-batch's report keys lie after the previous one's. Sorted by
+    order key within each micro-batch (what the mediator appends), each profile's composites
+    come in replay's order — ``per`` partitions spread over buckets included — and, with the
+    micro-batch that reads the last watermark line, all of them: no instant waits for a later
+    event, nor for another micro-batch."""
     import random
 
     from eva.engine import Engine
@@ -494,25 +488,21 @@ def test_an_ordered_jobs_micro_batches_never_reorder_a_profile(tmp_path: Path,
     lines = _composer_log(events, releases)
     engine = Engine(EngineConfig())
     engine.add_document(parse(text), start=start)
-    log_order = [json.loads(line) for line in lines]
-    numbered = [e.renumbered(n) for n, e in enumerate(
-        (from_json_line(line) for line in lines if "evamed:watermark" not in line), 1)]
-    # The composer log numbers its lines, watermark lines included: the engine sees the same.
-    positions = [n for n, entry in enumerate(log_order, 1) if "evamed:watermark" not in entry]
-    numbered = [e.renumbered(p) for e, p in zip(numbered, positions, strict=True)]
+    # Numbered by their composer-log positions, watermark lines counted: as the job numbers.
+    numbered = [from_json_line(line, n) for n, line in enumerate(lines, 1)
+                if "evamed:watermark" not in line]
     notes = [n for e in numbered for n in engine.push(e)] + engine.close(releases[-1])
     want = {p: [composite_line(n)[1] for n in notes if n.profile == p] for p in "KLN"}
     table = str(tmp_path / "profiles.json")
     write_table(table, [Registration(text, start)])
     job = StreamJob(table, EngineConfig().to_json(), 4, ordered=True)
     spark = _Ordered(job)
+    ends = [n for n, line in enumerate(lines, 1) if "evamed:watermark" in line]
+    cuts = sorted(set(draw.sample(ends, 6)) | {ends[-1]})  # micro-batches end at releases
     at = 0
-    while at < len(lines):
-        size = draw.randint(1, 40)
-        spark.batch(lines[at:at + size])
-        at += size
-    spark.batch([])  # the watermark of the last line moved: Spark's no-data micro-batch
-    spark.batch([])
+    for cut in cuts:
+        spark.batch(lines[at:cut])
+        at = cut
     assert not spark.letters
     newest = None
     for batch in spark.batches:
