@@ -132,9 +132,9 @@ class SparkComposer:
         if not progress or not progress.sources:
             return None
         found = progress.sources[0].startOffset
-        if found is None:
-            return 0
         offset = json.loads(found) if isinstance(found, str) else found
+        if not isinstance(offset, dict):
+            return 0  # its first micro-batch: from the start
         if "position" in offset:
             return int(offset["position"])
         return int(str(offset["id"]).partition("-")[0])
