@@ -512,8 +512,9 @@ def test_a_client_receives_each_profiles_spark_composites_in_replay_order(
     """A ``per`` profile's partitions spread over the job's buckets, whose rows reach the
     mediator in no particular order; published in chunks, the day spans many micro-batches.
     Each profile's composites are logged in replay's order (before: 15:03, 14:55, 15:07):
-    each micro-batch's sorted by report key, and no micro-batch reports behind an earlier
-    one (the job decides, in a micro-batch, only up to the clock every key shares)."""
+    each micro-batch's sorted by order key, and no micro-batch reports behind an earlier one
+    (a micro-batch holds whole releases, and every key decides in it up to its newest
+    watermark line: docs/spark.md, "Order")."""
     from eva.engine import Engine, EngineConfig
 
     text = ('class A = type == "a"\nclass B = type == "b"\n'
