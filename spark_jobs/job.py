@@ -2,14 +2,16 @@
 keeps a checkpoint to the layout it was written with. Data flow (docs/spark.md):
 
     spool directory (spark_jobs/spool.py), the store's log (spark_jobs/log_source.py) or the
-    Redis log (spark_jobs/redis_io.py): lines (value, seq)
+    Redis log (spark_jobs/redis_io.py): lines (value, seq) — the mediator's composer log read
+    in releases, (value, seq, clock): ordered input (spark_jobs/processor.py)
       → parse_lines, in the JVM: each line's envelope as columns (id, source, type, time in
         µs, data as JSON text) where the JVM reads it as the engine would; any other line
         whole
       → fan-out (mapInPandas): each event to the (profile, bucket) keys it belongs to, by the
         profile table (spark_jobs/profiles.py) — the row copied, not rewritten; event rows
         carry no event time, anchor rows carry each frame's newest time, drop rows clear a
-        removed profile's keys
+        removed profile's keys (ordered input: clock rows give each frame's newest release
+        watermark to the keys that act without events)
       → withWatermark(ts, lateness): moved by the anchors only
       → groupBy(profile, bucket).transformWithStateInPandas: one engine per key
         (spark_jobs/processor.py; its state by partition, spark_jobs/state.py)

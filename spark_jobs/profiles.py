@@ -73,8 +73,11 @@ def _table(path: str, version: int
             if profile.name not in entry.removed:
                 out[profile.name] = (entry, profile.per, event_matchers(profile, doc))
     gone = {name for entry in entries for name in entry.removed if name not in out}
-    alone = sorted(name for name, (entry, per, _) in out.items() if per is not None and clock_driven(
-        next(p for p in document(entry.text).profiles if p.name == name), document(entry.text)))
+    alone = []
+    for name, (entry, per, _) in sorted(out.items()):
+        doc = document(entry.text)
+        if per is not None and clock_driven(next(p for p in doc.profiles if p.name == name), doc):
+            alone.append(name)
     return out, tuple(sorted(gone)), tuple(alone)
 
 
