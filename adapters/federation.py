@@ -211,17 +211,8 @@ class Federation:
             text = dialects[service].render(leaf.expr, self.doc, leaf.profile, leaf.root_eoi)
         query = self.queries.get((service, text))
         if query is None:
-            shared = _SHARED.setdefault(link, {}) if memoryless(leaf, self.doc, link) else None
-            handle, users = shared.get(text, ("", 0)) if shared is not None else ("", 0)
-            if not handle:
-                name = (handle_name(text, shared is not None, self.owner, leaf.index)
-                        if link.info.autonomous else "")
-                try:
-                    handle = link.subscribe(text, name)
-                except NativeQueryError as exc:
-                    raise _refused(exc, link.info, leaf.profile.name) from None
-            if shared is not None:
-                shared[text] = (handle, users + 1)
+            handle = subscribe_query(link, text, memoryless(leaf, self.doc, link), self.owner,
+                                     leaf.index, leaf.profile.name)
             query = self.queries[(service, text)] = _Query(service, text, handle, [])
             self.handles[service].append(handle)
             self._of[(service, handle)] = query
@@ -327,16 +318,7 @@ class Federation:
         registrations are durable: a mediator that stops leaves them, and the next start
         subscribes them again)."""
         for (service, handle), query in self._of.items():
-            link = self.links[service]
-            shared = _SHARED.get(link, {})
-            held, users = shared.get(query.text, ("", 0))
-            if held == handle and users > 1:
-                shared[query.text] = (handle, users - 1)
-                continue
-            if held == handle:
-                del shared[query.text]
-            if not keep(link):
-                link.unsubscribe(handle)
+            unsubscribe_query(self.links[service], query.text, handle, keep)
         self._of.clear()
         for handles in self.handles.values():
             handles.clear()
@@ -397,6 +379,43 @@ class Federation:
                     due_next[name] = next_tick(every[name], due)
         return {link: [t for name, t in made if name in names]
                 for link, names in self._clocks.items()}
+
+
+def subscribe_query(link: Link, text: str, shared: bool, owner: str, leaf: int,
+                    profile: str) -> Handle:
+    """Subscribe the native query ``text`` at ``link`` for leaf number ``leaf`` of ``owner``
+    (a federation, or the Spark composer's subscriptions: mediator/placement.py): a memoryless
+    one (``shared``) takes the handle subscribed for the same text already, if any (counted:
+    the last to let go unsubscribes it, :func:`unsubscribe_query`); at an autonomous service
+    under its durable name (:func:`handle_name`). :class:`PushRefused` naming ``profile`` when
+    the service refuses the query."""
+    found = _SHARED.setdefault(link, {}) if shared else None
+    handle, users = found.get(text, ("", 0)) if found is not None else ("", 0)
+    if not handle:
+        name = handle_name(text, shared, owner, leaf) if link.info.autonomous else ""
+        try:
+            handle = link.subscribe(text, name)
+        except NativeQueryError as exc:
+            raise _refused(exc, link.info, profile) from None
+    if found is not None:
+        found[text] = (handle, users + 1)
+    return handle
+
+
+def unsubscribe_query(link: Link, text: str, handle: Handle,
+                      keep: Callable[[Link], bool] = lambda link: False) -> None:
+    """Let go of a handle :func:`subscribe_query` gave: unsubscribed at its link once no other
+    user holds it — unless ``keep`` names the link (an autonomous service's registrations are
+    durable: only let go of here)."""
+    shared = _SHARED.get(link, {})
+    held, users = shared.get(text, ("", 0))
+    if held == handle and users > 1:
+        shared[text] = (handle, users - 1)
+        return
+    if held == handle:
+        del shared[text]
+    if not keep(link):
+        link.unsubscribe(handle)
 
 
 def publish(links: Mapping[str, Link], events: Sequence[Event],

@@ -5,9 +5,10 @@ letters — with two implementations: ``InProcessComposer`` (here: the engine in
 and ``spark_jobs.composer.SparkComposer`` (the streaming job in local mode, or on a cluster),
 which satisfies the protocol structurally: spark_jobs sits below the mediator and does not
 import it. The service's pipeline (:mod:`mediator.pipeline`) composes through live
-``SparkComposer`` s (:class:`LiveComposer`: they read the event log themselves) with
-``composer = "spark"``, the default: the profiles whose leaves are memoryless; everything else —
-and everything with ``"inprocess"`` — runs in the federations' plan runners.
+``SparkComposer`` s (:class:`LiveComposer`: they read the composer log themselves,
+:mod:`mediator.placement`) with ``composer = "spark"``, the default: the profiles whose leaves
+are filters of one class; everything else — and everything with ``"inprocess"`` — runs in the
+federations' plan runners.
 ``InProcessComposer`` is the protocol's reference implementation the Spark one is tested
 against (docs/spark.md, "What runs where in the mediator service").
 """
@@ -49,11 +50,21 @@ class Composer(Protocol):
 
 
 class LiveComposer(Composer, Protocol):
-    """A composer that reads the event log itself (``SparkComposer`` given its ``lines``):
-    started once its profiles are registered, it hands its output over as it goes."""
+    """A composer that reads a log itself (``SparkComposer`` given its ``lines``: the
+    composer log, mediator/placement.py): started once its profiles are registered, it hands
+    its output over as it goes."""
+
+    def register_at(self, text: str, at: int | None, after: int = 0) -> list[str]:
+        """Register a document whose profiles see the events after time ``at`` among the
+        log's lines after position ``after``."""
+        ...
 
     def begin(self) -> None:
         """Start (or resume from its checkpoint) on the profiles registered."""
+        ...
+
+    def committed(self) -> int | None:
+        """The log position its latest micro-batch started after (None: none yet)."""
         ...
 
     def failure(self) -> BaseException | None:

@@ -33,8 +33,11 @@ had reported by then.
 
 Placement (:mod:`mediator.placement`): ``composer = "inprocess"`` composes every plan's
 mediator-side part in its federation's runner in this process; ``"spark"`` hands the plans the
-Spark job composes exactly (:func:`~mediator.placement.spark_composes`) to live Spark jobs that
-read the event log themselves and append their composites from their own thread.
+Spark job composes exactly (:func:`~mediator.placement.spark_composes`) to the
+:class:`~mediator.placement.SparkFeed`, which the thread feeds where it feeds the federations
+(1–3: ``begin``/``take``, ``learn``, ``release``): it subscribes their filters at the
+services, writes the composer log the live Spark jobs read, and appends their composites from
+the jobs' threads.
 """
 
 from __future__ import annotations
@@ -62,12 +65,12 @@ from mediator.ingestion import OwnFeed
 from mediator.inputs import ServiceFeed, State, Takers, bound
 from mediator.metrics import Metrics
 from mediator.notification_log import Entry, encode
-from mediator.placement import SparkSlots, spark_composes
+from mediator.placement import SparkFeed, spark_composes
 from mediator.provenance import Origins, horizon, types
 from mediator.store.base import Store, SubscriptionRecord
 from transforms.explanation import as_json, explain, service_renderer
 from transforms.federated import ServiceInfo, plan_federated
-from transforms.plans import Plan, Remote, Subscribe, nodes
+from transforms.plans import Plan
 from transforms.runner import RunnerStats
 
 log = logging.getLogger(__name__)
@@ -140,8 +143,8 @@ class _Subscription:
     types: frozenset[str] | None  # the event types its classes can match (None: any)
     horizon: int | None  # how long a composite may name an event after it (None: unbounded)
     composed: list[str] = field(default_factory=list)  # profiles a live Spark job composes
-    slot: int = -1  # the Spark composer (slot) holding them
     links: dict[str, int] = field(default_factory=dict)  # its start in each link log
+    sparked: list[tuple[str, Handle]] = field(default_factory=list)  # its Spark filters
 
     @property
     def key(self) -> Key:
@@ -183,8 +186,6 @@ class Pipeline:
         self.on_append = on_append
         self.batch = batch
         self.trim_every = trim_every
-        self._sparks = (SparkSlots(spark, store, spark_dir, self._append_composed, trigger, tick)
-                        if composer == "spark" else None)
         self._subs: dict[Key, _Subscription] = {}
         self._handles: dict[str, int] = dict.fromkeys(self.links, 0)  # per link, all federations'
         self._origins = Origins()
@@ -200,6 +201,9 @@ class Pipeline:
         for rank, link in enumerate(autonomous, start=1):
             self._feeds[link.info.name] = ServiceFeed(
                 link, store, rank, (idle or {}).get(link.info.name, idle_default), self.wake)
+        self._sparks = (SparkFeed(store, self.links, self._feeds, spark=spark, root=spark_dir,
+                                  trigger=trigger, tick=tick, append=self._store_items)
+                        if composer == "spark" else None)
         # Who takes each autonomous handle's detections: (subscription, federation).
         self._users: dict[tuple[str, Handle], Takers] = {}
         known = store.get_meta(ORIGIN_KEY) if self._feeds else None
@@ -232,7 +236,7 @@ class Pipeline:
             except Exception as exc:  # one subscription that cannot be restored: the rest can
                 log.error("subscription %s/%s not restored: %s", record.owner, record.name, exc)
         if self._sparks is not None:  # every stored profile is back in the jobs' tables
-            self._sparks.begin()
+            self._sparks.begin_jobs()
         self._thread = threading.Thread(target=self._run, name="evamed-pipeline", daemon=True)
         self._thread.start()
 
@@ -290,6 +294,8 @@ class Pipeline:
         close_links(self.links.values(), CUT)
 
     def _unsubscribe_all(self) -> None:
+        if self._sparks is not None:
+            self._sparks.unsubscribe()
         for sub in list(self._subs.values()):
             for federation in sub.federations:
                 try:
@@ -373,10 +379,9 @@ class Pipeline:
                                     horizon(doc, self.tick), [p.profile.name for p in sparked],
                                     links=starts)
                 if sparked and self._sparks is not None:
-                    sub.slot = self._sparks.register(record, doc, sub.composed)
-                    if not restoring:  # (restored ones start together: Pipeline.start)
-                        self._sparks.begin(wait=False)
-                        self._sparks.mark(self._own.position)
+                    # (restored ones start together: Pipeline.start)
+                    self._sparks.add(record, doc, sparked, restoring)
+                    sub.sparked = self._sparks.handles(key)
             except BaseException:  # nothing half-subscribed stays at the services
                 for federation in federations:
                     federation.unsubscribe()
@@ -415,6 +420,8 @@ class Pipeline:
     def _count(self, sub: _Subscription, sign: int) -> None:
         """Count a subscription's handles in (1) or out (-1) of their links', and index those
         at autonomous services by handle."""
+        for name, _ in sub.sparked:
+            self._handles[name] += sign
         for federation in sub.federations:
             for name, handles in federation.handles.items():
                 self._handles[name] += sign * len(handles)
@@ -440,7 +447,7 @@ class Pipeline:
             for federation in sub.federations:
                 federation.unsubscribe()
             if sub.composed and self._sparks is not None:
-                self._sparks.remove(sub.slot, sub.composed)
+                self._sparks.remove(sub.key)
             self._retarget()
             return True
 
@@ -451,14 +458,8 @@ class Pipeline:
             self._origins.widen(sub.types, sub.horizon)
 
     def _composer(self, p: Plan, doc: ast.Document) -> str:
-        """Where a plan's mediator-side part is composed (:mod:`mediator.placement`): the Spark
-        job reads the event log, so it composes a plan only if no leaf is at an autonomous
-        service (whose events are not there)."""
-        autonomous = any(isinstance(n, (Remote, Subscribe)) and any(
-            s in self._feeds for s in (n.sources if isinstance(n, Subscribe) else (n.service,)))
-            for n in [*nodes(p.root), *p.observed])
-        return ("spark" if self._sparks is not None and not autonomous
-                and spark_composes(p, doc) else "inprocess")
+        """Where a plan's mediator-side part is composed (:mod:`mediator.placement`)."""
+        return "spark" if self._sparks is not None and spark_composes(p, doc) else "inprocess"
 
     def placement(self, owner: str, name: str) -> dict[str, str]:
         """Where each profile of a live subscription is composed: ``"inprocess"`` (its
@@ -560,8 +561,6 @@ class Pipeline:
             if upto is not None:  # a replay up to a registration: decided as it goes
                 self._decide()
         self._own.position = logged[-1].position
-        if self._sparks is not None:
-            self._sparks.mark(self._own.position)
         self._batches += 1
         if self._batches % self.trim_every == 0:
             self._trim()
@@ -572,6 +571,7 @@ class Pipeline:
         federation that takes it, each fed link with subscriptions published once, with the
         ticks every federation asks of it; each federation takes its handles' detections."""
         feds = [f for s in self._subs.values() for f in s.federations if f.own_inputs]
+        late = self._sparks.begin(events) if self._sparks is not None else []
         ticks: dict[str, list[Event]] = {}
         for fed in feds:
             for name, asked in fed.begin(events, until).items():
@@ -587,6 +587,10 @@ class Pipeline:
                 self.metrics.notifications_in.labels(name).inc(count)
         for fed in feds:
             fed.take(detections)
+        if self._sparks is not None:
+            late += self._sparks.take(detections)
+        if late:
+            self._late(late)
 
     def _listen(self) -> int:
         """The next entries of every link log, each detection to the federations holding its
@@ -599,12 +603,15 @@ class Pipeline:
             for notice in notices:
                 for handle, detection in notice.detections:
                     users = self._users.get((name, handle))
-                    if not users:
+                    sparked = self._sparks is not None and self._sparks.holds(name, handle)
+                    if not users and not sparked:
                         continue  # a registration no live subscription holds any more
                     self._origins.reported(name, handle, [detection])
-                    for sub, federation in users.of(detection):
+                    for sub, federation in users.of(detection) if users else ():
                         if notice.position > sub.links.get(name, 0):
                             late += federation.learn(name, handle, [detection])
+                    if sparked and self._sparks is not None:
+                        late += self._sparks.learn(name, handle, detection, notice.position)
                 feed.heard(notice)
             if self.metrics and notices:
                 self.metrics.notifications_in.labels(name).inc(
@@ -629,7 +636,8 @@ class Pipeline:
         states = {name: feed.state() for name, feed in self._feeds.items()}
         everything = [own, *states.values()]
         decided: dict[Key, list[Notification]] = {}
-        newest: int | None = None
+        slowest: int | None = None  # the least bound decided: a composite still to come of
+        # the federation behind the others may name what lies a horizon before it
         for sub in self._subs.values():
             for federation in sub.federations:
                 used = ([own] if federation.own_inputs else []) + [
@@ -638,7 +646,7 @@ class Pipeline:
                 if found is None:
                     continue
                 # The slowest federation's: it may still name an event the others are past.
-                newest = found if newest is None else min(newest, found)
+                slowest = found if slowest is None else min(slowest, found)
                 notes = federation.decide(found)
                 if notes:
                     decided.setdefault(sub.key, []).extend(notes)
@@ -651,8 +659,13 @@ class Pipeline:
             if decided:
                 self.metrics.composer_latency.observe(clock.perf_counter() - began)
             self._measure(self.metrics)
-        if newest is not None:
-            self._origins.forget(newest)
+        if slowest is not None:
+            self._origins.forget(slowest)
+        if self._sparks is not None and self._sparks.subs:
+            used = ([own] if self._sparks.own_inputs else []) + [
+                states[name] for name in sorted(self._sparks.inputs)]
+            self._sparks.release(bound(used or everything),
+                                 self._origin if self._feeds else own.origin)
 
     def _measure(self, metrics: Metrics) -> None:
         """After a round: what the runners hold, summed over every subscription per part (a
@@ -679,20 +692,6 @@ class Pipeline:
                                               described.times, described.services), ident)))
         self._store_items(sub.key, items)
 
-    def _append_composed(self, key: Key, profile: str, body: dict[str, Any]) -> None:
-        """A composite of the Spark composer (its CloudEvent as the runner writes it), in its
-        job's thread: the store dedupes by id, so a micro-batch re-run after a restart
-        appends nothing twice. Its services: the mediator's own feed (no service took part).
-        Its sources as the origins index still knows them (it keeps an event as long as a
-        composite may name it after the pipeline evaluated it; a job far behind the pipeline
-        — catching up after a restart — may find "" for one)."""
-        constituents = [str(c) for c in body["data"]["constituents"]]
-        described = self._origins.describe(constituents, set())
-        ident = str(body["id"])
-        self._store_items(key, [(ident, encode(Entry(
-            json.dumps(body), profile, key[1], described.sources, described.types,
-            described.times, described.services), ident))])
-
     def _store_items(self, key: Key, items: list[tuple[str, bytes]]) -> None:
         if self._cut_short:  # decided from answers a closed link may have cut: not kept
             raise Stopping("the pipeline is stopping: the batch in progress was cut short")
@@ -718,6 +717,8 @@ class Pipeline:
         for name, feed in self._feeds.items():
             needed = [s.links[name] + 1 for s in self._subs.values() if name in s.links]
             self.store.trim_link(name, min([*needed, feed.position + 1]))
+        if self._sparks is not None:
+            self._sparks.trim()
 
 
 def _link_starts(record: SubscriptionRecord) -> dict[str, int]:

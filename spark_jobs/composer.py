@@ -4,12 +4,15 @@ cluster. Profiles are registered in a profile table the running job re-reads. Tw
 
 * **fed** (``lines`` None): events are fed as spool files and ``collect`` waits for the job to
   have evaluated them (tests compare it with the in-process composer this way);
-* **live** (``lines``: the store's event log, spark_jobs/log_source.py or
-  spark_jobs/redis_io.py): the job reads the log itself, continuously, one micro-batch per
-  ``trigger`` interval, and hands each micro-batch's rows to ``deliver`` as they come (in the
-  query's thread; none given: kept for ``collect``). Nothing waits on the job: ``feed`` is
-  refused, ``register`` and ``remove`` only rewrite the table. The mediator's pipeline uses
-  this mode (docs/spark.md, "What runs where in the mediator service").
+* **live** (``lines``: a store's log, spark_jobs/log_source.py or spark_jobs/redis_io.py —
+  the mediator's composer log, ``ordered``): the job reads the log itself, continuously, one
+  micro-batch per ``trigger`` interval, and hands each micro-batch's rows to ``deliver`` as
+  they come (in the query's thread; none given: kept for ``collect``) — each a
+  :data:`Delivered`, with its report key and its constituents' sources. Nothing waits on the
+  job: ``feed`` is refused, ``register``/``register_at`` and ``remove`` only rewrite the
+  table; ``committed`` says where in the log the job's last micro-batch began (what the log
+  may be trimmed below). The mediator's pipeline uses this mode (docs/spark.md, "What runs
+  where in the mediator service").
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ from spark_jobs.spool import spool_file
 
 # mediator.composer.Output, spelled out: spark_jobs does not import the mediator above it.
 Output = tuple[str, str, dict[str, Any]]
+Delivered = tuple[str, str, dict[str, Any], str, list[str]]
+"""A live job's row: (kind, profile, payload, report key as JSON — processor.report_key reads
+it —, the constituents' sources: processor.constituent_sources)."""
 
 TRIGGER = "200 milliseconds"
 """The live job's processing-time trigger: a micro-batch every 200 ms, or as soon as the
@@ -49,8 +55,8 @@ class SparkComposer:
     def __init__(self, spark: Any, workdir: str, config: EngineConfig | None = None,
                  buckets: int = 16, lateness: str = "0 seconds", *,
                  lines: Callable[[Any], Any] | None = None,
-                 deliver: Callable[[list[Output]], None] | None = None,
-                 trigger: str = TRIGGER) -> None:
+                 deliver: Callable[[list[Delivered]], None] | None = None,
+                 trigger: str = TRIGGER, ordered: bool = False) -> None:
         self.spark = spark
         self._lines = lines
         self._deliver = deliver
@@ -61,7 +67,7 @@ class SparkComposer:
         os.makedirs(self.spool, exist_ok=True)
         self._registrations: list[Registration] = []
         write_table(self.table, [])
-        self.job = StreamJob(self.table, (config or EngineConfig()).to_json(), buckets)
+        self.job = StreamJob(self.table, (config or EngineConfig()).to_json(), buckets, ordered)
         self.lateness = lateness
         self._rows: list[Output] = []
         self._lock = threading.Lock()
@@ -73,13 +79,13 @@ class SparkComposer:
         self._query: Any = None
 
     def _sink(self, batch_id: int, rows: list[Any]) -> None:
-        out: list[Output] = [(r.kind, r.profile, json.loads(r.payload)) for r in rows]
         if self._deliver is not None:
-            if out:
-                self._deliver(out)  # a failure fails the batch: re-run at the next start
+            if rows:  # a failure fails the batch: re-run at the next start
+                self._deliver([(r.kind, r.profile, json.loads(r.payload), r.key,
+                                [str(s) for s in r.sources]) for r in rows])
             return
         with self._lock:
-            self._rows.extend(out)
+            self._rows.extend((r.kind, r.profile, json.loads(r.payload)) for r in rows)
 
     def _settle(self) -> None:
         if self._query is not None and self._lines is None:
@@ -105,13 +111,33 @@ class SparkComposer:
         return RuntimeError(str(found)) if found is not None else None
 
     def register(self, text: str, at: int | None = None) -> list[str]:
+        # Nothing fed yet: at the first event, as the in-process composer (and replay) registers.
+        return self.register_at(text, at if at is not None else self._newest)
+
+    def register_at(self, text: str, at: int | None, after: int = 0) -> list[str]:
+        """Register a profile document whose profiles see the events after time ``at`` (None:
+        the job's first) among the lines after input position ``after`` (a live job: the
+        position the pipeline registered it at, spark_jobs/log_source.py)."""
         self._settle()  # what was fed before is evaluated under the table it was fed under
         doc = parse(text)
-        # Nothing fed yet: at the first event, as the in-process composer (and replay) registers.
-        start_at = at if at is not None else self._newest
-        self._registrations.append(Registration(text, start_at))
+        self._registrations.append(Registration(text, at, after=after))
         write_table(self.table, self._registrations)
         return [p.name for p in doc.profiles]
+
+    def committed(self) -> int | None:
+        """Live: the input position the job's latest micro-batch started after — everything
+        up to it is evaluated and in the checkpoint, and the job's clock has passed the
+        newest watermark there (None: no micro-batch yet since it started)."""
+        progress = self._query.lastProgress if self._query is not None else None
+        if not progress or not progress.sources:
+            return None
+        found = progress.sources[0].startOffset
+        offset = json.loads(found) if isinstance(found, str) else found
+        if not isinstance(offset, dict):
+            return 0  # its first micro-batch: from the start
+        if "position" in offset:
+            return int(offset["position"])
+        return int(str(offset["id"]).partition("-")[0])
 
     def remove(self, name: str) -> bool:
         self._settle()
@@ -119,7 +145,7 @@ class SparkComposer:
         updated = []
         for r in self._registrations:
             if name in {p.name for p in parse(r.text).profiles} and name not in r.removed:
-                r = Registration(r.text, r.registered, r.removed | {name})
+                r = Registration(r.text, r.registered, r.removed | {name}, r.after)
                 found = True
             updated.append(r)
         self._registrations = updated

@@ -2,14 +2,16 @@
 keeps a checkpoint to the layout it was written with. Data flow (docs/spark.md):
 
     spool directory (spark_jobs/spool.py), the store's log (spark_jobs/log_source.py) or the
-    Redis log (spark_jobs/redis_io.py): lines (value, seq)
+    Redis log (spark_jobs/redis_io.py): lines (value, seq) — the mediator's composer log read
+    in releases, (value, seq, clock): ordered input (spark_jobs/processor.py)
       → parse_lines, in the JVM: each line's envelope as columns (id, source, type, time in
         µs, data as JSON text) where the JVM reads it as the engine would; any other line
         whole
       → fan-out (mapInPandas): each event to the (profile, bucket) keys it belongs to, by the
         profile table (spark_jobs/profiles.py) — the row copied, not rewritten; event rows
         carry no event time, anchor rows carry each frame's newest time, drop rows clear a
-        removed profile's keys
+        removed profile's keys (ordered input: clock rows give each frame's newest release
+        watermark to the keys that act without events)
       → withWatermark(ts, lateness): moved by the anchors only
       → groupBy(profile, bucket).transformWithStateInPandas: one engine per key
         (spark_jobs/processor.py; its state by partition, spark_jobs/state.py)
@@ -33,8 +35,16 @@ from typing import TYPE_CHECKING, Any
 from eva.engine import EngineConfig
 from eva.events import MAX_DEPTH
 from eva.notify import SOURCE
-from spark_jobs.processor import ANCHOR, DROP, anchor_line, composer_processor, parsed_events
-from spark_jobs.profiles import profiles, removed, router
+from spark_jobs.processor import (
+    ANCHOR,
+    CLOCK,
+    DROP,
+    anchor_line,
+    composer_processor,
+    parsed_events,
+    watermark_of,
+)
+from spark_jobs.profiles import acts_alone, profiles, removed, router
 from spark_jobs.sinks import Sink
 from spark_jobs.spool import spool_lines, write_whole
 from spark_jobs.state import FORMAT as STATE_FORMAT
@@ -47,6 +57,11 @@ class StreamJob:
     table: str  # path of the profile table (profiles.write_table); read again whenever it changes
     config: dict[str, Any]  # EngineConfig.to_json(): plain data, shipped with every task
     buckets: int = 16
+    ordered: bool = False
+    """The input is the mediator's composer log read in releases (events in trace order,
+    released in whole instants, each release closed by a watermark line; rows with their
+    release's watermark, ``clock``): keys decide up to the watermarks they are given, not up to
+    Spark's (spark_jobs/processor.py, "Ordered input")."""
 
 
 # ------------------------------------------------------------------ the checkpoint's layout
@@ -66,7 +81,9 @@ def check_layout(checkpoint: str, job: StreamJob) -> None:
     evaluate a partition in two engines (or in none of its old state), and another
     configuration would mix two in one job."""
     config = EngineConfig.from_json(job.config).to_json()  # checked, in its canonical form
-    layout = {"buckets": job.buckets, "config": config, "state": STATE_FORMAT}
+    layout: dict[str, Any] = {"buckets": job.buckets, "config": config, "state": STATE_FORMAT}
+    if job.ordered:  # its clock's unit, its state variables and its offsets differ
+        layout["input"] = "ordered"
     path = os.path.join(checkpoint, LAYOUT)
     if not os.path.exists(path):
         os.makedirs(checkpoint, exist_ok=True)
@@ -108,17 +125,20 @@ def _recorded(checkpoint: str, path: str) -> dict[str, Any]:
 # ------------------------------------------------------------------ parsing, in the JVM
 
 PARSED = ("seq LONG, id STRING, source STRING, type STRING, time LONG, data STRING, "
-          "attrs STRING, line STRING")
+          "attrs STRING, line STRING, clock LONG")
 """The input as the fan-out gets it: a line the JVM parsed as its envelope's columns (``time``
 in µs, ``data`` the data member's JSON text, ``attrs`` the extension attributes as a JSON
 object or null, ``line`` null); any other line as itself (``line``, the rest null), for the
-engine to parse and, if malformed, report as replay reports it."""
+engine to parse and, if malformed, report as replay reports it. ``clock``: the watermark of
+its release (a log read in releases; else null)."""
 ROUTED = f"profile STRING, bucket INT, ts TIMESTAMP, {PARSED}"
+"""The fan-out's rows: ``ts``, the event time that moves the watermark (anchors only)."""
 OUT = ("kind STRING, profile STRING, ident STRING, time LONG, partition STRING, "
-       "constituents ARRAY<STRING>, payload STRING")
+       "constituents ARRAY<STRING>, payload STRING, key STRING, sources ARRAY<STRING>")
 """The processor's rows: a composite as columns (``payload`` null; the JVM writes its JSON,
 ``composite_json``), or a row whose ``payload`` Python wrote (a dead letter, a composite with
-text the JVM's quoting would write otherwise than Python's json)."""
+text the JVM's quoting would write otherwise than Python's json); a composite's report key
+(JSON) and its constituents' sources (processor.as_columns)."""
 
 EXTRAS = ("subject", "datacontenttype", "dataschema")
 """The optional attributes a JVM-parsed line may carry besides the required ones and data:
@@ -180,15 +200,16 @@ def parse_lines(lines: Any) -> Any:
     extras = F.when(reduce(lambda a, b: a | b, [F.map_contains_key(m, k) for k in EXTRAS]),
                     F.to_json(F.map_filter(m, lambda k, _: k.isin(*EXTRAS))))
     ok = F.coalesce(vouched, F.lit(False))
-    return (lines.select("value", "seq", parsed.alias("a"))
-            .select("value", "seq", F.try_element_at("a", F.lit(1)).alias("m"), "a")
+    clock = F.col("clock") if "clock" in lines.columns else F.lit(None).cast("long")
+    return (lines.select("value", "seq", clock.alias("clock"), parsed.alias("a"))
+            .select("value", "seq", "clock", F.try_element_at("a", F.lit(1)).alias("m"), "a")
             .select("seq", *[F.when(ok, c).alias(name) for name, c in (
                         ("id", text("id")), ("source", text("source")), ("type", text("type")))],
                     # 0, not null, for a whole line: pandas would read the column as floats
                     F.when(ok, us).otherwise(F.lit(0)).alias("time"),
                     *[F.when(ok, c).alias(name) for name, c in (
                         ("data", text("data")), ("attrs", extras))],
-                    F.when(~ok, value).alias("line")))
+                    F.when(~ok, value).alias("line"), "clock"))
 
 
 # ------------------------------------------------------------------ the plan
@@ -197,16 +218,25 @@ def parse_lines(lines: Any) -> Any:
 def fan_out(job: StreamJob, frame: pd.DataFrame) -> pd.DataFrame:
     """One frame of PARSED rows as ROUTED rows: each event to its (profile, bucket) keys (the
     row itself copied, not rewritten), anchors carrying the frame's newest time, and a drop
-    row to every bucket of a removed profile (its keys' state goes at once, processor.DROP)."""
+    row to every bucket of a removed profile (its keys' state goes at once, processor.DROP).
+    An ordered job's watermark lines go to no key; its anchors carry the frame's newest
+    release watermark (``clock``), and so does a clock row (processor.CLOCK) to every bucket
+    of each ``per`` profile whose engine acts without events (``acts_alone``)."""
     import pandas as pd
 
+    if "clock" not in frame.columns:  # (a frame built without it: no releases)
+        frame = frame.assign(clock=pd.Series(pd.NA, index=frame.index, dtype="Int64"))
     events = parsed_events(frame)
+    marks_at = ([watermark_of(line) is not None for line in frame["line"].tolist()]
+                if job.ordered else [False] * len(events))
     keys_of = router(job.table, job.buckets).keys  # once per frame: profiles come and go
     table = sorted(profiles(job.table).items())
     taken: list[int] = []
     names: list[str] = []
     groups: list[int] = []
     for position, event in enumerate(events):
+        if marks_at[position]:
+            continue  # a watermark line: no event
         for profile, group in keys_of(event):
             taken.append(position)
             names.append(profile)
@@ -216,22 +246,35 @@ def fan_out(job: StreamJob, frame: pd.DataFrame) -> pd.DataFrame:
     routed = frame.iloc[taken].assign(profile=names, bucket=groups)
     routed["ts"] = pd.Series(pd.NaT, index=routed.index, dtype="datetime64[ns, UTC]")
     marks: list[tuple[str, int, int, int | None, str | None]] = []
-    times = [e.time for e in events if e is not None]
-    if times:
+    seen = [e for e, mark in zip(events, marks_at, strict=True) if e is not None and not mark]
+    clocks = [int(c) for c in frame["clock"].dropna().tolist()] if job.ordered else []
+    clock = max(clocks, default=None)
+    if seen or clock is not None:
         # Anchors carry the frame's newest time (they alone move the watermark) to every
         # profile without `per` (its one key: clock-only profiles stay alive) — and to one
         # key at least, so that an event no profile wants (a heartbeat) still moves the
         # watermark, which is global: every key's timer for a buffered instant then fires.
         keys = [name for name, (_, per, _) in table if per is None] or [n for n, _ in table[:1]]
-        first = anchor_line(frame["seq"].tolist(), events)
-        marks.extend((name, 0, ANCHOR, max(times), first) for name in keys)
+        first = (anchor_line([s for s, mark in zip(frame["seq"].tolist(), marks_at, strict=True)
+                              if not mark], [e for e, mark in zip(events, marks_at, strict=True)
+                                             if not mark]) if seen else None)
+        newest = max(e.time for e in seen) if seen else None
+        marks.extend((name, 0, ANCHOR, newest, first) for name in keys)
+    if clock is not None:
+        marks.extend((name, group, CLOCK, None, None) for name in acts_alone(job.table)
+                     for group in range(job.buckets))
     marks.extend((name, group, DROP, None, None) for name in removed(job.table)
                  for group in range(job.buckets))
     if not marks:
         return routed[ROUTED_COLUMNS]
-    extra = pd.DataFrame(marks, columns=["profile", "bucket", "seq", "ts", "line"]).assign(
+    at = [m[3] for m in marks]  # as ints: a column of ints and Nones would be floats
+    extra = pd.DataFrame([(m[0], m[1], m[2], m[4]) for m in marks],
+                         columns=["profile", "bucket", "seq", "line"]).assign(
         id=None, source=None, type=None, time=0, data=None, attrs=None)
-    extra["ts"] = pd.to_datetime(extra["ts"], unit="us", utc=True)
+    extra["ts"] = pd.Series(pd.to_datetime(pd.array(at, dtype="Int64"), unit="us", utc=True),
+                            index=extra.index).astype("datetime64[ns, UTC]")
+    extra["clock"] = pd.array([clock if m[2] in (ANCHOR, CLOCK) else None for m in marks],
+                              dtype="Int64")
     return pd.concat([routed, extra[ROUTED_COLUMNS]], ignore_index=True)[ROUTED_COLUMNS]
 
 
@@ -280,8 +323,9 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str, sink: Sink, *
           lateness: str = "0 seconds", max_files: int | None = None,
           trigger: dict[str, Any] | None = None, lines: Any = None) -> Any:
     """Start the job over a spool directory of CloudEvents JSON-lines files (or over ``lines``,
-    a stream with columns ``value`` and ``seq``, e.g. the Redis log); ``sink(batch_id, rows)``
-    receives each micro-batch's (kind, profile, ident, payload) rows.
+    a stream with columns ``value`` and ``seq`` — and ``clock``, a log read in releases —,
+    e.g. the Redis log); ``sink(batch_id, rows)``
+    receives each micro-batch's (kind, profile, ident, payload, key, sources) rows.
 
     With sources declared (``EngineConfig.sources``), each has its own watermark — the stream
     is split by source, each part watermarked, and Spark's ``min`` policy takes the slowest —
@@ -310,7 +354,8 @@ def start(spark: Any, job: StreamJob, spool: str, checkpoint: str, sink: Sink, *
     import pyspark.sql.functions as F
 
     written = composed.select("kind", "profile", "ident",
-                              F.coalesce("payload", composite_json()).alias("payload"))
+                              F.coalesce("payload", composite_json()).alias("payload"),
+                              "key", "sources")
     writer = written.writeStream.foreachBatch(each).option("checkpointLocation", checkpoint)
     writer = writer.trigger(**trigger) if trigger else writer
     return writer.start()

@@ -9,23 +9,47 @@ parsed here as the engine's reader parses every line (malformed: the same dead l
 replay's). The key's engine comes from its state (spark_jobs/state.py: the worker's cache, or
 a lazy restore of the core and the partitions it needs); a call stores the core and the
 partitions it changed. Composites leave as columns (``as_columns``) and the JVM writes their
-JSON (job.composite_json).
+JSON (job.composite_json), each with its report key and its constituents' sources (what the
+mediator orders a micro-batch's composites by, and finds their provenance with).
+
+**Ordered input** (``StreamJob.ordered``: the mediator's composer log — events in trace order,
+released in whole instants, each release closed by a watermark line, and read in whole
+releases): each row carries its release's watermark (``clock``), and a key's engine decides up
+to the newest its call was given — the rows' own, or a clock row's (job.fan_out sends one to
+every key whose engine acts without events) — not up to Spark's watermark, which it does not
+need: a micro-batch's keys all decide exactly up to the micro-batch's newest watermark line,
+so no micro-batch reports a composite older than one an earlier micro-batch reported
+(docs/spark.md, "Order"), and none waits for the next.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
 from eva.engine import DeadLetter, Engine, EngineConfig
-from eva.events import MAX_TIME, MIN_TIME, Event, EventError, from_fields, from_json_line
-from eva.notify import composite_id, composite_line, dead_letter_record
-from eva.semantics import Notification
+from eva.events import (
+    MAX_TIME,
+    MIN_TIME,
+    PRIMITIVE,
+    Event,
+    EventError,
+    from_fields,
+    from_json_line,
+)
+from eva.notify import (
+    composite_id,
+    composite_line,
+    dead_letter_record,
+    tuples_from_json,
+    tuples_to_json,
+)
+from eva.semantics import Notification, partition_key
 from eva.snapshot import SnapshotError
 from spark_jobs.profiles import Registration, profiles
 from spark_jobs.routing import document
@@ -36,19 +60,47 @@ if TYPE_CHECKING:  # job.py builds its plan around this processor: the settings 
 
     from spark_jobs.job import StreamJob
 
-__all__ = ["CheckpointError", "composer_processor", "refusal"]
+__all__ = ["CheckpointError", "composer_processor", "refusal", "report_key", "watermark_line",
+           "watermark_of"]
 
+_T = TypeVar("_T")
+
+WATERMARK = "evamed:watermark"
+"""The key of a watermark line of the composer log: ``{"evamed:watermark": T}`` says every
+instant up to T is complete (an ordered job's clock goes there)."""
+MARK = '{"' + WATERMARK + '"'
+"""How a watermark line begins (the log sources find release ends by it)."""
+
+CLOCK = -3  # an ordered job's row that only moves a key's clock (a profile acting on its own)
 ANCHOR = -1  # a row that only keeps a profile without `per` alive (its clock may report)
 # and tells it its frame's first event (anchor_line)
 DROP = -2  # a row that only reaches a removed profile's key: its state goes (profiles.removed)
 
 FIELDS = ["seq", "id", "source", "type", "time", "data", "attrs", "line"]  # job.PARSED
 Row = tuple[int, str | None, str | None, str | None, int, str | None, str | None, str | None]
-COLUMNS = ["kind", "profile", "ident", "time", "partition", "constituents", "payload"]  # job.OUT
-Out = tuple[str, str, str, int, str | None, list[str], str | None]
+COLUMNS = ["kind", "profile", "ident", "time", "partition", "constituents", "payload", "key",
+           "sources"]  # job.OUT
+Out = tuple[str, str, str, int, str | None, list[str], str | None, str, list[str]]
 
 
 # ------------------------------------------------------------------ rows and events
+
+
+def watermark_line(time: int) -> str:
+    """The composer log's watermark line for ``time``."""
+    return json.dumps({WATERMARK: time})
+
+
+def watermark_of(line: str | None) -> int | None:
+    """The time a watermark line names; None for any other line."""
+    if line is None or not line.startswith(MARK):
+        return None
+    try:
+        found = json.loads(line)
+    except ValueError:
+        return None
+    time = found.get(WATERMARK) if isinstance(found, dict) and len(found) == 1 else None
+    return time if type(time) is int else None
 
 
 def event_of(row: Row) -> Event:
@@ -149,16 +201,52 @@ def _step(engine: Engine, rows: list[Row], watermark: int | None,
     return notes
 
 
+def _step_ordered(engine: Engine, rows: list[Row], clock: int | None,
+                  registered: int | None, after: int) -> list[Notification]:
+    """One call's work on a key's engine over ordered input: this call's events (after the
+    registration's position ``after``) in arrival order, each numbered by its position in the
+    log, then the clock to ``clock`` — the newest watermark the call's rows carry, which their
+    release's events all lie at or before (a malformed line is reported as in ``_step``)."""
+    if registered is None and engine.origin is None:
+        _begin_at_first(engine, rows, clock)
+    notes: list[Notification] = []
+    for row in rows:
+        if row[0] < 0 or row[0] <= after:  # an anchor, a clock or a drop row; a line before it
+            continue
+        try:
+            event = event_of(row)
+        except EventError as exc:
+            engine.malformed(str(exc), row[7])
+            continue
+        if registered is not None and event.time <= registered:
+            continue  # before the profile was registered: not its event (Def. 3.5)
+        # Numbered by its position in the log, not the key's count of arrivals: report keys
+        # (and partitions' creation keys) then compare across keys — the order the mediator
+        # sorts a micro-batch by. (The engine numbers what it admits from this counter on; no
+        # call of its takes the number.)
+        engine._arrivals = max(engine._arrivals, row[0])
+        notes.extend(engine.push(event))
+    if clock is not None and engine.origin is not None:
+        notes.extend(engine.advance(clock))
+    return notes
+
+
 def _evaluate(engine: Engine, rows: list[Row], watermark: int | None,
               registered: int | None) -> tuple[list[Notification], list[str]]:
     """``_step`` with the dead letters it reported as JSON lines."""
+    return _reported(engine, lambda: _step(engine, rows, watermark, registered))
+
+
+def _reported(engine: Engine, work: Callable[[], _T]) -> tuple[_T, list[str]]:
+    """``work`` on the engine (``_step``, ``_step_ordered``), with the dead letters it
+    reported as JSON lines."""
     letters: list[str] = []
     engine.dead_letter = lambda letter: letters.append(json.dumps(dead_letter_record(letter)))
     try:
-        notes = _step(engine, rows, watermark, registered)
+        done = work()
     finally:
         engine.dead_letter = _ignore  # a cached engine keeps no reference to this call's list
-    return notes, letters
+    return done, letters
 
 
 def _ignore(letter: DeadLetter) -> None:
@@ -180,17 +268,65 @@ def _timer(upcoming: int, watermark_ms: int) -> int:
 # ------------------------------------------------------------------ output
 
 
-def as_columns(profile: str, note: Notification) -> Out:
+def as_columns(profile: str, note: Notification, engine: Engine | None = None) -> Out:
     """A composite as the processor's output row. Its JSON is the JVM's to write
     (job.composite_json) when its text needs no escape — constituent ids and a string
     partition ``_plain``, a time in years 0001–9999; otherwise the row carries the line
-    ``composite_line`` wrote."""
+    ``composite_line`` wrote. Either way with its order (``key``: JSON of the report key and
+    the creation key of its partition, as ``engine`` knows it; ``report_key`` reads it back)
+    and its constituents' sources (``sources``)."""
     occ = note.occ
+    key = json.dumps(tuples_to_json((note.emitted, _created(engine, note))))
+    sources = constituent_sources(occ.ident, occ.events)
     if _plain("".join(occ.events)) and MIN_TIME <= occ.time <= MAX_TIME:
         return ("composite", profile, composite_id(note), occ.time,
-                _partition_json(note.partition), list(occ.events), None)
+                _partition_json(note.partition), list(occ.events), None, key, sources)
     ident, line = composite_line(note)
-    return ("composite", profile, ident, 0, None, [], line)
+    return ("composite", profile, ident, 0, None, [], line, key, sources)
+
+
+def report_key(text: str) -> Any:
+    """A composite row's order: (its report key, the key its partition was created at) as
+    nested tuples — replay's order within a profile: by report key, then partitions in order
+    of creation (``per`` partitions of one profile at one clock step, in different
+    buckets)."""
+    return tuples_from_json(json.loads(text))
+
+
+def _created(engine: Engine | None, note: Notification) -> Any:
+    """The key at which the composite's partition was created (``()``: a profile without
+    ``per``, or one not found). Only a clock step (a tick, a passive event) reports in many
+    partitions at one report key, and the partitions of a clock-driven profile are kept, so
+    the engine still holds it. (Read from the engine's records: no call of its gives it.)"""
+    if engine is None or note.partition is None or note.emitted[1] == PRIMITIVE:
+        return ()
+    try:
+        found = engine._named[note.profile][-1].partitions.get(partition_key(note.partition))
+    except (AttributeError, KeyError, IndexError, TypeError):
+        return ()
+    return found.created if found is not None and found.created is not None else ()
+
+
+def constituent_sources(ident: Any, events: tuple[str, ...]) -> list[str]:
+    """The source of each constituent (in the order of ``events``) as the occurrence's
+    identity names it — a primitive's identity is its (source, id), a binary composite's
+    (tag, left, right); "" for a tick or an absence — or [] when the identity does not name
+    exactly these constituents (the mediator then finds them by id alone)."""
+    out: list[str] = []
+
+    def walk(node: Any) -> bool:
+        if not isinstance(node, tuple) or not node:
+            return False
+        if len(node) == 2 and isinstance(node[0], str) and isinstance(node[1], str):
+            out.append(node[0])
+            return len(out) <= len(events) and events[len(out) - 1] == node[1]
+        if node[0] in ("tick", "not"):
+            out.append("")
+            return True
+        return (len(node) == 3 and isinstance(node[0], str)
+                and walk(node[1]) and walk(node[2]))
+
+    return out if walk(ident) and len(out) == len(events) else []
 
 
 def _plain(text: str) -> bool:
@@ -226,27 +362,38 @@ class KeyProcessor:
         self.handle = handle
         self.state = KeyState(handle)
 
-    def call(self, key: GroupKey, rows: list[Row], watermark_ms: int) -> list[Out]:
+    def call(self, key: GroupKey, rows: list[Row], watermark_ms: int,
+             clock: int | None = None) -> list[Out]:
         """Evaluate the rows on the key's engine; store what changed and arm the key's
-        timer. The output rows: COLUMNS."""
+        timer. ``clock``: an ordered job's, the newest watermark the rows carry. The output
+        rows: COLUMNS."""
         found = profiles(self.job.table).get(key[0])
         if found is None:
             self.state.drop(key)
             return []
         entry = found[0]
+        ordered = self.job.ordered
         taken = self.state.take(key, entry.token)
+        if taken is None and ordered and all(row[0] < 0 for row in rows):
+            return []  # a clock for a key that holds nothing: no engine to move
         engine, records = taken if taken is not None else (self._new(key, entry), None)
         try:  # a lazily restored engine reads partition records during the call
-            notes, letters = _evaluate(engine, rows, _clock(watermark_ms), entry.registered)
+            if ordered:
+                notes, letters = _reported(engine, lambda: _step_ordered(
+                    engine, rows, clock, entry.registered, entry.after))
+            else:
+                notes, letters = _evaluate(engine, rows, _clock(watermark_ms),
+                                           entry.registered)
         except SnapshotError as exc:
             raise refused(key, exc) from None
         self.state.store(key, entry.token, engine, records)
         self.state.clear_timers()
         upcoming = engine.next_instant()
-        if upcoming is not None:
+        if upcoming is not None and not ordered:  # (ordered: clock rows call it)
             self.handle.registerTimer(_timer(upcoming, watermark_ms))
-        out = [as_columns(key[0], n) for n in notes]
-        return out + [("dead_letter", key[0], "", 0, None, [], text) for text in letters]
+        out = [as_columns(key[0], n, engine) for n in notes]
+        return out + [("dead_letter", key[0], "", 0, None, [], text, "", [])
+                      for text in letters]
 
     def _new(self, key: GroupKey, entry: Registration) -> Engine:
         engine = Engine(EngineConfig.from_json(self.job.config))
@@ -256,13 +403,17 @@ class KeyProcessor:
         return engine
 
 
-def arrival_order(frames: Iterator[pd.DataFrame]) -> list[Row]:
-    """A key's rows, from Spark's frames, in arrival order (anchors and drops first)."""
+def arrival_order(frames: Iterator[pd.DataFrame]) -> tuple[list[Row], int | None]:
+    """A key's rows, from Spark's frames, in arrival order (anchors, clocks and drops first),
+    and the newest watermark they carry (an ordered job's ``clock`` column; None: none)."""
     rows: list[Row] = []
+    clocks: list[int] = []
     for frame in frames:
         rows.extend(rows_of(frame))
+        if "clock" in frame.columns:
+            clocks.extend(int(c) for c in frame["clock"].dropna().tolist())
     rows.sort(key=_seq)
-    return rows
+    return rows, max(clocks, default=None)
 
 
 def _seq(row: Row) -> int:
@@ -281,12 +432,13 @@ def composer_processor(job: StreamJob) -> Any:
 
     class Processor(StatefulProcessor):
         def init(self, handle: Any) -> None:
-            self.keys = KeyProcessor(job, handle)
+            self.keys = KeyProcessor(job, handle)  # declares the key's state (KeyState)
 
         def handleInputRows(self, key: Any, rows: Any,
                             timerValues: Any) -> Iterator[pd.DataFrame]:
-            yield from frames(self.keys.call((key[0], int(key[1])), arrival_order(rows),
-                                             timerValues.getCurrentWatermarkInMs()))
+            ordered, clock = arrival_order(rows)
+            yield from frames(self.keys.call((key[0], int(key[1])), ordered,
+                                             timerValues.getCurrentWatermarkInMs(), clock))
 
         def handleExpiredTimer(self, key: Any, timerValues: Any,
                                expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:

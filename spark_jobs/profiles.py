@@ -15,7 +15,13 @@ from functools import lru_cache
 
 from eva.classes import Matcher
 from eva.events import Event, field_path
-from spark_jobs.routing import bucket_at, document, envelope_only, event_matchers
+from spark_jobs.routing import (
+    bucket_at,
+    clock_driven,
+    document,
+    envelope_only,
+    event_matchers,
+)
 from spark_jobs.spool import write_whole
 
 
@@ -29,12 +35,16 @@ class Registration:
     text: str
     registered: int | None
     removed: frozenset[str] = frozenset()  # profiles of the document no longer evaluated
+    after: int = 0
+    """The input position it was registered at (the composer log's, for the mediator's live
+    jobs): its profiles see the lines after it only (0: every line)."""
 
     @property
     def token(self) -> str:
         """Identifies this registration: a profile re-registered later gets a fresh engine."""
         at = "first" if self.registered is None else self.registered
-        return f"{at}:{zlib.crc32(self.text.encode())}"
+        where = f"@{self.after}" if self.after else ""
+        return f"{at}{where}:{zlib.crc32(self.text.encode())}"
 
 
 Entry = tuple[Registration, str | None, list[Matcher]]
@@ -45,14 +55,17 @@ classes."""
 def write_table(path: str, registrations: list[Registration]) -> None:
     """The profile table the running job follows: written whole and atomically."""
     write_whole(path, json.dumps([{"text": r.text, "registered": r.registered,
-                                   "removed": sorted(r.removed)} for r in registrations]))
+                                   "removed": sorted(r.removed), "after": r.after}
+                                  for r in registrations]))
 
 
 @lru_cache(maxsize=32)
-def _table(path: str, version: int) -> tuple[dict[str, Entry], tuple[str, ...]]:
+def _table(path: str, version: int
+           ) -> tuple[dict[str, Entry], tuple[str, ...], tuple[str, ...]]:
     with open(path, encoding="utf-8") as handle:
         entries = [Registration(e["text"], None if e["registered"] is None else int(e["registered"]),
-                                frozenset(e.get("removed", ()))) for e in json.load(handle)]
+                                frozenset(e.get("removed", ())), int(e.get("after", 0)))
+                   for e in json.load(handle)]
     out = {}
     for entry in entries:
         doc = document(entry.text)
@@ -60,13 +73,26 @@ def _table(path: str, version: int) -> tuple[dict[str, Entry], tuple[str, ...]]:
             if profile.name not in entry.removed:
                 out[profile.name] = (entry, profile.per, event_matchers(profile, doc))
     gone = {name for entry in entries for name in entry.removed if name not in out}
-    return out, tuple(sorted(gone))
+    alone = []
+    for name, (entry, per, _) in sorted(out.items()):
+        doc = document(entry.text)
+        if per is not None and clock_driven(next(p for p in doc.profiles if p.name == name), doc):
+            alone.append(name)
+    return out, tuple(sorted(gone)), tuple(alone)
 
 
 def profiles(table: str) -> dict[str, Entry]:
     """Profile name → its entry, by the table at path ``table`` as it is now (re-read when the
     file changes: profiles come and go while the job runs)."""
     return _table(table, os.stat(table).st_mtime_ns)[0]
+
+
+def acts_alone(table: str) -> tuple[str, ...]:
+    """The ``per`` profiles of the table whose engines act without events — a negation, a time
+    class, results at the end of an interval: an ordered job's fan-out gives every bucket of
+    theirs each frame's watermark (processor.CLOCK), so that every key of a micro-batch decides
+    up to it, not only those with events in it."""
+    return _table(table, os.stat(table).st_mtime_ns)[2]
 
 
 def removed(table: str) -> tuple[str, ...]:

@@ -39,6 +39,16 @@ def envelope_only(profile: ast.Profile, doc: ast.Document) -> bool:
                if not isinstance(body := classes[name].body, ast.Every))
 
 
+def clock_driven(profile: ast.Profile, doc: ast.Document) -> bool:
+    """Whether the profile's engine acts without events (its compiled spec is ``timed``, or it
+    uses a time class): a negation, a time class, evaluation at the end of intervals."""
+    classes = doc.class_map()
+    return profile.evaluation is ast.Evaluation.END_OF_INTERVAL or any(
+        isinstance(n, ast.Negation) or (isinstance(n, ast.Prim)
+                                        and isinstance(classes[n.name].body, ast.Every))
+        for n in ast.walk(profile.expr))
+
+
 def _paths(pred: ast.Predicate, classes: dict[str, ast.ClassDef]) -> set[str]:
     if isinstance(pred, ast.Compare):
         return {pred.path}

@@ -140,6 +140,51 @@ def test_the_event_log_sources_read_positions_capped_paged_and_bounded(
     store.close()
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_the_composer_log_is_read_in_whole_releases_each_line_with_its_watermark(
+        kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Read in releases (the mediator's live jobs, issue 23 item 4), each row carries its
+    release's watermark — the instant up to which its release is complete — and a micro-batch
+    ends at a watermark line: max_rows is met at the last one within it, and a release longer
+    than that is read whole. Positions are the rows' seq, from both stores."""
+    from mediator.store.base import ComposerLine
+    from spark_jobs.processor import watermark_line
+
+    def line(ident: str) -> ComposerLine:
+        return ComposerLine(json.dumps({"id": ident}), 1, "s", ident, "t")
+
+    if kind == "sqlite":
+        store: Any = SqliteStore(tmp_path / "m.db")
+        options = {"path": store.path, "table": "composer_log"}
+        make: Any = log_source._Reader
+    else:
+        store = RedisStore(request.getfixturevalue("redis_url") + "?prefix=t:")
+        options = {"url": store.url, "stream": "t:composer", "positions": "true"}
+        make = redis_io._Reader
+    for ids, mark in ((["e1", "e2"], 10), (["e3"], 20), (["e4", "e5", "e6"], 30)):
+        store.append_composer([*map(line, ids), ComposerLine(watermark_line(mark), mark)])
+    reader = make({**options, "releases": "true", "max_rows": "4"})
+    ends: list[dict[str, Any]] = []
+    rows: list[Any] = []
+    start = reader.initialOffset()
+    while True:
+        end = reader.latestOffset(start, ReadMaxRows(4 if len(ends) < 2 else 2))
+        if end == start:
+            break
+        rows += _read(reader, start, end)
+        ends.append(end)
+        start = end
+    assert [json.loads(v).get("id", "wm") for v, _, _ in rows] == [
+        "e1", "e2", "wm", "e3", "wm", "e4", "e5", "e6", "wm"]
+    assert [(seq, clock) for _, seq, clock in rows] == [
+        (1, 10), (2, 10), (3, 10), (4, 20), (5, 20), (6, 30), (7, 30), (8, 30), (9, 30)]
+    assert len(ends) == 3  # at 3 (within 4), at 5, and the third release whole (past 2)
+    plain = make({**options, "max_rows": "4"})  # not in releases: as the event log is read
+    assert [r[1] for r in _read(plain, plain.initialOffset(), plain.latestOffset(
+        plain.initialOffset(), plain.getDefaultReadLimit()))] == [1, 2, 3, 4]
+    store.close()
+
+
 def test_the_sqlite_log_source_refuses_what_it_cannot_read(tmp_path: Path) -> None:
     """No path, a max_rows that is not a count, a cap file that holds no position: each
     refused saying what was found and what was expected."""

@@ -16,7 +16,9 @@ the mediator. In order, each step starting from what the one before left:
 
 The client has received exactly what ``evamed replay`` prints over the merged trace (each
 event at its place: time, then the services in the configured order, then each service's
-arrival order): nothing lost, nothing twice, nothing extra, each profile in replay's order.
+arrival order): nothing lost, nothing twice, nothing extra, each profile in replay's order —
+with the in-process composer, and with the Spark composer (issue 23 item 4: its plans' filters
+subscribed at the services, its jobs fed the composer log, killed with the mediator).
 """
 
 from __future__ import annotations
@@ -140,7 +142,8 @@ def split(events: list[dict[str, Any]], first: int, last: int) -> dict[str, list
 
 
 @pytest.fixture
-def federation(tmp_path: Path) -> Iterator[dict[str, Any]]:
+def federation(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    composer = getattr(request, "param", "inprocess")
     started: list[Process] = []
     try:
         services = {}
@@ -150,7 +153,7 @@ def federation(tmp_path: Path) -> Iterator[dict[str, Any]]:
             started.append(services[name])
         config = tmp_path / "mediator.toml"
         parts = [f'listen = "127.0.0.1:{free_port()}"',
-                 f'store = "sqlite:///{tmp_path / "mediator.db"}"', 'composer = "inprocess"',
+                 f'store = "sqlite:///{tmp_path / "mediator.db"}"', f'composer = "{composer}"',
                  'log_level = "INFO"', 'idle_timeout = "1s"', "[limits]", "rate = 0"]
         for name, (group, kinds) in SERVICES.items():
             parts += ["[[services]]", f'name = "{name}"', f'group = "{group}"',
@@ -160,7 +163,8 @@ def federation(tmp_path: Path) -> Iterator[dict[str, Any]]:
         token = cli("clients", "add", "alice", "--config", str(config)).strip()
         mediator = Process("serve", "--config", str(config))
         started.append(mediator)
-        yield {"mediator": mediator, "services": services, "token": token}
+        yield {"mediator": mediator, "services": services, "token": token,
+               "wait": 240 if composer == "spark" else 60}  # (a first micro-batch: seconds)
     finally:
         for process in reversed(started):
             process.stop()
@@ -169,7 +173,20 @@ def federation(tmp_path: Path) -> Iterator[dict[str, Any]]:
 @pytest.mark.xdist_group("service")
 def test_autonomous_services_federated_through_crashes_of_everyone(
         federation: dict[str, Any], tmp_path: Path) -> None:
+    through_crashes(federation, tmp_path)
+
+
+# The worker that runs tests/test_spark.py (one JVM at a time): only the one mark.
+@pytest.mark.xdist_group("spark")
+@pytest.mark.parametrize("federation", ["spark"], indirect=True)
+def test_autonomous_services_federated_through_crashes_with_the_spark_composer(
+        federation: dict[str, Any], tmp_path: Path) -> None:
+    through_crashes(federation, tmp_path)
+
+
+def through_crashes(federation: dict[str, Any], tmp_path: Path) -> None:
     mediator, services = federation["mediator"], federation["services"]
+    wait = federation["wait"]
     events = trace(3, 420)
     expected = replay(events, tmp_path)
     assert len(expected) > 100
@@ -181,12 +198,16 @@ def test_autonomous_services_federated_through_crashes_of_everyone(
                          "Keyed: decompose, snoop, sql", "Last: decompose, snoop, sql"), plans
         assert {s.name: s.mode for s in alice.services()} == {"snoop": "autonomous",
                                                                "sql": "autonomous"}
+        composers = {p["profile"]: p["composer"] for p in alice.explain(name="x").json}
+        assert composers == ({"Across": "spark", "Pushed": "inprocess", "Keyed": "spark",
+                              "Last": "spark"} if federation["wait"] > 60
+                             else dict.fromkeys(composers, "inprocess")), composers
         reader = Reader(alice.subscribe(name="x"))
         cuts = [0, 120, 220, 300, 420]
 
         # 1. A first part; some composites delivered.
         publish_all(producers, split(events, cuts[0], cuts[1]))
-        reader.wait_for(10, 60)
+        reader.wait_for(10, wait)
 
         # 2. The mediator crashes while the producers go on; it comes back.
         mediator.kill()
@@ -220,8 +241,8 @@ def test_autonomous_services_federated_through_crashes_of_everyone(
         # 5. Every service's clock past the end: everything is decided.
         end = from_cloudevent(events[-1]).time + 60_000_000
         publish_all(producers, {name: [] for name in SERVICES}, advance_to=end)
-        reader.wait_for(len(expected), 60)
-        time.sleep(1.0)  # nothing more comes
+        reader.wait_for(len(expected), wait)
+        time.sleep(1.0 if wait <= 60 else 3.0)  # nothing more comes
         got = [n.cloudevent for n in reader.got]
         assert sorted(got, key=json.dumps) == sorted(expected, key=json.dumps)
         for profile in {e["subject"] for e in expected}:

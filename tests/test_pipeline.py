@@ -336,12 +336,13 @@ def arrived(store: Store, owner: str, name: str, count: int, pipeline: Pipeline,
 @pytest.mark.parametrize("kind", ["sqlite", "redis"])
 def test_the_spark_composer_answers_as_the_runners(kind: str, tmp_path: Path, spark: Any,
                                                    request: pytest.FixtureRequest) -> None:
-    """composer="spark": the profiles whose leaves are memoryless (P1's filters at the jams
-    and trucks services, P2's and P7's at the mediator) are composed by a live Spark job over
-    the event log, P6 (a sequence the trucks service evaluates) in its runner — the same log
-    as the in-process composer's, each composite once. Then a new pipeline on the same store
-    and Spark directory (a restart) resumes the job from its checkpoint: the rest of the day
-    is delivered, nothing twice. Over each store's event log: SQLite (the jobs' directory
+    """composer="spark": the profiles whose leaves are filters (P1's at the jams and trucks
+    services, P2's and P7's the mediator's own feed) are composed by a live Spark job over the
+    composer log — P1's filters subscribed at their services, their composites naming them —
+    and P6 (a sequence the trucks service evaluates) in its runner: the same log as the
+    in-process composer's, each composite once. Then a new pipeline on the same store and
+    Spark directory (a restart) resumes the job from its checkpoint: the rest of the day is
+    delivered, nothing twice. Over each store's composer log: SQLite (the jobs' directory
     beside its file) and Redis (its stream)."""
     text = document("P1", "P2", "P6", "P7")
     events = [*DAY[:300], SENTINEL]
@@ -367,7 +368,10 @@ def test_the_spark_composer_answers_as_the_runners(kind: str, tmp_path: Path, sp
     store.close()
     assert sorted(g["cloudevent"] for g in got) == sorted(want)
     by_profile = {g["profile"]: g["services"] for g in got}
-    assert by_profile["P7"] == by_profile["P1"] == [OWN_FEED] and by_profile["P6"] == ["trucks"]
+    assert by_profile["P7"] == [OWN_FEED] and by_profile["P6"] == ["trucks"]
+    assert by_profile["P1"] == ["jams", "trucks"]
+    assert all(len(g["sources"]) == len(g["types"]) == len(g["times"]) > 0 and all(g["types"])
+               for g in got)
 
 
 def _over_the_log(doc: ast.Document, services: list[ServiceInfo], trace: list[Any],

@@ -6,7 +6,13 @@ composites over the merged trace, across a crash of the mediator.
 The services here are test doubles in this process that speak the session's terms (numbered
 messages with constituents in full and a watermark, kept until acknowledged, resent after a
 restart); the real gRPC sessions are tested in tests/test_sessions.py and end to end in
-tests/test_federation_e2e.py."""
+tests/test_federation_e2e.py.
+
+The same scenarios run with the Spark composer (issue 23 item 4; a module-scoped local
+session, a few examples: Spark is slow here): the plans whose leaves are filters go to live
+Spark jobs fed by the composer log — their filters subscribed at the services — and the logs
+hold the reference's composites all the same, with each constituent's provenance and each
+profile's composites in replay order."""
 
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,6 +70,7 @@ class Producing(AutonomousLink):
         super().__init__(info, "in-process", f"test/{info.name}")
         self.service = InProcessLink(info, language(info.group, 1))
         self.names: dict[str, Handle] = {}  # registration → the evaluator's handle
+        self.texts: dict[str, str] = {}  # registration → its native query
         self.messages: list[Msg] = []
         self.acked = 0
         self.origin: int | None = None
@@ -81,11 +89,13 @@ class Producing(AutonomousLink):
         with self._mutex:
             if name not in self.names:
                 self.names[name] = self.service.subscribe(text)
+                self.texts[name] = text
         return name
 
     def unsubscribe(self, handle: Handle) -> None:
         with self._mutex:
             found = self.names.pop(handle, None)
+            self.texts.pop(handle, None)
             if found is not None:
                 self.service.unsubscribe(found)
 
@@ -146,14 +156,39 @@ def split(events: list[Event]) -> dict[str, list[Event]]:
     return parts
 
 
-def reference(events: list[Event]) -> list[str]:
+def reference(events: list[Event], ordered: bool = False) -> list[str]:
     """The composites over the merged trace, each event at its place (merged_seq; the own
-    feed's arrival numbers are its log positions)."""
+    feed's arrival numbers are its log positions): sorted, or (``ordered``) in replay's
+    order."""
     ranks = {"ab": 1, "cs": 2, "own": 0}
     merged = sorted((e.renumbered(merged_seq(ranks[name], e.seq))
                      for name, part in split(events).items() for e in part), key=lambda e: e.key)
     notes = evaluate(parse(DOC), merged, tick=1)
-    return sorted(composite_line(n)[1] for n in notes)
+    found = [composite_line(n)[1] for n in notes]
+    return found if ordered else sorted(found)
+
+
+SERVICES = {"Across": ["ab", "cs"], "Pushed": ["ab", "cs"], "Keyed": ["ab"],
+            "Own": ["mediator", "cs"]}
+"""The services each profile's composites came through (the own feed: the mediator)."""
+
+
+def check_entries(store: Store, events: list[Event]) -> None:
+    """Each profile's composites in the log in replay's order, and each naming where its
+    constituents came from: their source, type and time as published, and the services."""
+    published = {e.id: e for e in events}
+    items = [json.loads(i.payload) for i in store.read_notifications("alice", "s", 0, 100_000)]
+    for profile in SERVICES:
+        got = [i["cloudevent"] for i in items if i["profile"] == profile]
+        want = [line for line in reference(events, ordered=True)
+                if json.loads(line)["subject"] == profile]
+        assert got == want, f"{profile}: not in replay's order"
+    for item in items:
+        ids = json.loads(item["cloudevent"])["data"]["constituents"]
+        assert item["sources"] == [published[i].source for i in ids], item
+        assert item["types"] == [published[i].type for i in ids], item
+        assert item["times"] == [published[i].time for i in ids], item
+        assert item["services"] == SERVICES[item["profile"]], item
 
 
 def logged(store: Store) -> list[str]:
@@ -193,73 +228,118 @@ def finish(pipeline: Pipeline, store: Store, links: dict[str, Link], end: int) -
     pipeline.advance(end)
 
 
-def settled(store: Store, want: list[str], seconds: float = 20.0) -> list[str]:
+def settled(store: Store, want: list[str], seconds: float = 20.0,
+            pipeline: Pipeline | None = None) -> list[str]:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
+        assert pipeline is None or pipeline.error is None, pipeline.error
         got = logged(store)
         if len(got) >= len(want):
-            time.sleep(0.2)  # nothing more comes
+            time.sleep(0.2 if seconds <= 20 else 2.0)  # nothing more comes
             return logged(store)
         time.sleep(0.02)
     return logged(store)
 
 
-def subscribe(pipeline: Pipeline, store: Store) -> None:
-    record = SubscriptionRecord("alice", "s", DOC, 1, store.event_head(), None)
+def subscribe(pipeline: Pipeline, store: Store, text: str = DOC, name: str = "s") -> None:
+    record = SubscriptionRecord("alice", name, text, 1, store.event_head(), None)
     store.put_subscription(record)
     pipeline.add(record)
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.fixture(scope="module")
+def spark() -> Any:
+    """The local session (the one tests/test_spark.py starts, in the same xdist worker)."""
+    from spark_jobs.session import build_session
+
+    return build_session("local[2]", "evamed-tests")
+
+
+def composer(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    """The pipeline's composer settings: in process, or Spark (its jobs beside the store)."""
+    if kind == "inprocess":
+        return {}
+    return {"composer": "spark", "spark": request.getfixturevalue("spark"),
+            "spark_dir": str(tmp_path / "spark"), "trigger": "100 milliseconds"}
+
+
+WAIT = {"inprocess": 20.0, "spark": 240.0}
+"""Seconds to wait for the logs: the first micro-batch of a Spark job plans its query."""
+
+
+SCENARIOS = [pytest.param("inprocess", seed, id=f"inprocess-{seed}") for seed in range(6)] + [
+    pytest.param("spark", seed, id=f"spark-{seed}", marks=pytest.mark.xdist_group("spark"))
+    for seed in range(2)]
+
+
+@pytest.mark.parametrize(("kind", "seed"), SCENARIOS)
 def test_autonomous_services_and_the_own_feed_give_the_reference_over_the_merged_trace(
-        tmp_path: Path, seed: int) -> None:
+        tmp_path: Path, kind: str, seed: int, request: pytest.FixtureRequest) -> None:
     """Two autonomous services (a/b at a streaming-SQL service, c at a Snoop service) and the
     own feed (d, published to the mediator): the profiles cross them; the producers publish
-    in random batches and interleavings; the subscription's log is the reference's."""
+    in random batches and interleavings; the subscription's log is the reference's — with
+    the Spark composer too, which composes Across (A at one service, C at the other), Keyed
+    (its parameters no service takes: A and B filtered there) and Own (D of the own feed, C
+    at a service) and leaves the pushed sequence to its runner."""
     store = SqliteStore(tmp_path / "s.db")
     links = services()
-    pipeline = Pipeline(store, links, tick=1, idle_default=30.0)
+    pipeline = Pipeline(store, links, tick=1, idle_default=30.0,
+                        **composer(kind, request, tmp_path))
     pipeline.start()
     subscribe(pipeline, store)
+    if kind == "spark":
+        assert pipeline.placement("alice", "s") == {
+            "Across": "spark", "Pushed": "inprocess", "Keyed": "spark", "Own": "spark"}
     events = trace(seed)
     want = reference(events)
     assert len(want) > 5
     play(pipeline, store, links, split(events), random.Random(seed))
     finish(pipeline, store, links, events[-1].time + 100)
-    assert settled(store, want) == want
+    assert settled(store, want, WAIT[kind], pipeline) == want
+    check_entries(store, events)
     pipeline.stop()
     store.close()
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_a_crash_of_the_mediator_loses_nothing_and_repeats_nothing(tmp_path: Path,
-                                                                  seed: int) -> None:
+CRASHES = [pytest.param("inprocess", seed, id=f"inprocess-{seed}") for seed in range(4)] + [
+    pytest.param("spark", 0, id="spark-0", marks=pytest.mark.xdist_group("spark"))]
+
+
+@pytest.mark.parametrize(("kind", "seed"), CRASHES)
+def test_a_crash_of_the_mediator_loses_nothing_and_repeats_nothing(
+        tmp_path: Path, kind: str, seed: int, request: pytest.FixtureRequest) -> None:
     """The mediator dies (its thread abandoned, nothing stopped cleanly) halfway; a new one on
     the same store resumes each session after the newest message it logged: the log holds
-    every composite of the reference once."""
+    every composite of the reference once. With Spark, its jobs die with it (their queries
+    stopped where they are, as the JVM would be) and the new mediator's resume from their
+    checkpoints over the composer log."""
     store = SqliteStore(tmp_path / "s.db")
     links = services()
     events = trace(seed)
     want = reference(events)
     parts = split(events)
     draw = random.Random(seed)
-    first = Pipeline(store, links, tick=1, idle_default=30.0)
+    settings = composer(kind, request, tmp_path)
+    first = Pipeline(store, links, tick=1, idle_default=30.0, **settings)
     first.start()
     subscribe(first, store)
     play(first, store, links, parts, draw, until=0.5)
-    time.sleep(0.2)
+    time.sleep(0.2 if kind == "inprocess" else 5.0)
     first._halt = True  # the crash: no stop, no unsubscribing, nothing flushed
     first.wake()
+    if first._sparks is not None:
+        first._sparks.close()  # the JVM dies with the process
     for link in links.values():
         link.close()
     assert all(link.acked > 0 for link in links.values())  # type: ignore[attr-defined]
-    second = Pipeline(store, links, tick=1, idle_default=30.0)
+    second = Pipeline(store, links, tick=1, idle_default=30.0, **settings)
     second.start()
     for name, part in parts.items():
         parts[name] = part  # the rest of each part comes now
     play_rest(second, store, links, parts, draw)
     finish(second, store, links, events[-1].time + 100)
-    assert settled(store, want) == want
+    assert settled(store, want, WAIT[kind], second) == want
+    check_entries(store, events)
     second.stop()
     store.close()
 
@@ -269,3 +349,204 @@ def play_rest(pipeline: Pipeline, store: Store, links: dict[str, Link],
     """The second half of each part (what :func:`play` with ``until=0.5`` left)."""
     rest = {name: part[int(len(part) * 0.5):] for name, part in parts.items()}
     play(pipeline, store, links, rest, draw)
+
+
+# -- the Spark composer composes notifications (issue 23 item 4)
+
+ACROSS = CLASSES + "profile Across = ((all_dup(A); all_dup(C))_5us)_all_pairs\n"
+
+
+def sparked(spark: Any, tmp_path: Path, **more: Any) -> dict[str, Any]:
+    return {"composer": "spark", "spark": spark, "spark_dir": str(tmp_path / "spark"),
+            "trigger": "100 milliseconds", **more}
+
+
+def handles(pipeline: Pipeline) -> dict[str, int]:
+    return {s.info.name: s.handles for s in pipeline.services()}
+
+
+@pytest.mark.xdist_group("spark")
+def test_a_spark_plans_filters_are_subscribed_at_their_services(tmp_path: Path,
+                                                                spark: Any) -> None:
+    """Whichever composer runs, every service is subscribed for what its plan says: a
+    profile the Spark job composes (A filtered at ab, C at cs) registers those filters at
+    both autonomous services, under durable names; explain shows them with the composer, and
+    ListServices counts them. A second subscription of the same filters shares the
+    registrations; a stop leaves them (durable: the next start takes them up and registers
+    nothing new); the last subscription removed unsubscribes them."""
+    store = SqliteStore(tmp_path / "s.db")
+    links = services()
+    ab, cs = links["ab"], links["cs"]
+    assert isinstance(ab, Producing) and isinstance(cs, Producing)
+    pipeline = Pipeline(store, links, tick=1, idle_default=30.0, **sparked(spark, tmp_path))
+    pipeline.start()
+    subscribe(pipeline, store, ACROSS, "one")
+    assert list(ab.texts.values()) == ['SELECT a1.id FROM "a" AS a1']
+    assert list(cs.texts.values()) == ["c CONTEXT unrestricted"]
+    assert all(name.startswith("q-") for name in [*ab.names, *cs.names])  # shared, durable
+    text, as_json = pipeline.explain(parse(ACROSS))
+    assert "service ab evaluates: A" in text and "service cs evaluates: C" in text, text
+    assert "composed by: spark" in text
+    plan = json.loads(as_json)[0]
+    assert plan["composer"] == "spark"
+    assert [leaf["service"] for leaf in plan["root"]["children"]] == ["ab", "cs"]
+    assert handles(pipeline) == {"ab": 1, "cs": 1}
+    subscribe(pipeline, store, ACROSS, "two")
+    assert handles(pipeline) == {"ab": 2, "cs": 2}
+    registered = (dict(ab.names), dict(cs.names))
+    assert len(registered[0]) == len(registered[1]) == 1
+    pipeline.stop()
+    assert (ab.names, cs.names) == registered
+    again = Pipeline(store, links, tick=1, idle_default=30.0, **sparked(spark, tmp_path))
+    again.start()
+    assert (ab.names, cs.names) == registered and handles(again) == {"ab": 2, "cs": 2}
+    assert again.remove("alice", "one")
+    assert (ab.names, cs.names) == registered and handles(again) == {"ab": 1, "cs": 1}
+    assert again.remove("alice", "two")
+    assert ab.names == cs.names == {} and handles(again) == {"ab": 0, "cs": 0}
+    again.stop()
+    store.close()
+
+
+def arrived(store: Store, name: str, count: int, pipeline: Pipeline,
+            seconds: float = 240.0) -> list[dict[str, Any]]:
+    """The subscription's log once it holds ``count`` entries."""
+    deadline = time.monotonic() + seconds
+    while len(store.read_notifications("alice", name, 0, 100_000)) < count:
+        assert pipeline.error is None, pipeline.error
+        assert time.monotonic() < deadline, "the Spark composer did not deliver in time"
+        time.sleep(0.1)
+    return [json.loads(i.payload) for i in store.read_notifications("alice", name, 0, 100_000)]
+
+
+def own(events: list[Event]) -> list[str]:
+    return [json.dumps(to_cloudevent(e)) for e in events]
+
+
+@pytest.mark.xdist_group("spark")
+def test_a_watermark_line_decides_the_last_instant_without_a_later_event(
+        tmp_path: Path, spark: Any) -> None:
+    """The own feed's newest instant may still get events: it is not released to the
+    composer log, and the job does not decide it. A watermark (Publish's ``advance_to_us``)
+    releases it, closed by a watermark line, and the job decides it — no later event needed
+    (before: 3 of 5,937 composites waited for one)."""
+    store = SqliteStore(tmp_path / "s.db")
+    pipeline = Pipeline(store, {}, **sparked(spark, tmp_path))
+    pipeline.start()
+    subscribe(pipeline, store, 'class A = type == "a"\nprofile S = A\n')
+    start = 1_772_445_600_000_000
+    events = [Event(f"e{i}", "urn:a", "a", start + i * 1_000_000, i + 1) for i in range(3)]
+    store.append_events(own(events))
+    pipeline.wake()
+    assert len(arrived(store, "s", 2, pipeline)) == 2
+    time.sleep(3)  # a dozen micro-batches: the last instant waits
+    assert len(store.read_notifications("alice", "s", 0, 100)) == 2
+    lines = [c.line for c in store.read_composer(0)]
+    assert json.loads(lines[-1]) == {"evamed:watermark": events[-1].time - 1}
+    pipeline.advance(events[-1].time)
+    got = arrived(store, "s", 3, pipeline)
+    assert [json.loads(g["cloudevent"])["data"]["constituents"] for g in got] == [
+        ["e0"], ["e1"], ["e2"]]
+    assert json.loads(store.read_composer(0)[-1].line) == {"evamed:watermark": events[-1].time}
+    pipeline.stop()
+    store.close()
+
+
+@pytest.mark.xdist_group("spark")
+def test_spark_composites_name_their_provenance_however_far_the_job_lags(
+        tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job is held back (its cap stays at 0) while the services and the own feed play a
+    whole trace and the mediator releases it to the composer log; then it catches up in one
+    go. Every composite names its constituents' source, type and time and the services they
+    came through — the composer log answers for them, whatever the pipeline has forgotten
+    (before: 2,126 of 2,150 Spark composites lacked them). Once the job has committed, the
+    lines no composite still to come can name are trimmed, and the composites of a second
+    trace, composed after the trim, name theirs all the same."""
+    store = SqliteStore(tmp_path / "s.db")
+    links = services()
+    pipeline = Pipeline(store, links, tick=1, idle_default=30.0, batch=5, trim_every=1,
+                        **sparked(spark, tmp_path))
+    assert pipeline._sparks is not None
+    slots = pipeline._sparks.slots
+    with monkeypatch.context() as held:
+        held.setattr(slots, "mark", lambda position: None)
+        pipeline.start()
+        subscribe(pipeline, store)
+        whole = trace(3, 120)
+        first = whole[:60]
+        second = [Event(e.id, e.source, e.type, e.time + 1_000, e.seq, e.data)
+                  for e in whole[60:]]
+        draw = random.Random(3)
+        play(pipeline, store, links, split(first), draw)
+        end = first[-1].time + 100
+        finish(pipeline, store, links, end)
+        time.sleep(3)
+        logged_so_far = store.read_notifications("alice", "s", 0, 1000)
+        assert {json.loads(i.payload)["profile"] for i in logged_so_far} <= {"Pushed"}
+        assert store.composer_head() > 10
+    slots.mark(store.composer_head())  # the job catches up
+    assert settled(store, reference(first), WAIT["spark"], pipeline) == reference(first)
+    check_entries(store, first)
+    deadline = time.monotonic() + 60
+    tick = 0
+    while store.read_composer(0)[0].position == 1:  # trimmed once the job has committed
+        assert time.monotonic() < deadline, "the composer log was not trimmed"
+        tick += 1  # an event no profile wants: a batch of the own feed, which trims
+        store.append_events(own([Event(f"x{tick}", "urn:x", "x", end + tick, 1)]))
+        pipeline.wake()
+        time.sleep(0.5)
+    events = first + second
+    rest = split(events)
+    rest = {name: part[len(split(first)[name]):] for name, part in rest.items()}
+    play(pipeline, store, links, rest, draw)
+    finish(pipeline, store, links, second[-1].time + 100)
+    assert settled(store, reference(events), WAIT["spark"], pipeline) == reference(events)
+    check_entries(store, events)
+    pipeline.stop()
+    store.close()
+
+
+@pytest.mark.xdist_group("spark")
+def test_a_client_receives_each_profiles_spark_composites_in_replay_order(
+        tmp_path: Path, spark: Any) -> None:
+    """A ``per`` profile's partitions spread over the job's buckets, whose rows reach the
+    mediator in no particular order; published in chunks, the day spans many micro-batches.
+    Each profile's composites are logged in replay's order (before: 15:03, 14:55, 15:07):
+    each micro-batch's sorted by order key, and no micro-batch reports behind an earlier one
+    (a micro-batch holds whole releases, and every key decides in it up to its newest
+    watermark line: docs/spark.md, "Order")."""
+    from eva.engine import Engine, EngineConfig
+
+    text = ('class A = type == "a"\nclass B = type == "b"\n'
+            "profile K per data.k = ((all_dup(A); last_dup(B))_30s)_all_pairs\n"
+            "profile N per data.k = ((not A)_20s)_all_pairs\n"
+            "profile L = ((all_dup(A), all_dup(B))_5s)_all_pairs\n")
+    store = SqliteStore(tmp_path / "s.db")
+    pipeline = Pipeline(store, {}, **sparked(spark, tmp_path))
+    pipeline.start()
+    subscribe(pipeline, store, text)
+    draw = random.Random(5)
+    start = 1_772_445_600_000_000
+    events, t = [], start
+    for i in range(300):
+        t += draw.choice([0, 1_000_000, 3_000_000])
+        events.append(Event(f"e{i}", "urn:s", draw.choice("ab"), t, i + 1,
+                            {"k": draw.randrange(12)}))
+    engine = Engine(EngineConfig())
+    engine.add_document(parse(text), start=start)
+    engine.begin(events[0].time - 1)
+    notes = [n for e in events for n in engine.push(e)] + engine.close(events[-1].time)
+    want = {p: [composite_line(n)[1] for n in notes if n.profile == p] for p in "KNL"}
+    for at in range(0, len(events), 30):
+        store.append_events(own(events[at:at + 30]))
+        pipeline.wake()
+        time.sleep(0.4)
+    pipeline.advance(events[-1].time)
+    got = arrived(store, "s", len(notes), pipeline)
+    time.sleep(2)
+    assert len(store.read_notifications("alice", "s", 0, 100_000)) == len(notes)
+    for p in "KNL":
+        assert [g["cloudevent"] for g in got if g["profile"] == p] == want[p], p
+    assert all(len(want[p]) > 10 for p in "KNL")
+    pipeline.stop()
+    store.close()

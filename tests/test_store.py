@@ -193,6 +193,33 @@ def test_a_link_log_renumbered_takes_the_services_new_numbers_and_keeps_its_posi
     assert [(m.position, m.number) for m in store.read_link("traffic", 0)] == [(2, 8), (3, 1)]
 
 
+def test_the_composer_log_keeps_its_lines_in_order_and_answers_for_its_events_by_id(
+        store: Store) -> None:
+    """The Spark composer's input (issue 23 item 4): lines from position 1 in order, each
+    event's line found by (source, id) — or by id alone, the newest of that id — until it is
+    trimmed; a watermark line (no id) is never found; a trim drops the lookups with the lines
+    (a newer line of the same id stays found)."""
+    from mediator.store.base import ComposerLine
+
+    a = ComposerLine('{"id": "e1"}', 10, "urn:a/b", "e1", "a", (("ab", "q-1"),))
+    b = ComposerLine('{"id": "e1"}', 11, "urn:c", "e1", "c")
+    mark = ComposerLine('{"evamed:watermark": 11}', 11)
+    assert store.composer_head() == 0
+    assert store.append_composer([a, mark]) == 2
+    assert store.append_composer([b, mark]) == 4
+    assert [(c.position, c.id, c.time) for c in store.read_composer(0)] == [
+        (1, "e1", 10), (2, "", 11), (3, "e1", 11), (4, "", 11)]
+    assert store.read_composer(1, limit=1) == [replace(mark, position=2)]
+    found = store.composer_events([("urn:a/b", "e1"), ("", "e1"), ("urn:x", "e1"), ("", "")])
+    assert found == {("urn:a/b", "e1"): replace(a, position=1),
+                     ("", "e1"): replace(b, position=3)}
+    assert store.trim_composer(3) == 2
+    assert store.composer_events([("urn:a/b", "e1"), ("", "e1")]) == {
+        ("", "e1"): replace(b, position=3)}
+    assert [c.position for c in store.read_composer(0)] == [3, 4]
+    assert store.append_composer([mark]) == 5
+
+
 def test_a_subscription_keeps_its_link_starts(store: Store) -> None:
     record = replace(subscription(), links='{"traffic": 4}')
     store.put_subscription(record)

@@ -399,3 +399,118 @@ def test_composites_leave_as_columns_unless_their_text_needs_escapes() -> None:
     out: list[Any] = list(frame.itertuples(index=False))  # as the sink gets them
     assert [r.payload is None for r in out] == [True, False, False, False, False]
     assert [r.payload or _jvm_json(r) for r in out] == [composite_line(n)[1] for n in notes]
+
+
+# -- ordered input: the mediator's composer log (issue 23 item 4)
+
+
+class _Ordered:
+    """Spark's calls of an ordered job's processor, as ``_Store`` makes them, over composer-log
+    lines read in releases (each row with its release's watermark, as the log sources give
+    them); each micro-batch's composites are kept apart, with their order keys."""
+
+    def __init__(self, job: StreamJob) -> None:
+        self.job = job
+        self.handles: dict[tuple[str, int], _Handle] = defaultdict(_Handle)
+        self.batches: list[list[tuple[Any, str, str]]] = []  # (order key, profile, line)
+        self.letters: list[str] = []
+        self.seq = 1  # composer-log positions from 1
+        state._ENGINES.clear()
+
+    def batch(self, lines: list[str]) -> None:
+        from spark_jobs.log_source import in_releases
+
+        out: list[tuple[Any, str, str]] = []
+        frame = parsed(lines, self.seq)
+        frame["clock"] = pd.array([clock for _, _, clock in in_releases(
+            iter((line, 0) for line in lines))], dtype="Int64")
+        self.seq += len(lines)
+        routed = fan_out(self.job, frame)
+        for key, rows in sorted(routed.groupby(["profile", "bucket"]), key=lambda kv: kv[0]):
+            processor = composer_processor(self.job)
+            handle = self.handles[(str(key[0]), int(key[1]))]
+            processor.init(handle)
+            for part in processor.handleInputRows(key, iter([rows]), _Clock(0)):
+                for row in part.itertuples(index=False):
+                    if row.kind == "composite":
+                        out.append((processing.report_key(row.key), row.profile,
+                                    row.payload if row.payload is not None else _jvm_json(row)))
+                    else:
+                        self.letters.append(row.payload)
+            assert not handle.timers  # an ordered key is called by its rows and clocks only
+        self.batches.append(out)
+
+
+def _composer_log(events: list[Any], releases: list[int]) -> list[str]:
+    """The composer log of ``events`` (in trace order) released at the given times: each
+    release's events, then its watermark line."""
+    from eva.events import to_cloudevent
+
+    lines: list[str] = []
+    pending = list(events)
+    for bound in releases:
+        lines += [json.dumps(to_cloudevent(e)) for e in pending if e.time <= bound]
+        pending = [e for e in pending if e.time > bound]
+        lines.append(processing.watermark_line(bound))
+    return lines
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_an_ordered_jobs_micro_batches_never_reorder_a_profile(tmp_path: Path,
+                                                               seed: int) -> None:
+    """Over the composer log cut into random micro-batches of whole releases: every key
+    decides, in a micro-batch, just the instants up to the micro-batch's newest watermark line
+    — those given events by their rows' release, the others (a negation, per partition) by a
+    clock row — so each micro-batch's report keys lie after the previous one's. Sorted by
+    order key within each micro-batch (what the mediator appends), each profile's composites
+    come in replay's order — ``per`` partitions spread over buckets included — and, with the
+    micro-batch that reads the last watermark line, all of them: no instant waits for a later
+    event, nor for another micro-batch."""
+    import random
+
+    from eva.engine import Engine
+    from eva.events import Event
+    from eva.notify import composite_line
+    from eva.parser import parse
+
+    draw = random.Random(seed)
+    text = ('class A = type == "a"\nclass B = type == "b"\n'
+            "profile K per data.k = ((all_dup(A); last_dup(B))_3s)_all_pairs\n"
+            "profile L = ((all_dup(A), all_dup(B))_2s)_all_pairs\n"
+            "profile N per data.k = ((not A)_2s)_all_pairs\n")
+    start = 1_772_445_600_000_000  # 2026-03-02T10:00:00Z
+    events, t = [], start
+    for i in range(120):
+        t += draw.choice([0, 300_000, 1_000_000, 2_000_000])
+        events.append(Event(f"e{i}", "urn:s", draw.choice("ab"), t, i + 1,
+                            {"k": draw.randrange(6)}))
+    releases = sorted({events[-1].time, *draw.sample([e.time for e in events], 15)})
+    lines = _composer_log(events, releases)
+    engine = Engine(EngineConfig())
+    engine.add_document(parse(text), start=start)
+    # Numbered by their composer-log positions, watermark lines counted: as the job numbers.
+    numbered = [from_json_line(line, n) for n, line in enumerate(lines, 1)
+                if "evamed:watermark" not in line]
+    notes = [n for e in numbered for n in engine.push(e)] + engine.close(releases[-1])
+    want = {p: [composite_line(n)[1] for n in notes if n.profile == p] for p in "KLN"}
+    table = str(tmp_path / "profiles.json")
+    write_table(table, [Registration(text, start)])
+    job = StreamJob(table, EngineConfig().to_json(), 4, ordered=True)
+    spark = _Ordered(job)
+    ends = [n for n, line in enumerate(lines, 1) if "evamed:watermark" in line]
+    cuts = sorted(set(draw.sample(ends, 6)) | {ends[-1]})  # micro-batches end at releases
+    at = 0
+    for cut in cuts:
+        spark.batch(lines[at:cut])
+        at = cut
+    assert not spark.letters
+    newest = None
+    for batch in spark.batches:
+        keys = [key for key, _, _ in batch]
+        if keys:
+            assert newest is None or min(keys) > newest, "a micro-batch reported behind"
+            newest = max(keys)
+    got = [line for batch in spark.batches for _, _, line in sorted(batch, key=lambda c: c[0])]
+    for p in "KLN":
+        assert [line for line in got if json.loads(line)["subject"] == p] == want[p], p
+    assert sum(len(w) for w in want.values()) > 40

@@ -4,11 +4,14 @@ What is kept: clients (their tokens hashed), subscriptions (a profile document a
 owner, where it starts in the event log and in each link log, its plans as explained), the
 **event log** (every accepted event, in arrival order: what the pipeline evaluates, and replays
 after a restart), one **link log** per autonomous service (every message its session sent,
-appended before it is acknowledged to the service: the notifications the mediator composes)
-and one **notification log** per subscription (every composite appended before it is sent; a
-resume token is a position in it). Two implementations: :mod:`mediator.store.sqlite` (embedded, one
-file, WAL) and :mod:`mediator.store.redis` (deployed). Positions are integers from 1, increasing
-by one per append, in both.
+appended before it is acknowledged to the service: the notifications the mediator composes),
+one **notification log** per subscription (every composite appended before it is sent; a
+resume token is a position in it) and the **composer log** (the merged trace of what the Spark
+composer's plans need, in trace order, each release closed by a watermark line: what its jobs
+read, and what their composites' notifications say of each constituent). Two
+implementations: :mod:`mediator.store.sqlite` (embedded, one file, WAL) and
+:mod:`mediator.store.redis` (deployed). Positions are integers from 1, increasing by one per
+append, in both.
 """
 
 from __future__ import annotations
@@ -49,6 +52,24 @@ class LoggedMessage:
     position: int
     number: int          # the service's number of the message (its session's seq)
     payload: bytes       # the message as mediator/inputs.py writes it
+
+
+@dataclass(frozen=True)
+class ComposerLine:
+    """A line of the composer log (mediator/placement.py ``SparkFeed`` writes it, the Spark
+    jobs read ``line``): an event — its CloudEvent as JSON, and what a notification says of it
+    (source, id, type, time, and the (service, handle) pairs whose filters named it; none: the
+    mediator's own feed) — or a **watermark line** (``id`` empty; ``line`` as
+    spark_jobs.processor.watermark_line writes it): every instant up to ``time`` is complete.
+    ``position`` is 0 until appended."""
+
+    line: str
+    time: int
+    source: str = ""
+    id: str = ""
+    type: str = ""
+    via: tuple[tuple[str, str], ...] = ()
+    position: int = 0
 
 
 @dataclass(frozen=True)
@@ -140,6 +161,22 @@ class Store(Protocol):
         ...
     def trim_link(self, link: str, before: int) -> int:
         """Drop the entries at positions < ``before``; returns how many were dropped."""
+        ...
+
+    # -- the composer log (the Spark composer's input)
+    def append_composer(self, lines: Sequence[ComposerLine]) -> int:
+        """Append in order, durably, as one transaction (a reader sees all of them or none);
+        returns the head."""
+        ...
+    def read_composer(self, after: int, limit: int = 1000) -> list[ComposerLine]: ...
+    def composer_head(self) -> int: ...
+    def composer_events(self, keys: Sequence[tuple[str, str]]
+                        ) -> dict[tuple[str, str], ComposerLine]:
+        """The event lines kept for each (source, id) (a source "": the newest line of that
+        id, whatever its source); a key not kept is left out."""
+        ...
+    def trim_composer(self, before: int) -> int:
+        """Drop the lines at positions < ``before``; returns how many were dropped."""
         ...
 
     # -- notification logs, one per (owner, name)

@@ -16,6 +16,10 @@ client or subscription name cannot run into the next part):
 * ``link:<name>`` — an autonomous service's link log, a stream with ids ``<position>-0``
   (fields ``number``, ``payload``); ``link:<name>:head`` — a hash of its ``head`` position and
   the newest message ``number`` appended.
+* ``composer`` — the composer log, a stream with ids ``<position>-0`` (fields ``line``,
+  ``time``, ``source``, ``id``, ``type``, ``via``); ``composer:head`` its counter;
+  ``composer:ids`` — a hash from ``[source, id]`` (and ``["", id]``: the newest of that id) to
+  the position of the event's line, kept with the stream (trimmed with it).
 * ``log:<owner>:<name>`` — the notification log, a stream with ids ``<position>-0``;
   ``ids:<owner>:<name>`` — the set of its composite ids (the dedupe; not trimmed with the log).
 
@@ -28,6 +32,7 @@ thread-safe through its connection pool.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Sequence
 from typing import Any, ParamSpec, TypeVar
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit, urlunsplit
@@ -38,6 +43,7 @@ from redis.connection import URL_QUERY_ARGUMENT_PARSERS, parse_url
 from mediator.store.base import (
     SCHEMA_VERSION,
     ClientRecord,
+    ComposerLine,
     LoggedEvent,
     LoggedMessage,
     LoggedNotification,
@@ -75,6 +81,44 @@ for i = 1, #ARGV, 2 do
 end
 redis.call('HSET', KEYS[1], 'head', head, 'number', number)
 return {head, number}
+"""
+
+# KEYS: composer:head, composer, composer:ids. ARGV: per line 8 values — line, time, source,
+# id, type, via, and the event's two hash fields ("" for a watermark line: no id). Returns the
+# head. (The fields are written by Python: cjson would escape a "/" where json does not.)
+_APPEND_COMPOSER = """
+local n = #ARGV / 8
+local head = redis.call('INCRBY', KEYS[1], n)
+local first = head - n
+for i = 0, n - 1 do
+  local at = first + i + 1
+  local a = i * 8
+  redis.call('XADD', KEYS[2], string.format('%d-0', at), 'line', ARGV[a + 1], 'time', ARGV[a + 2],
+             'source', ARGV[a + 3], 'id', ARGV[a + 4], 'type', ARGV[a + 5], 'via', ARGV[a + 6],
+             'key', ARGV[a + 7], 'any', ARGV[a + 8])
+  if ARGV[a + 4] ~= '' then
+    redis.call('HSET', KEYS[3], ARGV[a + 7], at, ARGV[a + 8], at)
+  end
+end
+return head
+"""
+
+# KEYS: composer, composer:ids. ARGV: the first position kept. Drops the lines before it and
+# their hash fields (a field naming a newer line of the same id stays). Returns the count.
+_TRIM_COMPOSER = """
+local gone = redis.call('XRANGE', KEYS[1], '-', '(' .. ARGV[1] .. '-0')
+for _, entry in ipairs(gone) do
+  local fields = {}
+  for j = 1, #entry[2], 2 do fields[entry[2][j]] = entry[2][j + 1] end
+  if fields['id'] ~= '' then
+    local at = string.match(entry[1], '^(%d+)')
+    for _, f in ipairs({fields['key'], fields['any']}) do
+      if redis.call('HGET', KEYS[2], f) == at then redis.call('HDEL', KEYS[2], f) end
+    end
+  end
+end
+redis.call('XTRIM', KEYS[1], 'MINID', ARGV[1] .. '-0')
+return #gone
 """
 
 # KEYS: sub, log, ids. ARGV: id, payload, id, payload, ... Returns, per appended item, its index
@@ -188,6 +232,18 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _field(source: str, ident: str) -> str:
+    """The composer log's hash field of an event."""
+    return json.dumps([source, ident])
+
+
+def _composer_line(position: int, fields: dict[bytes, bytes]) -> ComposerLine:
+    via = json.loads(fields[b"via"])
+    return ComposerLine(_text(fields[b"line"]), int(fields[b"time"]), _text(fields[b"source"]),
+                        _text(fields[b"id"]), _text(fields[b"type"]),
+                        tuple((str(s), str(h)) for s, h in via), position)
+
+
 def _entries(reply: Any) -> list[tuple[int, dict[bytes, bytes]]]:
     """An XRANGE reply as (position, fields): the ids are ``<position>-0``."""
     return [(int(stream_id.split(b"-", 1)[0]), fields) for stream_id, fields in reply or []]
@@ -216,6 +272,8 @@ class RedisStore:
         self._append_notifications = self._redis.register_script(_APPEND_NOTIFICATIONS)
         self._trim_notifications = self._redis.register_script(_TRIM_NOTIFICATIONS)
         self._append_link = self._redis.register_script(_APPEND_LINK)
+        self._append_composer = self._redis.register_script(_APPEND_COMPOSER)
+        self._trim_composer = self._redis.register_script(_TRIM_COMPOSER)
         try:
             self._redis.register_script(_INDEX_OWNERS)(
                 keys=[self._k("meta"), self._k("subs")], args=[OWNERS_INDEXED, self._k("owned:")])
@@ -367,6 +425,55 @@ class RedisStore:
     def trim_link(self, link: str, before: int) -> int:
         return int(self._redis.xtrim(self._k("link", link), minid=f"{max(before, 0)}-0",
                                      approximate=False))
+
+    # -- the composer log
+
+    @_failures
+    def append_composer(self, lines: Sequence[ComposerLine]) -> int:
+        if not lines:
+            return self.composer_head()
+        args: list[str | int] = []
+        for c in lines:
+            args += [c.line, c.time, c.source, c.id, c.type, json.dumps(c.via),
+                     _field(c.source, c.id), _field("", c.id)]
+        return int(self._append_composer(keys=[self._k("composer:head"), self._k("composer"),
+                                               self._k("composer:ids")], args=args))
+
+    @_failures
+    def read_composer(self, after: int, limit: int = 1000) -> list[ComposerLine]:
+        check_read(after, limit)
+        entries = self._redis.xrange(self._k("composer"), f"{after + 1}-0", "+", count=limit)
+        return [_composer_line(position, fields) for position, fields in _entries(entries)]
+
+    @_failures
+    def composer_head(self) -> int:
+        return int(self._redis.get(self._k("composer:head")) or 0)
+
+    @_failures
+    def composer_events(self, keys: Sequence[tuple[str, str]]
+                        ) -> dict[tuple[str, str], ComposerLine]:
+        wanted = list(dict.fromkeys(keys))
+        if not wanted:
+            return {}
+        found = self._redis.hmget(self._k("composer:ids"), [_field(*k) for k in wanted])
+        with self._redis.pipeline(transaction=False) as tx:
+            for position in found:
+                if position is not None:
+                    tx.xrange(self._k("composer"), f"{int(position)}-0", f"{int(position)}-0")
+            replies = iter(tx.execute())
+        out: dict[tuple[str, str], ComposerLine] = {}
+        for key, position in zip(wanted, found, strict=True):
+            if position is None:
+                continue
+            entries = _entries(next(replies))
+            if entries:  # else trimmed meanwhile
+                out[key] = _composer_line(*entries[0])
+        return out
+
+    @_failures
+    def trim_composer(self, before: int) -> int:
+        return int(self._trim_composer(keys=[self._k("composer"), self._k("composer:ids")],
+                                       args=[max(before, 0)]))
 
     # -- notification logs
 

@@ -14,6 +14,7 @@ WAL lets them read while the server writes, and writes wait (busy timeout) for e
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -24,6 +25,7 @@ from typing import Literal
 from mediator.store.base import (
     SCHEMA_VERSION,
     ClientRecord,
+    ComposerLine,
     LoggedEvent,
     LoggedMessage,
     LoggedNotification,
@@ -63,6 +65,11 @@ CREATE TABLE IF NOT EXISTS link_log (
 CREATE TABLE IF NOT EXISTS notification_ids (
     owner TEXT NOT NULL, name TEXT NOT NULL, composite_id TEXT NOT NULL,
     PRIMARY KEY (owner, name, composite_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS composer_log (
+    position INTEGER PRIMARY KEY, line TEXT NOT NULL, time INTEGER NOT NULL,
+    source TEXT NOT NULL, id TEXT NOT NULL, type TEXT NOT NULL, via TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS composer_by_id ON composer_log (id, source);
+INSERT OR IGNORE INTO counters VALUES ('composer_log', 0);
 """
 
 # Each owner's count of subscriptions (the limit per client), kept by triggers, so any writer
@@ -78,6 +85,15 @@ _COUNTS = (
 )
 
 _SUBSCRIPTION = "owner, name, text, created_us, start_position, start_time, plans, links"
+
+
+_COMPOSER = "line, time, source, id, type, via, position"
+
+
+def _composer_line(row: tuple[str, int, str, str, str, str, int]) -> ComposerLine:
+    line, time, source, ident, kind, via, position = row
+    return ComposerLine(line, int(time), source, ident, kind,
+                        tuple((str(s), str(h)) for s, h in json.loads(via)), int(position))
 
 
 def _client(row: tuple[str, str, int, int]) -> ClientRecord:
@@ -265,6 +281,47 @@ class SqliteStore:
         with self._write() as db:
             return db.execute("DELETE FROM link_log WHERE link = ? AND position < ?",
                               (link, before)).rowcount
+
+    # -- the composer log (its head in ``counters``, as the event log's: the Spark jobs read
+    # both tables the same way, spark_jobs/log_source.py)
+
+    def append_composer(self, lines: Sequence[ComposerLine]) -> int:
+        with self._write() as db:
+            (head,) = db.execute("UPDATE counters SET head = head + ? WHERE log = "
+                                 "'composer_log' RETURNING head", (len(lines),)).fetchone()
+            first = head - len(lines) + 1
+            db.executemany("INSERT INTO composer_log VALUES (?, ?, ?, ?, ?, ?, ?)",
+                           [(first + i, c.line, c.time, c.source, c.id, c.type,
+                             json.dumps(c.via)) for i, c in enumerate(lines)])
+        return int(head)
+
+    def read_composer(self, after: int, limit: int = 1000) -> list[ComposerLine]:
+        check_read(after, limit)
+        return [_composer_line(row) for row in self._read(
+            f"SELECT {_COMPOSER} FROM composer_log WHERE position > ? ORDER BY position LIMIT ?",
+            (after, limit))]
+
+    def composer_head(self) -> int:
+        return int(self._read("SELECT head FROM counters WHERE log = 'composer_log'")[0][0])
+
+    def composer_events(self, keys: Sequence[tuple[str, str]]
+                        ) -> dict[tuple[str, str], ComposerLine]:
+        out: dict[tuple[str, str], ComposerLine] = {}
+        with self._locked() as db:
+            for source, ident in dict.fromkeys(keys):
+                row = (db.execute(f"SELECT {_COMPOSER} FROM composer_log WHERE id = ? AND "
+                                  "source = ? ORDER BY position DESC LIMIT 1",
+                                  (ident, source)).fetchone() if source else
+                       db.execute(f"SELECT {_COMPOSER} FROM composer_log WHERE id = ? AND "
+                                  "id != '' ORDER BY position DESC LIMIT 1",
+                                  (ident,)).fetchone())
+                if row is not None:
+                    out[(source, ident)] = _composer_line(row)
+        return out
+
+    def trim_composer(self, before: int) -> int:
+        with self._write() as db:
+            return db.execute("DELETE FROM composer_log WHERE position < ?", (before,)).rowcount
 
     # -- notification logs
 
