@@ -159,9 +159,9 @@ def _spark_settings() -> str:
 def latency_at(rate: int, seconds: float, store: str | None, composer: str = "inprocess"
                ) -> tuple[float, list[float], str]:
     """Events/s sent, each notified event's delay (s) from its batch's Publish call to its
-    notification at the client, and the composer's settings. The Spark composer decides an
-    instant when a later event moves its watermark (Publish's watermark reaches the runners
-    only), so events that notify nobody follow the measured ones until all are in."""
+    notification at the client, and the composer's settings. Publish's watermark reaches the
+    runners and, as a watermark line of the composer log, the Spark jobs; events that notify
+    nobody still follow the measured ones until all are in (a steady stream, as measured)."""
     total = int(rate * seconds)
     per_batch = max(1, rate // 100)
     sent: dict[str, float] = {}  # id of a notified event → when its batch was sent
