@@ -77,6 +77,9 @@ class AutonomousLink:
         self._session: Any = None
         self._on_message: OnMessage | None = None
         self._on_lost: OnLost | None = None
+        self.on_refused: Callable[[Handle, str], None] = lambda handle, why: None
+        """Told when the service refuses a query registered while it was out of reach (the
+        pipeline marks the subscriptions holding it failed)."""
 
     def start(self, on_message: OnMessage, on_lost: OnLost, resume_after: int) -> None:
         """Open the session in the background (calls wait for it)."""
@@ -88,8 +91,13 @@ class AutonomousLink:
 
         assert self._on_message is not None
         return Session(self.address, self.name, self.info.group, on_message=self._on_message,
-                       on_lost=self._lost, resume_after=resume_after, heartbeat=self.heartbeat,
-                       timeout=self.timeout)
+                       on_lost=self._lost, on_refused=self._refused, resume_after=resume_after,
+                       heartbeat=self.heartbeat, timeout=self.timeout)
+
+    def _refused(self, handle: Handle, why: str) -> None:
+        with self._lock:
+            self._queries.pop(handle, None)
+        self.on_refused(handle, why)
 
     def _lost(self, reason: str) -> None:
         if "superseded" in reason:
@@ -126,7 +134,9 @@ class AutonomousLink:
         with self._lock:
             if self._session is None:
                 raise ConnectionError(f"the link to {self.info.name!r} is not started")
-            self._session.register(name, text)  # NativeQueryError if the service refuses it
+            # NativeQueryError if the service refuses it now; one out of reach is not waited
+            # for: the query is registered when it is back (a refusal then: on_refused).
+            self._session.register(name, text, wait=False)
             self._queries[name] = text
         return name
 

@@ -115,6 +115,7 @@ class Session:
     def __init__(self, address: str, name: str, group: str, *,
                  on_message: Callable[[Message], None],
                  on_lost: Callable[[str], None] = _ignore,
+                 on_refused: Callable[[str, str], None] = lambda ident, why: None,
                  resume_after: int = 0, heartbeat: float = 0.2, timeout: float = 10.0) -> None:
         self.address = address
         self.name = name
@@ -124,6 +125,7 @@ class Session:
         self.timeout = timeout
         self._on_message = on_message
         self._on_lost = on_lost
+        self._on_refused = on_refused
         self._language = group  # the service's language, once connected (for query errors)
         self._lock = threading.Lock()  # the registrations and the connection
         self._changed = threading.Condition(self._lock)  # connected, lost or closed
@@ -148,13 +150,20 @@ class Session:
 
     # ---------------------------------------------------------------- the interface
 
-    def register(self, subscription_id: str, query: str) -> None:
+    def register(self, subscription_id: str, query: str, wait: bool = True) -> None:
         """Register ``query`` as ``subscription_id``: it sees the events published after this
         returns. The same again: nothing happens. NativeQueryError when the service refuses
         the query; ValueError if the id is registered with another query; ConnectionError
-        when the service is out of reach for ``timeout`` seconds or the session is lost."""
+        when the service is out of reach for ``timeout`` seconds or the session is lost.
+        ``wait`` False: a service out of reach now is not waited for — the registration is
+        made when the session connects, and a refusal then goes to ``on_refused(id, why)``
+        (nothing on the caller's side waits on a service that is down)."""
         with self._lock:
             known = self._registrations.get(subscription_id)
+            if known is None and not wait and self._conn is None and self._lost is None:
+                self._registrations[subscription_id] = query  # made at the next connection
+                self._withdrawn.discard(subscription_id)
+                return
         if known == query:
             return
         if known is not None:
@@ -394,6 +403,10 @@ class Session:
                 log.error("%s: %s is no longer registered: %s", self._where(), ident,
                           exc.details())
                 del self._registrations[ident]
+                try:
+                    self._on_refused(ident, exc.details() or exc.code().name)
+                except Exception:
+                    log.exception("%s: on_refused failed", self._where())
 
     # ---------------------------------------------------------------- reading
 

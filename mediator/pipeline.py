@@ -115,6 +115,11 @@ def _close(link: Link) -> None:
 ORIGIN_KEY = "pipeline.origin"
 """Store meta: the origin of the merged trace (with autonomous services): the time before its
 first event."""
+TRIM_SECONDS = 5.0
+"""Seconds between trims of the logs at most, whatever flows."""
+FED_GRACE = 3.0
+"""Seconds a start waits for the fed services to connect before planning the stored
+subscriptions (one out of reach then is planned around)."""
 LINK_READ = 500
 """Link-log entries read per round and service."""
 LATE_SHOWN = 3
@@ -206,9 +211,14 @@ class Pipeline:
                         if composer == "spark" else None)
         # Who takes each autonomous handle's detections: (subscription, federation).
         self._users: dict[tuple[str, Handle], Takers] = {}
+        for name, link in self.links.items():
+            if isinstance(link, AutonomousLink):
+                link.on_refused = self._refusals(name)
+        self._failed: dict[Key, str] = {}  # subscriptions not evaluated, and why
         known = store.get_meta(ORIGIN_KEY) if self._feeds else None
         self._origin: int | None = int(known) if known is not None else None
         self._batches = 0
+        self._trimmed = clock.monotonic()
         self.error: BaseException | None = None
         """What stopped the thread, if it failed (the service reports NOT_SERVING)."""
 
@@ -230,15 +240,42 @@ class Pipeline:
             head, _ = self.store.link_bounds(name)
             feed.position = min((s for s in starts if s is not None), default=head)
             feed.start()
+        self._await_fed_links()
         for record in records:
             try:
                 self._add(record, None, restoring=True)
             except Exception as exc:  # one subscription that cannot be restored: the rest can
                 log.error("subscription %s/%s not restored: %s", record.owner, record.name, exc)
+                self._failed[(record.owner, record.name)] = f"not restored: {exc}"
         if self._sparks is not None:  # every stored profile is back in the jobs' tables
             self._sparks.begin_jobs()
         self._thread = threading.Thread(target=self._run, name="evamed-pipeline", daemon=True)
         self._thread.start()
+
+    def _await_fed_links(self, seconds: float = FED_GRACE) -> None:
+        """Give the fed services a moment to connect before the stored subscriptions are
+        planned: one still out of reach then is planned around."""
+        deadline = clock.monotonic() + seconds
+        fed = [link for link in self.links.values() if not link.info.autonomous]
+        while (any(link.status() != "SERVING" for link in fed)
+               and clock.monotonic() < deadline):
+            clock.sleep(0.05)
+
+    def failure(self, owner: str, name: str) -> str | None:
+        """Why a stored subscription is not evaluated (None: it is)."""
+        return self._failed.get((owner, name))
+
+    def _refusals(self, link: str) -> Callable[[Handle, str], None]:
+        return lambda handle, why: self._refused(link, handle, why)
+
+    def _refused(self, link: str, handle: Handle, why: str) -> None:
+        """An autonomous service refused a query registered while it was out of reach (in its
+        session's thread): the subscriptions holding it are failed, said."""
+        for key, sub in list(self._subs.items()):
+            if any(handle in f.handles.get(link, ()) for f in sub.federations):
+                reason = f"service {link} refuses its query {handle}: {why}"
+                self._failed[key] = reason
+                log.error("subscription %s/%s is no longer evaluated: %s", *key, reason)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Evaluate what the logs hold, then unsubscribe every federation at its services —
@@ -342,7 +379,11 @@ class Pipeline:
     def _add(self, record: SubscriptionRecord, doc: ast.Document | None,
              restoring: bool) -> list[Plan]:
         doc = doc if doc is not None else parse(record.text)
-        infos = [link.info for link in self.links.values()]
+        # A fed service out of reach is planned around (the own feed holds its events): an
+        # AddProfile never waits on it. An autonomous one holds events nobody else has: its
+        # queries are registered when it is back (AutonomousLink.subscribe).
+        infos = [link.info for link in self.links.values()
+                 if link.info.autonomous or link.status() == "SERVING"]
         with self._locked():
             key = (record.owner, record.name)
             if key in self._subs:
@@ -387,6 +428,7 @@ class Pipeline:
                     federation.unsubscribe()
                 raise
             self._subs[key] = sub
+            self._failed.pop(key, None)
             self._count(sub, 1)
             self._origins.widen(sub.types, sub.horizon)
             return plans
@@ -440,6 +482,7 @@ class Pipeline:
     def remove(self, owner: str, name: str) -> bool:
         """Unsubscribe a live subscription at its services and drop it."""
         with self._locked():
+            self._failed.pop((owner, name), None)
             sub = self._subs.pop((owner, name), None)
             if sub is None:
                 return False
@@ -506,6 +549,11 @@ class Pipeline:
                         if time is not None:
                             self._round([], time)
                         self._decide()
+                        if clock.monotonic() - self._trimmed >= TRIM_SECONDS:
+                            # Also when only the services' notifications flow (no batch of
+                            # the own feed counts towards trim_every then).
+                            self._trim()
+                            self._trimmed = clock.monotonic()
                     failed = self._sparks.failure() if self._sparks is not None else None
                     if failed is not None:  # a live job stopped: composites would stop too
                         raise failed
@@ -564,6 +612,7 @@ class Pipeline:
         self._batches += 1
         if self._batches % self.trim_every == 0:
             self._trim()
+            self._trimmed = clock.monotonic()
         return len(logged)
 
     def _round(self, events: list[Event], until: int | None) -> None:

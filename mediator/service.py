@@ -91,6 +91,7 @@ class Pipeline(Protocol):
     def explain(self, doc: ast.Document) -> tuple[str, str]: ...
     def newest(self) -> int | None: ...
     def services(self) -> list[ServiceStatus]: ...
+    def failure(self, owner: str, name: str) -> str | None: ...
 
 
 Owned = tuple[SubscriptionRecord, tuple[int, int]]
@@ -233,6 +234,12 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
             else:
                 record, bounds = await self._own(owner, request.name)
             after = self._resume_at(record, request.resume_token, bounds)
+            failed = self.pipeline.failure(owner, record.name)
+            if failed:
+                raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"subscription {_brief_name(record.name)} is not evaluated: "
+                              f"{failed}; remove it (Unsubscribe) and register it again once "
+                              "that is mended")
             yield mediator_pb2.Notification(subscription=record.name, ready=True)
             log.info("%s subscribed to %s from position %d", owner, record.name, after)
             async for message in self.dispatcher.stream(record, after):
@@ -253,7 +260,7 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
 
     @_answering
     async def AddProfile(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return _profile_info(*await self._register(CLIENT.get(), request.profile_text,
+        return self._info(*await self._register(CLIENT.get(), request.profile_text,
                                                    request.name))
 
     @_answering
@@ -273,7 +280,7 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
     @_answering
     async def ListProfiles(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         owned = await asyncio.to_thread(self._listed, CLIENT.get())
-        return mediator_pb2.ListProfilesReply(profiles=[_profile_info(*o) for o in owned])
+        return mediator_pb2.ListProfilesReply(profiles=[self._info(*o) for o in owned])
 
     def _listed(self, owner: str) -> list[Owned]:
         return [(r, self.store.notification_bounds(owner, r.name))
@@ -281,7 +288,12 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
 
     @_answering
     async def GetProfile(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return _profile_info(*await self._own(CLIENT.get(), request.name))
+        return self._info(*await self._own(CLIENT.get(), request.name))
+
+    def _info(self, record: SubscriptionRecord, bounds: tuple[int, int]) -> Any:
+        info = _profile_info(record, bounds)
+        info.status = self.pipeline.failure(record.owner, record.name) or ""
+        return info
 
     @_answering
     async def Explain(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -605,6 +617,10 @@ def _profile_info(record: SubscriptionRecord, bounds: tuple[int, int]) -> Any:
         profiles=[s["profile"] for s in summaries], created_us=record.created_us,
         log_first=first if first <= head else 0, log_head=head,
         plans=[f"{s['profile']}: {s['kind']}, {', '.join(s['services'])}" for s in summaries])
+
+
+def _brief_name(name: str) -> str:
+    return repr(name if len(name) <= 80 else name[:79] + "…")
 
 
 def _loose_id(line: str) -> str:

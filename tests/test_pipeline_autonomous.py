@@ -550,3 +550,72 @@ def test_a_client_receives_each_profiles_spark_composites_in_replay_order(
     assert all(len(want[p]) > 10 for p in "KNL")
     pipeline.stop()
     store.close()
+
+
+def test_a_service_out_of_reach_holds_back_no_registration_and_gets_its_queries_when_back(
+        tmp_path: Path) -> None:
+    """Issue 24.4: a subscription added while its autonomous service is down is not waited
+    on (the pipeline's lock is not held for the link's timeout): its queries are registered
+    when the service is back, and the composites come."""
+    from adapters.backends.service import serve as serve_base
+    from adapters.client import BaseClient
+    from tests.servers import free_port
+
+    port = free_port()
+    info = ServiceInfo("cs", "cg3", PRESETS["cg3"], Coverage(types=("a", "c")), autonomous=True)
+    link = AutonomousLink(info, f"127.0.0.1:{port}", "t/cs", heartbeat=0.05, timeout=30.0)
+    store = SqliteStore(tmp_path / "s.db")
+    # The own feed (nothing comes there) soon idle: the origin is the service's.
+    pipeline = Pipeline(store, {"cs": link}, tick=1, idle={"cs": 30.0}, idle_default=0.5)
+    pipeline.start()
+    try:
+        record = SubscriptionRecord("alice", "s", CLASSES + PROFILES.splitlines()[0] + "\n", 1,
+                                    store.event_head(), None)
+        store.put_subscription(record)
+        began = time.monotonic()
+        pipeline.add(record)
+        assert time.monotonic() - began < 10.0  # the link's timeout is 30 s
+        assert pipeline.services()[0].status == "CONNECTING"
+        running = serve_base("cg3", f"127.0.0.1:{port}", tick=1)
+        try:
+            deadline = time.monotonic() + 20
+            while pipeline.services()[0].status != "SERVING" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.3)  # the registration is made as the session opens
+            with BaseClient(f"127.0.0.1:{port}") as client:
+                client.publish([Event("a1", "urn:a", "a", 10, 0), Event("c2", "urn:c", "c", 12, 1)],
+                               advance_to=100)
+            deadline = time.monotonic() + 20
+            while not logged(store) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(logged(store)) == 1
+        finally:
+            running.stop()
+    finally:
+        pipeline.stop(2.0)
+        link.close()
+        store.close()
+
+
+def test_a_query_refused_when_the_service_is_back_fails_the_subscription_visibly(
+        tmp_path: Path) -> None:
+    """Issue 24.4: a query registered while the service was out of reach and refused once it
+    is back makes the subscriptions holding it failed, with the service's reason — not a
+    silently empty stream."""
+    store = SqliteStore(tmp_path / "s.db")
+    links = services()
+    pipeline = Pipeline(store, links, tick=1, idle_default=30.0)
+    pipeline.start()
+    try:
+        subscribe(pipeline, store)
+        assert pipeline.failure("alice", "s") is None
+        link = links["cs"]
+        assert isinstance(link, AutonomousLink)
+        (handle, *_) = next(iter(pipeline._subs.values())).federations[0].handles["cs"]
+        link.on_refused(handle, "the query is 70,000 bytes; a native query may be at most 65,536")
+        failure = pipeline.failure("alice", "s")
+        assert failure is not None and "service cs refuses its query" in failure
+        assert "at most 65,536" in failure
+    finally:
+        pipeline.stop()
+        store.close()

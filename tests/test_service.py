@@ -67,6 +67,7 @@ class Pipeline:
         self.live: dict[tuple[str, str], SubscriptionRecord] = {}
         self.wakes = 0
         self.advanced: list[int] = []
+        self.failed: dict[tuple[str, str], str] = {}  # what failure() says
         self.error: BaseException | None = None
 
     def start(self) -> None: ...
@@ -87,6 +88,9 @@ class Pipeline:
 
     def advance(self, time: int) -> None:
         self.advanced.append(time)
+
+    def failure(self, owner: str, name: str) -> str | None:
+        return self.failed.get((owner, name))
 
     def explain(self, doc: ast.Document) -> tuple[str, str]:
         return f"{len(doc.profiles)} profiles", "[]"
@@ -431,6 +435,28 @@ def test_a_profile_the_pipeline_refuses_is_not_kept(mediator: Mediator) -> None:
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "refused" in (error.details() or "")
     assert mediator.store.subscriptions("alice") == []
+
+
+def test_a_subscription_that_is_not_evaluated_says_why_and_refuses_a_stream(
+        mediator: Mediator) -> None:
+    """Issue 24.4: a subscription that could not be restored, or whose service now refuses
+    its query, shows why in GetProfile and ListProfiles, and Subscribe to it fails with
+    FAILED_PRECONDITION saying the same — not a silently empty stream."""
+    md = mediator.client("alice")
+    mediator.stub.AddProfile(mediator_pb2.AddProfileRequest(profile_text=PROFILE, name="s"),
+                             metadata=md, timeout=TIMEOUT)
+    why = "service sql refuses its query q-1: the query nests too deeply"
+    mediator.pipeline.failed[("alice", "s")] = why
+    info = mediator.stub.GetProfile(mediator_pb2.GetProfileRequest(name="s"), metadata=md,
+                                    timeout=TIMEOUT)
+    assert info.status == why
+    listed = mediator.stub.ListProfiles(mediator_pb2.ListProfilesRequest(), metadata=md,
+                                        timeout=TIMEOUT)
+    assert [p.status for p in listed.profiles] == [why]
+    error = refusal(lambda: mediator.stub.Subscribe(mediator_pb2.SubscribeRequest(name="s"),
+                                                    metadata=md, timeout=TIMEOUT))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert why in (error.details() or "")
 
 
 def test_a_client_sees_only_its_own_profiles(mediator: Mediator) -> None:

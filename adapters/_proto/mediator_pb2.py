@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x65va/mediator/v1/mediator.proto\x12\x0f\x65va.mediator.v1\"L\n\x10SubscribeRequest\x12\x14\n\x0cprofile_text\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x14\n\x0cresume_token\x18\x03 \x01(\t\"\xbe\x01\n\x0cNotification\x12\x12\n\ncloudevent\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0f\n\x07profile\x18\x03 \x01(\t\x12\x14\n\x0csubscription\x18\x04 \x01(\t\x12\x0f\n\x07sources\x18\x05 \x03(\t\x12\x10\n\x08services\x18\x06 \x03(\t\x12\x14\n\x0cresume_token\x18\x07 \x01(\t\x12\r\n\x05ready\x18\x08 \x01(\x08\x12\r\n\x05types\x18\t \x03(\t\x12\x10\n\x08times_us\x18\n \x03(\x03\"7\n\x11\x41\x64\x64ProfileRequest\x12\x14\n\x0cprofile_text\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\x92\x01\n\x0bProfileInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x10\n\x08profiles\x18\x03 \x03(\t\x12\r\n\x05owner\x18\x04 \x01(\t\x12\x12\n\ncreated_us\x18\x05 \x01(\x03\x12\x11\n\tlog_first\x18\x06 \x01(\x03\x12\x10\n\x08log_head\x18\x07 \x01(\x03\x12\r\n\x05plans\x18\x08 \x03(\t\"\"\n\x12UnsubscribeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"!\n\x10UnsubscribeReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x15\n\x13ListProfilesRequest\"C\n\x11ListProfilesReply\x12.\n\x08profiles\x18\x01 \x03(\x0b\x32\x1c.eva.mediator.v1.ProfileInfo\"!\n\x11GetProfileRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"4\n\x0e\x45xplainRequest\x12\x14\n\x0cprofile_text\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"*\n\x0c\x45xplainReply\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0c\n\x04json\x18\x02 \x01(\t\"<\n\x0ePublishRequest\x12\x13\n\x0b\x63loudevents\x18\x01 \x03(\t\x12\x15\n\radvance_to_us\x18\x02 \x01(\x03\"7\n\nDeadLetter\x12\r\n\x05index\x18\x01 \x01(\x03\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"j\n\x0cPublishReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x03\x12\x15\n\rdead_lettered\x18\x02 \x01(\x03\x12\x31\n\x0c\x64\x65\x61\x64_letters\x18\x03 \x03(\x0b\x32\x1b.eva.mediator.v1.DeadLetter\"\x15\n\x13ListServicesRequest\"\xa2\x01\n\x0bServiceInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x10\n\x08language\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x0f\n\x07sources\x18\x05 \x03(\t\x12\r\n\x05types\x18\x06 \x03(\t\x12\x0e\n\x06status\x18\x07 \x01(\t\x12\x15\n\rsubscriptions\x18\x08 \x01(\x03\x12\x0c\n\x04mode\x18\t \x01(\t\"C\n\x11ListServicesReply\x12.\n\x08services\x18\x01 \x03(\x0b\x32\x1c.eva.mediator.v1.ServiceInfo2\xa5\x05\n\x0fMediatorService\x12O\n\tSubscribe\x12!.eva.mediator.v1.SubscribeRequest\x1a\x1d.eva.mediator.v1.Notification0\x01\x12N\n\nAddProfile\x12\".eva.mediator.v1.AddProfileRequest\x1a\x1c.eva.mediator.v1.ProfileInfo\x12U\n\x0bUnsubscribe\x12#.eva.mediator.v1.UnsubscribeRequest\x1a!.eva.mediator.v1.UnsubscribeReply\x12X\n\x0cListProfiles\x12$.eva.mediator.v1.ListProfilesRequest\x1a\".eva.mediator.v1.ListProfilesReply\x12N\n\nGetProfile\x12\".eva.mediator.v1.GetProfileRequest\x1a\x1c.eva.mediator.v1.ProfileInfo\x12I\n\x07\x45xplain\x12\x1f.eva.mediator.v1.ExplainRequest\x1a\x1d.eva.mediator.v1.ExplainReply\x12K\n\x07Publish\x12\x1f.eva.mediator.v1.PublishRequest\x1a\x1d.eva.mediator.v1.PublishReply(\x01\x12X\n\x0cListServices\x12$.eva.mediator.v1.ListServicesRequest\x1a\".eva.mediator.v1.ListServicesReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x65va/mediator/v1/mediator.proto\x12\x0f\x65va.mediator.v1\"L\n\x10SubscribeRequest\x12\x14\n\x0cprofile_text\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x14\n\x0cresume_token\x18\x03 \x01(\t\"\xbe\x01\n\x0cNotification\x12\x12\n\ncloudevent\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0f\n\x07profile\x18\x03 \x01(\t\x12\x14\n\x0csubscription\x18\x04 \x01(\t\x12\x0f\n\x07sources\x18\x05 \x03(\t\x12\x10\n\x08services\x18\x06 \x03(\t\x12\x14\n\x0cresume_token\x18\x07 \x01(\t\x12\r\n\x05ready\x18\x08 \x01(\x08\x12\r\n\x05types\x18\t \x03(\t\x12\x10\n\x08times_us\x18\n \x03(\x03\"7\n\x11\x41\x64\x64ProfileRequest\x12\x14\n\x0cprofile_text\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\xa2\x01\n\x0bProfileInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x10\n\x08profiles\x18\x03 \x03(\t\x12\r\n\x05owner\x18\x04 \x01(\t\x12\x12\n\ncreated_us\x18\x05 \x01(\x03\x12\x11\n\tlog_first\x18\x06 \x01(\x03\x12\x10\n\x08log_head\x18\x07 \x01(\x03\x12\r\n\x05plans\x18\x08 \x03(\t\x12\x0e\n\x06status\x18\t \x01(\t\"\"\n\x12UnsubscribeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"!\n\x10UnsubscribeReply\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x15\n\x13ListProfilesRequest\"C\n\x11ListProfilesReply\x12.\n\x08profiles\x18\x01 \x03(\x0b\x32\x1c.eva.mediator.v1.ProfileInfo\"!\n\x11GetProfileRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"4\n\x0e\x45xplainRequest\x12\x14\n\x0cprofile_text\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"*\n\x0c\x45xplainReply\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0c\n\x04json\x18\x02 \x01(\t\"<\n\x0ePublishRequest\x12\x13\n\x0b\x63loudevents\x18\x01 \x03(\t\x12\x15\n\radvance_to_us\x18\x02 \x01(\x03\"7\n\nDeadLetter\x12\r\n\x05index\x18\x01 \x01(\x03\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"j\n\x0cPublishReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x03\x12\x15\n\rdead_lettered\x18\x02 \x01(\x03\x12\x31\n\x0c\x64\x65\x61\x64_letters\x18\x03 \x03(\x0b\x32\x1b.eva.mediator.v1.DeadLetter\"\x15\n\x13ListServicesRequest\"\xa2\x01\n\x0bServiceInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x10\n\x08language\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x0f\n\x07sources\x18\x05 \x03(\t\x12\r\n\x05types\x18\x06 \x03(\t\x12\x0e\n\x06status\x18\x07 \x01(\t\x12\x15\n\rsubscriptions\x18\x08 \x01(\x03\x12\x0c\n\x04mode\x18\t \x01(\t\"C\n\x11ListServicesReply\x12.\n\x08services\x18\x01 \x03(\x0b\x32\x1c.eva.mediator.v1.ServiceInfo2\xa5\x05\n\x0fMediatorService\x12O\n\tSubscribe\x12!.eva.mediator.v1.SubscribeRequest\x1a\x1d.eva.mediator.v1.Notification0\x01\x12N\n\nAddProfile\x12\".eva.mediator.v1.AddProfileRequest\x1a\x1c.eva.mediator.v1.ProfileInfo\x12U\n\x0bUnsubscribe\x12#.eva.mediator.v1.UnsubscribeRequest\x1a!.eva.mediator.v1.UnsubscribeReply\x12X\n\x0cListProfiles\x12$.eva.mediator.v1.ListProfilesRequest\x1a\".eva.mediator.v1.ListProfilesReply\x12N\n\nGetProfile\x12\".eva.mediator.v1.GetProfileRequest\x1a\x1c.eva.mediator.v1.ProfileInfo\x12I\n\x07\x45xplain\x12\x1f.eva.mediator.v1.ExplainRequest\x1a\x1d.eva.mediator.v1.ExplainReply\x12K\n\x07Publish\x12\x1f.eva.mediator.v1.PublishRequest\x1a\x1d.eva.mediator.v1.PublishReply(\x01\x12X\n\x0cListServices\x12$.eva.mediator.v1.ListServicesRequest\x1a\".eva.mediator.v1.ListServicesReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,33 +38,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ADDPROFILEREQUEST']._serialized_start=322
   _globals['_ADDPROFILEREQUEST']._serialized_end=377
   _globals['_PROFILEINFO']._serialized_start=380
-  _globals['_PROFILEINFO']._serialized_end=526
-  _globals['_UNSUBSCRIBEREQUEST']._serialized_start=528
-  _globals['_UNSUBSCRIBEREQUEST']._serialized_end=562
-  _globals['_UNSUBSCRIBEREPLY']._serialized_start=564
-  _globals['_UNSUBSCRIBEREPLY']._serialized_end=597
-  _globals['_LISTPROFILESREQUEST']._serialized_start=599
-  _globals['_LISTPROFILESREQUEST']._serialized_end=620
-  _globals['_LISTPROFILESREPLY']._serialized_start=622
-  _globals['_LISTPROFILESREPLY']._serialized_end=689
-  _globals['_GETPROFILEREQUEST']._serialized_start=691
-  _globals['_GETPROFILEREQUEST']._serialized_end=724
-  _globals['_EXPLAINREQUEST']._serialized_start=726
-  _globals['_EXPLAINREQUEST']._serialized_end=778
-  _globals['_EXPLAINREPLY']._serialized_start=780
-  _globals['_EXPLAINREPLY']._serialized_end=822
-  _globals['_PUBLISHREQUEST']._serialized_start=824
-  _globals['_PUBLISHREQUEST']._serialized_end=884
-  _globals['_DEADLETTER']._serialized_start=886
-  _globals['_DEADLETTER']._serialized_end=941
-  _globals['_PUBLISHREPLY']._serialized_start=943
-  _globals['_PUBLISHREPLY']._serialized_end=1049
-  _globals['_LISTSERVICESREQUEST']._serialized_start=1051
-  _globals['_LISTSERVICESREQUEST']._serialized_end=1072
-  _globals['_SERVICEINFO']._serialized_start=1075
-  _globals['_SERVICEINFO']._serialized_end=1237
-  _globals['_LISTSERVICESREPLY']._serialized_start=1239
-  _globals['_LISTSERVICESREPLY']._serialized_end=1306
-  _globals['_MEDIATORSERVICE']._serialized_start=1309
-  _globals['_MEDIATORSERVICE']._serialized_end=1986
+  _globals['_PROFILEINFO']._serialized_end=542
+  _globals['_UNSUBSCRIBEREQUEST']._serialized_start=544
+  _globals['_UNSUBSCRIBEREQUEST']._serialized_end=578
+  _globals['_UNSUBSCRIBEREPLY']._serialized_start=580
+  _globals['_UNSUBSCRIBEREPLY']._serialized_end=613
+  _globals['_LISTPROFILESREQUEST']._serialized_start=615
+  _globals['_LISTPROFILESREQUEST']._serialized_end=636
+  _globals['_LISTPROFILESREPLY']._serialized_start=638
+  _globals['_LISTPROFILESREPLY']._serialized_end=705
+  _globals['_GETPROFILEREQUEST']._serialized_start=707
+  _globals['_GETPROFILEREQUEST']._serialized_end=740
+  _globals['_EXPLAINREQUEST']._serialized_start=742
+  _globals['_EXPLAINREQUEST']._serialized_end=794
+  _globals['_EXPLAINREPLY']._serialized_start=796
+  _globals['_EXPLAINREPLY']._serialized_end=838
+  _globals['_PUBLISHREQUEST']._serialized_start=840
+  _globals['_PUBLISHREQUEST']._serialized_end=900
+  _globals['_DEADLETTER']._serialized_start=902
+  _globals['_DEADLETTER']._serialized_end=957
+  _globals['_PUBLISHREPLY']._serialized_start=959
+  _globals['_PUBLISHREPLY']._serialized_end=1065
+  _globals['_LISTSERVICESREQUEST']._serialized_start=1067
+  _globals['_LISTSERVICESREQUEST']._serialized_end=1088
+  _globals['_SERVICEINFO']._serialized_start=1091
+  _globals['_SERVICEINFO']._serialized_end=1253
+  _globals['_LISTSERVICESREPLY']._serialized_start=1255
+  _globals['_LISTSERVICESREPLY']._serialized_end=1322
+  _globals['_MEDIATORSERVICE']._serialized_start=1325
+  _globals['_MEDIATORSERVICE']._serialized_end=2002
 # @@protoc_insertion_point(module_scope)
