@@ -55,6 +55,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 from weakref import WeakKeyDictionary
 
 from adapters.backends.native import Language, NativeQueryError
@@ -302,6 +303,21 @@ class Federation:
             return []
         self._notify(publish(self.links, [], self._ticks_until(end), until=end))
         return self.runner.close(end)
+
+    def export_state(self) -> dict[str, Any]:
+        """Its runner's state and its own (the ticks published so far, the last event taken)
+        as data: what a checkpoint keeps (:meth:`import_state`)."""
+        return {"runner": self.runner.export_state(), "next": self._next, "ticks": self._ticks,
+                "last": self._last, "newest": self._newest}
+
+    def import_state(self, state: dict[str, Any]) -> None:
+        """Take up :meth:`export_state`'s data in a federation of the same plans, subscribed
+        again under the same durable names (an autonomous service's registrations kept
+        evaluating; a fed service's would start afresh: only autonomous services and the own
+        feed can be taken up so)."""
+        self.runner.import_state(state["runner"])
+        self._next, self._ticks = dict(state["next"]), state["ticks"]
+        self._last, self._newest = state["last"], state["newest"]
 
     def stats(self) -> RunnerStats:
         """What its runner holds (the mediator's state-size gauge)."""

@@ -618,3 +618,26 @@ def _partition_record(reader: _Reader, data: bytes, key: Hashable, budget: recor
         raise SnapshotError(f"partition {ident}: its record is of partition "
                             f"{_brief(record[0])}")
     return record
+
+
+def to_data(value: Any) -> dict[str, Any]:
+    """Any value made of engine state — containers, tuples, sets, events, occurrences, state
+    records, syntax-tree values — as JSON-ready data with its class table: what a checkpoint
+    of something above the engine (the plan runner: transforms/runner.py) holds. Read back
+    with :func:`from_data`, as a snapshot is: the allow-list, nothing run."""
+    writer = _Writer()
+    with _collector_paused():
+        root = writer.value(value)
+    return {"classes": writer.classes, "root": root}
+
+
+def from_data(data: Any, what: str = "state") -> Any:
+    """The value :func:`to_data` wrote; :class:`SnapshotError` naming ``what`` if it is not
+    such data."""
+    if type(data) is not dict or "root" not in data:
+        raise SnapshotError(f"{what}: {_brief(data)}, expected a class table and a root")
+
+    def build() -> Any:
+        return _Reader(data.get("classes")).value(data["root"])
+
+    return _guarded(what, build)

@@ -9,8 +9,10 @@ tests/test_sessions.py and end to end in tests/test_federation_e2e.py)."""
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,6 +26,7 @@ from eva.parser import parse
 from eva.printer import expr_text
 from eva.reference import evaluate
 from eva.semantics import Notification
+from eva.snapshot import from_data, to_data
 from tests.helpers import signature
 from tests.strategies import documents, dups, pairs, spans, traces
 from tests.test_federated import FEDERATED_CLASSES, NAMES, SOURCES, keyed
@@ -80,7 +83,20 @@ def disjoint_services(draw: st.DrawFn) -> list[ServiceInfo]:
 
 class Service(InProcessLink):
     """An autonomous service in this process: its producers publish to it (the test), the
-    mediator only subscribes (the federation) and reads what it says."""
+    mediator only subscribes (the federation) and reads what it says. A registration is
+    durable: the same name subscribed again (a restarted mediator) is the same one."""
+
+    def __init__(self, info: ServiceInfo, lang: Any) -> None:
+        super().__init__(info, lang)
+        self.named: dict[str, Handle] = {}
+
+    def subscribe(self, text: str, name: str = "") -> Handle:
+        if name and name in self.named:
+            return self.named[name]
+        handle = super().subscribe(text, name)
+        if name:
+            self.named[name] = handle
+        return handle
 
 
 @dataclass
@@ -107,13 +123,16 @@ def merged(services: list[ServiceInfo], trace: list[Event]) -> dict[int, list[Ev
 
 
 def federated(doc: ast.Document, services: list[ServiceInfo], trace: list[Event],
-              draw: random.Random) -> list[Notification]:
+              draw: random.Random, checkpoint: int | None = None) -> list[Notification]:
     """The document planned live over autonomous ``services``: each input publishes its part
     of the trace in batches of random sizes, the inputs in a random interleaving; what each
     says reaches the mediator after random delays, in order. The mediator starts the clock at
     the first event of any input (once every input with events has said where it starts),
     decides up to the smallest watermark of the federation's inputs after each delivery, and
-    closes at the end, every service's clock run there."""
+    closes at the end, every service's clock run there. ``checkpoint``: after that many
+    steps the mediator dies — its federation's state written as a checkpoint's data, read back
+    into a new federation of the same plans, subscribed again under the same names — and goes
+    on."""
     links: dict[str, Link] = {s.name: Service(s, language(s.group, 1)) for s in services}
     plans = [plan_federated(p, doc, services, live=True) for p in doc.profiles]
     federation = Federation(doc, plans, links, tick=1, owner="sub")
@@ -139,7 +158,13 @@ def federated(doc: ast.Document, services: list[ServiceInfo], trace: list[Event]
             assert not federation.learn(item.link.info.name, handle, found)
         item.watermark = watermark
 
+    steps = 0
     while any(i.sent < len(i.events) or (i.inbox and origin is not None) for i in inputs):
+        steps += 1
+        if steps == checkpoint:
+            data = json.loads(json.dumps(to_data(federation.export_state())))
+            federation = Federation(doc, plans, links, tick=1, owner="sub")
+            federation.import_state(from_data(data))
         item = draw.choice([i for i in inputs
                             if i.sent < len(i.events) or (i.inbox and origin is not None)])
         if item.inbox and origin is not None and (item.sent == len(item.events)
@@ -227,6 +252,21 @@ def test_autonomous_services_deliver_the_reference_over_the_merged_trace(
     learns their events only from their notifications; batches, interleavings and delays at
     random: the composites are the reference's over the merged trace — to the report key."""
     got = federated(doc, services, trace, draw)
+    exact = keyed if any(s.group == "cg5" for s in services) else signature
+    assert exact(got) == exact(reference(services, doc, trace))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(doc=st.one_of(documents(3, FEDERATED_CLASSES, NAMES), pushable()),
+       services=disjoint_services(), trace=traces(20, sources=SOURCES),
+       draw=st.randoms(use_true_random=False), at=st.integers(1, 40))
+def test_a_federation_restored_from_its_checkpoint_decides_what_it_would_have(
+        doc: ast.Document, services: list[ServiceInfo], trace: list[Event],
+        draw: random.Random, at: int) -> None:
+    """Issue 24.1: the federation's state written as data at a random step (the runner's
+    held and learnt events, visibility, answers waiting, each partition's engines) and read
+    back into a new federation of the same plans: it goes on to the reference's answer."""
+    got = federated(doc, services, trace, draw, checkpoint=at)
     exact = keyed if any(s.group == "cg5" for s in services) else signature
     assert exact(got) == exact(reference(services, doc, trace))
 

@@ -47,6 +47,7 @@ post-filters dropped; docs/operations.md, Monitor).
 
 from __future__ import annotations
 
+import base64
 import bisect
 import heapq
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
@@ -60,6 +61,7 @@ from eva.events import PASSIVE, PRIMITIVE, Event
 from eva.printer import expr_text
 from eva.retention import longest, reach
 from eva.semantics import Key, Notification, Occ, partition_key
+from eva.snapshot import restore, snapshot
 from transforms.dialects.base import Detection, Reading, Scope, rerun_target, taken
 from transforms.plans import Kind, Plan, PlanNode, Remote, Subscribe
 
@@ -642,6 +644,67 @@ class Runner:
         self.end = end
         return self._run(end, True)
 
+    # ---------------------------------------------------------------- checkpoints
+
+    def export_state(self) -> dict[str, Any]:
+        """What the runner holds, as data (:func:`eva.snapshot.to_data` writes it): the events
+        held and learnt, what the services made visible, the answers waiting, and each
+        partition's engines (engine snapshots). :meth:`import_state` gives it to a runner made
+        of the same plans — what it decides from then on is what this one would have."""
+        profiles = [{
+            "visible": p.visible, "opened": p.opened,
+            "partitions": [[part.value, part.key, part.order, _keyed_state(part.outer),
+                            {i: _keyed_state(e) for i, e in part.rerun.items()}, part.last,
+                            part.due, part.pending] for part in p.partitions.values()]}
+            for p in self.profiles]
+        return {"start": self.start, "end": self.end, "done": self._done,
+                "newest": self._newest, "learning": self.learning, "held": self._held,
+                "learned": self._learned, "visible": self._visible,
+                "readings": {i: [(key, value, (r.occurrences, r.visible, r.order))
+                                 for key, value, r in rs] for i, rs in self._readings.items()},
+                "known": self._known, "known_order": self._known_order,
+                "verdicts": {i: (v.waiting, v._due, v._entries)
+                             for i, v in self._verdicts.items()},
+                "drops": self._drops, "touched": list(self._touched),
+                "wake": [(t, order, n) for t, order, n, _, _ in self._wake],
+                "entries": self._entries, "profiles": profiles}
+
+    def import_state(self, state: dict[str, Any]) -> None:
+        """Take up what :meth:`export_state` gave, into a runner made of the same plans (and
+        nothing pushed to it yet). ValueError if it does not fit them."""
+        if len(state["profiles"]) != len(self.profiles):
+            raise ValueError(f"a state of {len(state['profiles'])} profiles for a runner of "
+                             f"{len(self.profiles)}")
+        self.start, self.end, self._done = state["start"], state["end"], state["done"]
+        self._newest, self.learning = state["newest"], state["learning"]
+        self._held = list(state["held"])
+        self._learned = set(state["learned"])
+        self._visible = {i: set(v) for i, v in state["visible"].items()}
+        self._readings = {i: [(key, value, Reading(*r)) for key, value, r in rs]
+                          for i, rs in state["readings"].items()}
+        self._known, self._known_order = dict(state["known"]), list(state["known_order"])
+        for i, (waiting, due, entries) in state["verdicts"].items():
+            verdicts = self._verdicts[i]
+            verdicts.waiting, verdicts._due, verdicts._entries = dict(waiting), list(due), entries
+        self._drops = dict(state["drops"])
+        self._entries = state["entries"]
+        by_order: dict[tuple[int, int], tuple[_Profile, _Partition]] = {}
+        for p, data in zip(self.profiles, state["profiles"], strict=True):
+            p.visible, p.opened = set(data["visible"]), data["opened"]
+            p.partitions = {}
+            for value, key, order, outer, rerun, last, due, pending in data["partitions"]:
+                part = _Partition(value, key, order,
+                                  _keyed(outer, p.horizon, p.tags),
+                                  {i: _rerun(e, p.horizons[i]) for i, e in rerun.items()},
+                                  last, due, list(pending))
+                p.partitions[key] = part
+                by_order[order] = (p, part)
+        self._touched = {order: by_order[order] for order in state["touched"]
+                         if order in by_order}
+        self._wake = [(t, order, n, *by_order[order]) for t, order, n in state["wake"]
+                      if order in by_order]
+        heapq.heapify(self._wake)
+
     # ---------------------------------------------------------------- statistics
 
     def stats(self) -> RunnerStats:
@@ -868,6 +931,33 @@ class Runner:
         out.extend(outer.close(bound) if final else outer.advance(bound))
         outer.trim(bound)
         return [Notification(name, value, n.occ, n.emitted) for n in out]
+
+
+def _keyed_state(keyed: _Keyed | None) -> dict[str, Any] | None:
+    """A partition's engine as data: its snapshot and its map of inputs to the trace's keys."""
+    if keyed is None:
+        return None
+    return {"engine": base64.b64encode(snapshot(keyed.engine)).decode(), "keys": keyed.keys,
+            "given": keyed.given, "first": keyed.first, "local": keyed.local}
+
+
+def _keyed(data: dict[str, Any] | None, horizon: int | None,
+           tags: dict[str, str] | None = None) -> _Keyed | None:
+    """The engine :func:`_keyed_state` wrote (its horizon and tags are the profile's)."""
+    if data is None:
+        return None
+    made = _Keyed.__new__(_Keyed)
+    made.engine = restore(base64.b64decode(data["engine"]), _bug)
+    made.keys, made.given = list(data["keys"]), list(data["given"])
+    made.first, made.local = data["first"], dict(data["local"])
+    made.horizon, made.tags = horizon, tags or {}
+    return made
+
+
+def _rerun(data: dict[str, Any], horizon: int | None) -> _Keyed:
+    made = _keyed(data, horizon)
+    assert made is not None
+    return made
 
 
 def _engines(partition: _Partition) -> list[_Keyed]:
