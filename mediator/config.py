@@ -149,6 +149,8 @@ class Config:
     log_level: str = "INFO"
     drain: int = 3_000_000
     idle_timeout: int = 5_000_000
+    checkpoint_interval: int = 30_000_000
+    checkpoint_events: int = 100_000
     limits: Limits = field(default_factory=Limits)
     tls: Tls = field(default_factory=Tls)
     services: tuple[ServiceConfig, ...] = ()
@@ -297,7 +299,8 @@ _TOP: dict[str, Convert] = {
     "listen": _address, "store": _store, "composer": _choice(COMPOSERS), "tick": _span(1),
     "future": _span(0), "retention": _whole(1), "metrics_port": _whole(0),
     "metrics_host": _text, "log_json": _flag, "log_level": _choice(LOG_LEVELS, str.upper),
-    "drain": _span(0), "idle_timeout": _span(1),
+    "drain": _span(0), "idle_timeout": _span(1), "checkpoint_interval": _span(1_000_000),
+    "checkpoint_events": _whole(1),
 }
 _SECTIONS: dict[str, tuple[type, dict[str, Convert]]] = {
     "limits": (Limits, {"profiles": _whole(1), "depth": _whole(0),

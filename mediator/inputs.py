@@ -206,6 +206,15 @@ class ServiceFeed:
             self.position = entry.position
         return out
 
+    @property
+    def watermark(self) -> int | None:
+        """The watermark of what the pipeline has read."""
+        return self._watermark
+
+    def restore(self, watermark: int | None) -> None:
+        """A checkpoint's progress: read up to :attr:`position` with that watermark."""
+        self._watermark = watermark
+
     def heard(self, notice: Notice) -> None:
         """An entry read: its progress taken."""
         self._advance(notice.watermark)

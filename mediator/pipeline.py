@@ -60,6 +60,7 @@ from eva.events import Event
 from eva.notify import composite_line
 from eva.parser import parse
 from eva.semantics import Notification
+from mediator import checkpoints
 from mediator.config import COMPOSERS
 from mediator.ingestion import OwnFeed
 from mediator.inputs import ServiceFeed, State, Takers, bound
@@ -117,6 +118,8 @@ ORIGIN_KEY = "pipeline.origin"
 first event."""
 TRIM_SECONDS = 5.0
 """Seconds between trims of the logs at most, whatever flows."""
+CHECKPOINTS_KEPT = 2
+"""Checkpoints kept: the newest, and one to fall back on if it does not read."""
 FED_GRACE = 3.0
 """Seconds a start waits for the fed services to connect before planning the stored
 subscriptions (one out of reach then is planned around)."""
@@ -149,6 +152,7 @@ class _Subscription:
     horizon: int | None  # how long a composite may name an event after it (None: unbounded)
     composed: list[str] = field(default_factory=list)  # profiles a live Spark job composes
     links: dict[str, int] = field(default_factory=dict)  # its start in each link log
+    own_after: int = 0  # restored from a checkpoint: the event-log position it had read to
     sparked: list[tuple[str, Handle]] = field(default_factory=list)  # its Spark filters
 
     @property
@@ -174,7 +178,8 @@ class Pipeline:
                  on_append: Callable[[str, str, int], None] = lambda owner, name, head: None,
                  spark: Any = None, spark_dir: str | None = None, trigger: str | None = None,
                  batch: int = 500, trim_every: int = 100, idle: Mapping[str, float] | None = None,
-                 idle_default: float = 5.0) -> None:
+                 idle_default: float = 5.0, checkpoint_interval: float = 30.0,
+                 checkpoint_events: int = 100_000) -> None:
         if composer not in COMPOSERS:
             raise ValueError(f"composer {composer!r}: expected one of {', '.join(COMPOSERS)}")
         if batch < 1 or trim_every < 1:
@@ -191,6 +196,8 @@ class Pipeline:
         self.on_append = on_append
         self.batch = batch
         self.trim_every = trim_every
+        self.checkpoint_interval = checkpoint_interval
+        self.checkpoint_events = checkpoint_events
         self._subs: dict[Key, _Subscription] = {}
         self._handles: dict[str, int] = dict.fromkeys(self.links, 0)  # per link, all federations'
         self._origins = Origins()
@@ -219,6 +226,9 @@ class Pipeline:
         self._origin: int | None = int(known) if known is not None else None
         self._batches = 0
         self._trimmed = clock.monotonic()
+        self._checkpointed = clock.monotonic()
+        self._since = 0  # entries read since the last checkpoint
+        self._kept: list[dict[str, Any]] = []  # the kept checkpoints' positions (oldest first)
         self.error: BaseException | None = None
         """What stopped the thread, if it failed (the service reports NOT_SERVING)."""
 
@@ -234,16 +244,37 @@ class Pipeline:
             # threads): not in the first AddProfile that needs it, seconds past its deadline.
             self._sparks.session()
         records = sorted(self.store.subscriptions(), key=lambda r: r.start_position)
-        self._own.start(records[0].start_position if records else self.store.event_head())
+        checkpoint = self._newest_checkpoint()
+        saved: dict[str, Any] = checkpoint["subs"] if checkpoint is not None else {}
+        covered = [r for r in records if saved.get(_sub_id(r)) is not None]
+        rest = [r for r in records if saved.get(_sub_id(r)) is None]
+        if checkpoint is not None:
+            log.info("restarting from checkpoint: %d of %d subscriptions restored, %d replayed "
+                     "from their starts", len(covered), len(records), len(rest))
+        own_at = min([*(r.start_position for r in rest),
+                      *([checkpoint["own"]["position"]] if covered and checkpoint else [])],
+                     default=self.store.event_head())
+        self._own.start(own_at)
+        if checkpoint is not None and covered and own_at == checkpoint["own"]["position"]:
+            self._own.newest = checkpoint["own"]["newest"]
+            self._own.sealed = checkpoint["own"]["sealed"]
         for name, feed in self._feeds.items():
-            starts = [_link_starts(r).get(name) for r in records]
+            starts = [_link_starts(r).get(name) for r in rest]
+            if checkpoint is not None and covered and name in checkpoint["feeds"]:
+                starts.append(checkpoint["feeds"][name]["position"])
             head, _ = self.store.link_bounds(name)
             feed.position = min((s for s in starts if s is not None), default=head)
+            if checkpoint is not None and name in checkpoint["feeds"] and (
+                    feed.position == checkpoint["feeds"][name]["position"]):
+                feed.restore(checkpoint["feeds"][name]["watermark"])
             feed.start()
+        if checkpoint is not None and checkpoint.get("origins") is not None and covered:
+            self._origins.import_state(checkpoint["origins"])
         self._await_fed_links()
         for record in records:
             try:
-                self._add(record, None, restoring=True)
+                self._add(record, None, restoring=True, saved=saved.get(_sub_id(record)),
+                          checkpoint=checkpoint)
             except Exception as exc:  # one subscription that cannot be restored: the rest can
                 log.error("subscription %s/%s not restored: %s", record.owner, record.name, exc)
                 self._failed[(record.owner, record.name)] = f"not restored: {exc}"
@@ -305,6 +336,9 @@ class Pipeline:
                       "the event log from position %d)", self._own.position)
             return
         try:
+            if not self._cut_short and self._since and (self._origin is not None
+                                                        or not self._feeds):
+                self._checkpoint()  # a clean stop: the next start reads nothing again
             unsubscribing = threading.Thread(target=self._unsubscribe_all, daemon=True,
                                              name="evamed-pipeline-stop")
             unsubscribing.start()
@@ -377,7 +411,8 @@ class Pipeline:
         return self._add(record, doc, restoring=False)
 
     def _add(self, record: SubscriptionRecord, doc: ast.Document | None,
-             restoring: bool) -> list[Plan]:
+             restoring: bool, saved: list[Any] | None = None,
+             checkpoint: dict[str, Any] | None = None) -> list[Plan]:
         doc = doc if doc is not None else parse(record.text)
         # A fed service out of reach is planned around (the own feed holds its events): an
         # AddProfile never waits on it. An autonomous one holds events nobody else has: its
@@ -388,7 +423,7 @@ class Pipeline:
             key = (record.owner, record.name)
             if key in self._subs:
                 raise ValueError(f"subscription {record.owner}/{record.name} is already live")
-            while (self._own.position < record.start_position
+            while (saved is None and self._own.position < record.start_position
                    and self._step(record.start_position)):
                 pass
             starts = _link_starts(record)
@@ -419,6 +454,8 @@ class Pipeline:
                 sub = _Subscription(record, doc, plans, federations, types(doc),
                                     horizon(doc, self.tick), [p.profile.name for p in sparked],
                                     links=starts)
+                if saved is not None and checkpoint is not None:
+                    self._restore(sub, saved, checkpoint)
                 if sparked and self._sparks is not None:
                     # (restored ones start together: Pipeline.start)
                     self._sparks.add(record, doc, sparked, restoring)
@@ -432,6 +469,63 @@ class Pipeline:
             self._count(sub, 1)
             self._origins.widen(sub.types, sub.horizon)
             return plans
+
+    def _restore(self, sub: _Subscription, saved: list[Any], checkpoint: dict[str, Any]) -> None:
+        """A subscription's federations take up their checkpointed state; it reads the logs
+        after the checkpoint's positions."""
+        if len(saved) != len(sub.federations):
+            raise ValueError(f"its checkpoint holds {len(saved)} federations, its plans make "
+                             f"{len(sub.federations)}")
+        for federation, state in zip(sub.federations, saved, strict=True):
+            federation.import_state(state)
+        sub.own_after = checkpoint["own"]["position"]
+        for name, feed in checkpoint["feeds"].items():
+            if name in self._feeds:
+                sub.links[name] = max(sub.links.get(name, 0), feed["position"])
+
+    def _newest_checkpoint(self) -> dict[str, Any] | None:
+        """The newest kept checkpoint that reads (one that does not is refused by name, in
+        one line, and the one before is tried); None: a replay from the subscriptions'
+        starts."""
+        found = self.store.checkpoints()
+        for number, data in found:
+            try:
+                state = checkpoints.read(data)
+            except checkpoints.CheckpointError as exc:
+                log.error("checkpoint %d refused: %s; %s", number, exc,
+                          "trying the one before" if number != found[-1][0] else
+                          "replaying the logs from the subscriptions' starts (what they hold)")
+                continue
+            self._kept = [checkpoints.positions(kept) for n, d in reversed(found)
+                          if n <= number and (kept := _read(d)) is not None]
+            return state
+        return None
+
+    def _checkpoint(self) -> None:
+        """Write a checkpoint (between rounds, under the lock): where each input was read to,
+        their progress, the origin, and the state of every subscription that can be taken up
+        so (none of its queries at a fed service, none of its profiles with Spark)."""
+        subs: dict[str, Any] = {}
+        for sub in self._subs.values():
+            if sub.composed or any(name not in self._feeds for f in sub.federations
+                                   for name, handles in f.handles.items() if handles):
+                continue
+            subs[_sub_id(sub.record)] = [f.export_state() for f in sub.federations]
+        state = {"own": {"position": self._own.position, "newest": self._own.newest,
+                         "sealed": self._own.sealed},
+                 "feeds": {name: {"position": feed.position, "watermark": feed.watermark}
+                           for name, feed in self._feeds.items()},
+                 "origin": self._origin, "subs": subs, "origins": self._origins.export_state()}
+        try:
+            data = checkpoints.write(state)
+        except (checkpoints.CheckpointError, TypeError) as exc:
+            log.error("no checkpoint written: %s (a restart replays from the subscriptions' "
+                      "starts)", exc)
+            return
+        self.store.put_checkpoint(data, keep=CHECKPOINTS_KEPT)
+        self._kept = [*self._kept, checkpoints.positions(state)][-CHECKPOINTS_KEPT:]
+        self._since = 0
+        self._checkpointed = clock.monotonic()
 
     def _start_time(self) -> int | None:
         """The instant a subscription registered now sees events after: the newest event time
@@ -545,10 +639,16 @@ class Pipeline:
                     evaluated = 0
                     if self._ready():
                         evaluated = self._step() + self._listen()
+                        self._since += evaluated
                         time = self._own.due()
                         if time is not None:
                             self._round([], time)
                         self._decide()
+                        if self._since and (
+                                self._since >= self.checkpoint_events
+                                or clock.monotonic() - self._checkpointed
+                                >= self.checkpoint_interval):
+                            self._checkpoint()
                         if clock.monotonic() - self._trimmed >= TRIM_SECONDS:
                             # Also when only the services' notifications flow (no batch of
                             # the own feed counts towards trim_every then).
@@ -619,11 +719,16 @@ class Pipeline:
         """The own feed's batch (or, with ``until`` and no events, a watermark) to every
         federation that takes it, each fed link with subscriptions published once, with the
         ticks every federation asks of it; each federation takes its handles' detections."""
-        feds = [f for s in self._subs.values() for f in s.federations if f.own_inputs]
+        feds = [(s, f) for s in self._subs.values() for f in s.federations if f.own_inputs]
         late = self._sparks.begin(events) if self._sparks is not None else []
         ticks: dict[str, list[Event]] = {}
-        for fed in feds:
-            for name, asked in fed.begin(events, until).items():
+        last = events[-1].seq if events else None
+        for sub, fed in feds:
+            given = events
+            if last is not None and sub.own_after >= events[0].seq:
+                # Restored from a checkpoint taken after some of these: it has them.
+                given = [e for e in events if e.seq > sub.own_after]
+            for name, asked in fed.begin(given, until).items():
                 ticks.setdefault(name, []).extend(asked)
         used = {name: link for name, link in self.links.items()
                 if self._handles[name] and name not in self._feeds}
@@ -634,7 +739,7 @@ class Pipeline:
             count = sum(len(v) for v in found.values())
             if self.metrics and count:
                 self.metrics.notifications_in.labels(name).inc(count)
-        for fed in feds:
+        for _, fed in feds:
             fed.take(detections)
         if self._sparks is not None:
             late += self._sparks.take(detections)
@@ -755,19 +860,38 @@ class Pipeline:
             log.exception("waking the streams of %s/%s failed", *key)
 
     def _trim(self) -> None:
-        """Drop the log entries no live subscription needs (each needs those after its start
-        positions) and the pipeline has evaluated."""
-        starts = [s.record.start_position for s in self._subs.values()]
+        """Drop the log entries nothing needs any more: each subscription the oldest kept
+        checkpoint holds needs those after that checkpoint's positions, any other those after
+        its start positions; and nothing the pipeline has not evaluated."""
+        oldest = self._kept[0] if self._kept else None
+        held = oldest["subs"] if oldest is not None else set()
+        starts = [oldest["own"] if _sub_id(s.record) in held and oldest is not None
+                  else s.record.start_position for s in self._subs.values()]
         before = min([*starts, self._own.position + 1])
         self._own.keep()
         dropped = self.store.trim_events(before)
         if dropped:
             log.debug("event log trimmed: %d entries before position %d", dropped, before)
         for name, feed in self._feeds.items():
-            needed = [s.links[name] + 1 for s in self._subs.values() if name in s.links]
+            needed = [(oldest["feeds"].get(name, 0) if _sub_id(s.record) in held
+                       and oldest is not None else _link_starts(s.record).get(name, 0)) + 1
+                      for s in self._subs.values() if name in s.links]
             self.store.trim_link(name, min([*needed, feed.position + 1]))
         if self._sparks is not None:
             self._sparks.trim()
+
+
+def _sub_id(record: SubscriptionRecord) -> str:
+    """A subscription as a checkpoint names it: owner, name and registration (the same name
+    registered again is another subscription)."""
+    return f"{record.owner}\n{record.name}\n{record.created_us}"
+
+
+def _read(data: bytes) -> dict[str, Any] | None:
+    try:
+        return checkpoints.read(data)
+    except checkpoints.CheckpointError:
+        return None
 
 
 def _link_starts(record: SubscriptionRecord) -> dict[str, int]:

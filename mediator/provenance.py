@@ -65,6 +65,17 @@ class Origins:
         self._any: int | None = NOT_KEPT  # of the documents with a class of any type
         self._longest: int | None = NOT_KEPT  # of every document (ticks)
 
+    def export_state(self) -> dict[str, Any]:
+        """What it keeps, as data (a checkpoint's part: eva.snapshot.to_data)."""
+        return {"source": self._source, "kind": self._kind, "via": self._via,
+                "expiry": self._expiry}
+
+    def import_state(self, state: dict[str, Any]) -> None:
+        self._source, self._kind = dict(state["source"]), dict(state["kind"])
+        self._via = {k: set(v) for k, v in state["via"].items()}
+        self._expiry = list(state["expiry"])
+        heapq.heapify(self._expiry)
+
     def widen(self, types: frozenset[str] | None, horizon: int | None) -> None:
         """Keep what one more document may name too (``types`` None: any type)."""
         if types is None:

@@ -270,7 +270,9 @@ async def start(config: Config, *, store: Store | None = None,
         brokers = await asyncio.to_thread(Brokers, config, opened, metrics)
         running = pipeline(opened, links, tick=config.tick, composer=config.composer,
                            metrics=metrics, on_append=_appended(dispatcher, brokers),
-                           idle=idle_timeouts(config), idle_default=config.idle_timeout / 1e6)
+                           idle=idle_timeouts(config), idle_default=config.idle_timeout / 1e6,
+                           checkpoint_interval=config.checkpoint_interval / 1e6,
+                           checkpoint_events=config.checkpoint_events)
         await asyncio.to_thread(running.start)
         service = MediatorService(opened, running, config, metrics, dispatcher, brokers)
         await service.restore()

@@ -619,3 +619,149 @@ def test_a_query_refused_when_the_service_is_back_fails_the_subscription_visibly
     finally:
         pipeline.stop()
         store.close()
+
+
+# ------------------------------------------------------------------ checkpoints (issue 24.1)
+
+
+def crash(pipeline: Pipeline, links: dict[str, Link]) -> None:
+    """The mediator dies: its thread abandoned, nothing stopped cleanly."""
+    pipeline._halt = True
+    pipeline.wake()
+    for link in links.values():
+        link.close()
+
+
+def counting(store: SqliteStore) -> list[int]:
+    """Count the log entries a pipeline reads from the store (the event log and link logs)."""
+    reads = [0]
+    events, links = store.read_events, store.read_link
+
+    def read_events(after: int, limit: int = 1000) -> Any:
+        found = events(after, limit)
+        reads[0] += len(found)
+        return found
+
+    def read_link(link: str, after: int, limit: int = 1000) -> Any:
+        found = links(link, after, limit)
+        reads[0] += len(found)
+        return found
+
+    store.read_events = read_events  # type: ignore[method-assign]
+    store.read_link = read_link  # type: ignore[method-assign]
+    return reads
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_restart_from_a_checkpoint_reads_only_what_follows_it_and_loses_nothing(
+        tmp_path: Path, seed: int, caplog: pytest.LogCaptureFixture) -> None:
+    """Checkpoints every few entries; the mediator dies after most of the trace. The new one
+    takes up the newest checkpoint — the runners' state, the positions, the progress — and
+    reads the logs after it only: the log holds the reference's composites, each once."""
+    store = SqliteStore(tmp_path / "s.db")
+    links = services()
+    events = trace(seed, 90)
+    want = reference(events)
+    parts = split(events)
+    draw = random.Random(seed)
+    first = Pipeline(store, links, tick=1, idle_default=30.0, checkpoint_events=25)
+    first.start()
+    subscribe(first, store)
+    play(first, store, links, parts, draw, until=0.8)
+    time.sleep(0.5)
+    assert store.checkpoints(), "no checkpoint was written"
+    crash(first, links)
+    total = store.event_head() + sum(store.link_bounds(n)[0] for n in links)
+    reads = counting(store)
+    with caplog.at_level("INFO", logger="mediator.pipeline"):
+        second = Pipeline(store, links, tick=1, idle_default=30.0, checkpoint_events=25)
+        second.start()
+    assert "restarting from checkpoint: 1 of 1 subscriptions restored" in caplog.text
+    rest = {name: part[int(len(part) * 0.8):] for name, part in parts.items()}
+    play(second, store, links, rest, draw)
+    finish(second, store, links, events[-1].time + 100)
+    assert settled(store, want) == want
+    second.stop()
+    assert reads[0] < total  # what the checkpoint held was not read again
+    store.close()
+
+
+def test_a_checkpoint_that_does_not_read_is_refused_and_the_one_before_taken(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The newest checkpoint is corrupt: refused by name in one line, the previous one is
+    taken up; with none readable, the logs are replayed from the subscriptions' starts (here
+    nothing was trimmed yet). The answers are the same."""
+    import sqlite3
+
+    events = trace(5, 80)
+    want = reference(events)
+    for broken in (1, 2):
+        store = SqliteStore(tmp_path / f"s{broken}.db")
+        links = services()
+        parts = split(events)
+        draw = random.Random(5)
+        first = Pipeline(store, links, tick=1, idle_default=30.0)
+        first.start()
+        subscribe(first, store)
+        for begin, share in ((0.0, 0.35), (0.35, 0.7)):
+            play(first, store, links, {n: p[int(len(p) * begin):int(len(p) * share)]
+                                       for n, p in parts.items()}, random.Random(5))
+            time.sleep(0.4)
+            with first._lock:
+                first._checkpoint()
+        crash(first, links)
+        kept = store.checkpoints()
+        assert len(kept) == 2
+        with sqlite3.connect(tmp_path / f"s{broken}.db") as db:
+            for number, _ in kept[:broken]:
+                db.execute("UPDATE checkpoints SET data = ? WHERE number = ?",
+                           (b"evamed-pipeline-checkpoint 1\nnot zlib", number))
+        with caplog.at_level("INFO", logger="mediator.pipeline"):
+            second = Pipeline(store, links, tick=1, idle_default=30.0)
+            second.start()
+        assert f"checkpoint {kept[0][0]} refused: a malformed checkpoint" in caplog.text
+        if broken == 1:
+            assert "restarting from checkpoint: 1 of 1 subscriptions restored" in caplog.text
+        else:
+            assert "replaying the logs from the subscriptions' starts" in caplog.text
+        rest = {name: part[int(len(part) * 0.7):] for name, part in parts.items()}
+        play(second, store, links, rest, draw)
+        finish(second, store, links, events[-1].time + 100)
+        assert settled(store, want) == want
+        second.stop()
+        store.close()
+        caplog.clear()
+
+
+def test_the_logs_are_bounded_by_the_checkpoints_not_by_history(tmp_path: Path) -> None:
+    """With checkpoints, the event log keeps what the oldest kept checkpoint needs after its
+    position: as the history grows tenfold, what the store holds does not."""
+
+    def held(count: int) -> int:
+        store = SqliteStore(tmp_path / f"h{count}.db")
+        pipeline = Pipeline(store, {}, tick=1, checkpoint_events=100, trim_every=1)
+        pipeline.start()
+        text = (CLASSES + "profile Pair per data.k = ((all_dup(A); all_dup(B))_3us)"
+                "_all_pairs\n")
+        record = SubscriptionRecord("alice", "s", text, 1, store.event_head(), None)
+        store.put_subscription(record)
+        pipeline.add(record)
+        for start in range(0, count, 100):
+            store.append_events([json.dumps(to_cloudevent(Event(
+                f"e{i}", "urn:x", "ab"[i % 2], 10 + i, 0, {"k": i // 2})))
+                for i in range(start, start + 100)])
+            pipeline.wake()
+            deadline = time.monotonic() + 10
+            while pipeline.position < store.event_head() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        with pipeline._lock:
+            pipeline._checkpoint()
+            pipeline._checkpoint()
+            pipeline._trim()
+        kept = len(store.read_events(0, 1_000_000))
+        pipeline.stop()
+        store.close()
+        return kept
+
+    small, large = held(500), held(5_000)
+    assert large <= max(small, 200), (small, large)

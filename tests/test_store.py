@@ -220,6 +220,13 @@ def test_the_composer_log_keeps_its_lines_in_order_and_answers_for_its_events_by
     assert store.append_composer([mark]) == 5
 
 
+def test_the_newest_checkpoints_are_kept_newest_first(store: Store) -> None:
+    assert store.checkpoints() == []
+    numbers = [store.put_checkpoint(f"c{i}".encode(), keep=2) for i in range(4)]
+    assert numbers == sorted(numbers) and len(set(numbers)) == 4
+    assert store.checkpoints() == [(numbers[3], b"c3"), (numbers[2], b"c2")]
+
+
 def test_a_subscription_keeps_its_link_starts(store: Store) -> None:
     record = replace(subscription(), links='{"traffic": 4}')
     store.put_subscription(record)

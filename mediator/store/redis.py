@@ -20,6 +20,8 @@ client or subscription name cannot run into the next part):
   ``time``, ``source``, ``id``, ``type``, ``via``); ``composer:head`` its counter;
   ``composer:ids`` — a hash from ``[source, id]`` (and ``["", id]``: the newest of that id) to
   the position of the event's line, kept with the stream (trimmed with it).
+* ``checkpoints`` — a hash of the kept checkpoints by number; ``checkpoints:number`` its
+  counter.
 * ``log:<owner>:<name>`` — the notification log, a stream with ids ``<position>-0``;
   ``ids:<owner>:<name>`` — the set of its composite ids (the dedupe; not trimmed with the log).
 
@@ -521,6 +523,26 @@ class RedisStore:
         # MAXLEN (exact) is "keep the newest `keep`" as one command, whatever the head is now
         return int(self._trim_notifications(
             keys=[self._k("sub", owner, name), self._k("log", owner, name)], args=[keep]))
+
+    # -- checkpoints
+
+    @_failures
+    def put_checkpoint(self, data: bytes, keep: int = 2) -> int:
+        number = int(self._redis.incr(self._k("checkpoints:number")))
+        with self._redis.pipeline() as tx:
+            tx.hset(self._k("checkpoints"), str(number), data)
+            tx.hkeys(self._k("checkpoints"))
+            _, found = tx.execute()
+        old = [k for k in found if int(k) <= number - max(keep, 1)]
+        if old:
+            self._redis.hdel(self._k("checkpoints"), *old)
+        return number
+
+    @_failures
+    def checkpoints(self) -> list[tuple[int, bytes]]:
+        found = self._redis.hgetall(self._k("checkpoints"))
+        return sorted(((int(k), v if isinstance(v, bytes) else v.encode())
+                       for k, v in found.items()), reverse=True)
 
     # -- meta
 

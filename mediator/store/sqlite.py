@@ -62,6 +62,8 @@ CREATE TABLE IF NOT EXISTS link_logs (link TEXT PRIMARY KEY, head INTEGER NOT NU
 CREATE TABLE IF NOT EXISTS link_log (
     link TEXT NOT NULL, position INTEGER NOT NULL, number INTEGER NOT NULL,
     payload BLOB NOT NULL, PRIMARY KEY (link, position)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS checkpoints (
+    number INTEGER PRIMARY KEY AUTOINCREMENT, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS notification_ids (
     owner TEXT NOT NULL, name TEXT NOT NULL, composite_id TEXT NOT NULL,
     PRIMARY KEY (owner, name, composite_id)) WITHOUT ROWID;
@@ -386,6 +388,19 @@ class SqliteStore:
                 return 0
             return db.execute("DELETE FROM notifications WHERE owner = ? AND name = ? "
                               "AND position <= ?", (owner, name, row[0] - keep)).rowcount
+
+    # -- checkpoints
+
+    def put_checkpoint(self, data: bytes, keep: int = 2) -> int:
+        with self._write() as db:
+            number = int(db.execute("INSERT INTO checkpoints (data) VALUES (?) RETURNING number",
+                                    (data,)).fetchone()[0])
+            db.execute("DELETE FROM checkpoints WHERE number <= ?", (number - max(keep, 1),))
+        return number
+
+    def checkpoints(self) -> list[tuple[int, bytes]]:
+        return [(int(n), bytes(d)) for n, d in self._read(
+            "SELECT number, data FROM checkpoints ORDER BY number DESC")]
 
     # -- meta
 
