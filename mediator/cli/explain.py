@@ -126,6 +126,9 @@ def _explain_at(server: str, profiles: Path | None, name: str | None, format: Ou
 
 def _plot(plans: list[tuple[str, Any]], path: Path) -> None:
     """Each plan as a tree: to ``path`` when there is one, else beside it, named by plan."""
+    from mediator.cli.common import require_extra
+
+    require_extra("plots", "--plot")
     from mediator.plots import PlotError, plan_tree
 
     for label, p in plans:

@@ -21,7 +21,8 @@ from mediator.cli.common import (
     known_profiles,
     load,
     read_head,
-    require_java,
+    require_extra,
+    require_spark,
     span_option,
     time_option,
 )
@@ -105,6 +106,7 @@ def replay(
     if profiles is None:
         fail("--profiles is required (or --native G --query FILE)")
     if plot is not None:
+        require_extra("plots", "--plot")
         from mediator.plots import PlotError, check_path
 
         try:
@@ -116,7 +118,7 @@ def replay(
     if engine_name == "spark" and via is not None:
         fail("--engine spark and --via exclude each other")
     if engine_name == "spark":
-        require_java()
+        require_spark("--engine spark")
         if plot is not None:
             fail("--plot draws what the in-process engine (or --via) computes: drop --engine spark")
     doc = load(profiles)
