@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from mediator.demo.processes import Child, DemoError, Stack, evamed, free_port, mosquitto
+from mediator.demo.processes import Child, DemoError, Stack, Stopped, evamed, free_port, mosquitto
 from mediator.demo.scenario import (
     BROKER,
     CLIENTS,
@@ -94,11 +94,13 @@ def run(workdir: Path, *, composer: str = "spark", seconds: float = 30.0,
         _play(events, mqtt_port, metrics, clients[0][1], services, seconds, console, notes, seen)
         return _check(workdir, metrics, notes, seen, console, clients[0][1])
     finally:
-        for _, client in clients:
-            client.close()
-        with console.status("stopping everything the demo started"):
-            stack.stop()
-        console.print(f"[dim]logs and the store are in {workdir}[/]", soft_wrap=True)
+        try:
+            for _, client in clients:
+                client.close()
+        finally:  # a second signal kills what is left (Stack.stop) and ends the demo
+            with console.status("stopping everything the demo started"):
+                stack.stop()
+            console.print(f"[dim]logs and the store are in {workdir}[/]", soft_wrap=True)
 
 
 # ---------------------------------------------------------------- start
@@ -407,4 +409,4 @@ def _replayed(store: Path, published: dict[str, list[dict[str, Any]]]
     return out
 
 
-__all__ = ["DemoError", "run"]
+__all__ = ["DemoError", "Stopped", "run"]
