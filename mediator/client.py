@@ -134,6 +134,46 @@ class ServiceStatus:
 
 
 @dataclass(frozen=True)
+class InputStatus:
+    """An input of the mediator's pipeline: its own feed ("mediator") or an autonomous service."""
+
+    name: str
+    watermark_us: int            # every instant up to it reported (0: nothing yet)
+    idle: bool                   # stood still for its idle timeout: holds nothing back
+    position: int                # the last log position the pipeline has read
+    head: int                    # the log's newest position
+
+
+@dataclass(frozen=True)
+class SubscriptionStatus:
+    name: str
+    profiles: tuple[str, ...]
+    log_first: int               # the oldest position kept (0: empty)
+    log_head: int                # the newest appended (0: none)
+    lag: int                     # not yet sent to a subscriber (-1: not known since the start)
+    composers: dict[str, str]    # profile → "inprocess" or "spark"
+
+
+@dataclass(frozen=True)
+class MediatorStatus:
+    """What ``evamed status`` shows: the counts are since the mediator started."""
+
+    version: str
+    health: str                  # SERVING, NOT_SERVING (error says why)
+    error: str
+    composer: str
+    started_us: int
+    event_log_head: int
+    inputs: tuple[InputStatus, ...]
+    services: tuple[ServiceStatus, ...]  # the services, then the brokers' sources
+    subscriptions: tuple[SubscriptionStatus, ...]  # the caller's
+    subscriptions_total: int     # every client's
+    events_in: dict[str, int]    # by CloudEvents source
+    dead_letters: dict[str, int]  # by reason
+    composites_out: int
+
+
+@dataclass(frozen=True)
 class Explanation:
     text: str                    # as `evamed explain` prints it
     json: Any                    # the same, parsed
@@ -445,9 +485,20 @@ class MediatorClient:
     def services(self) -> list[ServiceStatus]:
         """The services the mediator is connected to, their coverage and state."""
         reply = self._call("ListServices", mediator_pb2.ListServicesRequest())
-        return [ServiceStatus(s.name, s.group, s.language, s.address, tuple(s.sources),
-                              tuple(s.types), s.status, s.subscriptions, s.mode)
-                for s in reply.services]
+        return [_service_status(s) for s in reply.services]
+
+    def status(self) -> MediatorStatus:
+        """The mediator's state as an operator checks it (``evamed status``)."""
+        r = self._call("Status", mediator_pb2.StatusRequest())
+        return MediatorStatus(
+            r.version, r.health, r.error, r.composer, r.started_us, r.event_log_head,
+            tuple(InputStatus(i.name, i.watermark_us, i.idle, i.position, i.head)
+                  for i in r.inputs),
+            tuple(_service_status(s) for s in r.services),
+            tuple(SubscriptionStatus(s.name, tuple(s.profiles), s.log_first, s.log_head, s.lag,
+                                     dict(s.composers)) for s in r.subscriptions),
+            r.subscriptions_total, {c.name: c.count for c in r.events_in},
+            {c.name: c.count for c in r.dead_letters}, r.composites_out)
 
     # -- events in
 
@@ -491,6 +542,11 @@ class MediatorClient:
             raise MediatorError.from_rpc(exc, self.address) from None
         return PublishResult(reply.accepted, reply.dead_lettered,
                              tuple(DeadLetter(d.index, d.id, d.reason) for d in reply.dead_letters))
+
+
+def _service_status(s: Any) -> ServiceStatus:
+    return ServiceStatus(s.name, s.group, s.language, s.address, tuple(s.sources),
+                         tuple(s.types), s.status, s.subscriptions, s.mode)
 
 
 def _read(path: str | Path | None) -> bytes | None:
@@ -538,5 +594,6 @@ def speaks_tls(address: str, seconds: float = 2.0) -> bool | None:
         return None
 
 
-__all__ = ["DeadLetter", "Explanation", "MediatorClient", "MediatorError", "Notification",
-           "ProfileInfo", "PublishResult", "ServiceStatus"]
+__all__ = ["DeadLetter", "Explanation", "InputStatus", "MediatorClient", "MediatorError",
+           "MediatorStatus", "Notification", "ProfileInfo", "PublishResult", "ServiceStatus",
+           "SubscriptionStatus", "saved_token", "speaks_tls"]

@@ -174,6 +174,15 @@ class ServiceFeed:
         idle = now - self._moved >= self.idle and self.link.status() == "SERVING"
         return State(self._watermark, origin, idle)
 
+    def progress(self) -> tuple[State, int, int]:
+        """For ``evamed status``, from any thread, changing nothing: its state as the pipeline
+        last took it, the last link-log position read and the log's head."""
+        with self._lock:
+            head, origin = self._head, self._origin
+        idle = (clock.monotonic() - self._moved >= self.idle
+                and self.link.status() == "SERVING")
+        return State(self._watermark, origin, idle), self.position, head
+
     def _advance(self, watermark: int | None) -> None:
         if watermark is not None and (self._watermark is None or watermark > self._watermark):
             self._watermark = watermark

@@ -26,6 +26,7 @@ from mediator.cli import (
     replay,
     serve,
     services,
+    status,
     subscribe,
 )
 from mediator.cli.common import fail, set_quiet
@@ -75,6 +76,7 @@ app.add_typer(profile.app, name="profile")
 app.command()(subscribe.subscribe)
 app.command()(publish.publish)
 app.add_typer(services.app, name="services")
+app.command()(status.status)
 app.add_typer(clients.app, name="clients")
 
 
