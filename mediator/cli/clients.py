@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from mediator.cli.common import fail, note
+from mediator.cli.common import fail, print_table, remarks
 from mediator.cli.remote import Listing, when
 
 if TYPE_CHECKING:
@@ -100,14 +100,14 @@ def add(
             token = add_client(opened, name, inherit=inherit)
         except ValueError as exc:
             fail(str(exc), code=1, one_line=True)
-    note.print(f"client {name} added; its token (shown only now):")
+    remarks.print(f"client {name} added; its token (shown only now):")
     print(token, flush=True)
     if address is not None:
         try:
             where = credentials.save(address, name, token)
         except (OSError, ValueError) as exc:
             fail(f"the token was not saved: {exc}", code=1, one_line=True)
-        note.print(f"saved for {address} in {where}: evamed commands for that address need "
+        remarks.print(f"saved for {address} in {where}: evamed commands for that address need "
                    "no --token", soft_wrap=True, highlight=False)
 
 
@@ -132,7 +132,6 @@ def list_(
 
     Example: evamed clients list --config mediator.toml
     """
-    from rich.console import Console
     from rich.table import Table
 
     with _opened(store, config) as opened:
@@ -145,7 +144,7 @@ def list_(
     for record in records:
         table.add_row(record.name, when(record.created_us),
                       "[red]revoked[/]" if record.revoked else "active")
-    Console().print(table)
+    print_table(table)
 
 
 @app.command()

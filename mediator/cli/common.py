@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -26,18 +26,23 @@ if TYPE_CHECKING:
 
 err = Console(stderr=True)
 """Errors (:func:`fail`): always shown."""
-note = Console(stderr=True)
+remarks = Console(stderr=True)
 """What a command says besides its output — progress, what it waits for, where it wrote a
 file: silenced by ``evamed --quiet``. Its output (stdout) and its errors never are."""
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 profile``, ``2 profiles``, ``1,000 classes`` (``plural``: when not noun + s)."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
 def set_quiet(value: bool) -> None:
     """``evamed --quiet``: notes and progress bars off."""
-    note.quiet = value
+    remarks.quiet = value
 
 
 def quiet() -> bool:
-    return bool(note.quiet)
+    return bool(remarks.quiet)
 
 
 def out_console() -> Console:
@@ -75,13 +80,18 @@ def print_table(table: Table, console: Console | None = None) -> None:
         widths = [n + min(w, spare * w // total) for n, w in zip(least, wanted, strict=True)]
     for column, width in zip(table.columns, widths, strict=True):
         column.width = width
-    wide = max(console.width, frame + sum(widths))
-    if wide == console.width:
-        console.print(table)
+    print_wide(console, table, frame + sum(widths))
+
+
+def print_wide(console: Console, renderable: Any, width: int) -> None:
+    """Print at least ``width`` columns wide: wider than the terminal if need be (it wraps the
+    line) rather than cut (rich clamps a print's width to the console's)."""
+    if width <= console.width:
+        console.print(renderable)
         return
-    console.width, given = wide, console.width
+    console.width, given = width, console.width
     try:
-        console.print(table)
+        console.print(renderable)
     finally:
         console.width = given
 

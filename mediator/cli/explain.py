@@ -105,9 +105,9 @@ def group_name(text: str) -> str:
 def wide_console() -> Any:
     """A console that wraps at the terminal's width, and not at all when piped (a plan line
     cut at 80 columns is hard to grep and to read in a file)."""
-    from rich.console import Console
+    from mediator.cli.common import out_console
 
-    return Console() if sys.stdout.isatty() else Console(width=10_000, soft_wrap=True)
+    return out_console()
 
 
 def _explain_at(server: str, profiles: Path | None, name: str | None, format: Output,

@@ -14,13 +14,16 @@ from typing import TYPE_CHECKING, Annotated, Any, TextIO
 import typer
 
 from mediator.cli.common import (
+    counted,
     err,
     event_lines,
     fail,
     group_option,
     known_profiles,
     load,
+    print_table,
     read_head,
+    remarks,
     require_extra,
     require_spark,
     span_option,
@@ -189,16 +192,16 @@ def _summary(names: list[str], counts: Counter[str], letters: int) -> None:
     for name in names:
         table.add_row(name, str(counts[name]))
     table.add_row("dead letters", str(letters))
-    err.print(table)
+    print_table(table, err)
 
 
 @contextmanager
 def _spinning(what: str) -> Iterator[None]:
     """A status line on stderr while something long runs (on a terminal only)."""
-    if not err.is_terminal:
+    if not remarks.is_terminal or remarks.quiet:
         yield
         return
-    with err.status(what):
+    with remarks.status(what):
         yield
 
 
@@ -211,7 +214,8 @@ def _plot(path: Path, events: dict[str, Any], notes: list[Any]) -> None:
         timeline(trace, notes, path)
     except PlotError as exc:
         fail(str(exc), one_line=True)
-    err.print(f"{len(trace)} events and {len(notes)} composites drawn in {path}")
+    remarks.print(f"{counted(len(trace), 'event')} and {counted(len(notes), 'composite')} drawn "
+               f"in {path}", soft_wrap=True)
 
 
 def _via(group: str, doc: ast.Document, wanted: list[str] | None, lines: runs.Lines,

@@ -76,7 +76,7 @@ def serve(
     import time
 
     from mediator import logs
-    from mediator.cli.common import note, quiet
+    from mediator.cli.common import quiet, remarks
     from mediator.config import ConfigError, load
     from mediator.server import run
     from mediator.store import StoreError
@@ -98,12 +98,12 @@ def serve(
         "DEBUG", "INFO") else settings.log_level)
 
     def progress(step: str) -> None:
-        note.print(f"[dim]…[/] {escape(step)}", highlight=False, soft_wrap=True)
+        remarks.print(f"[dim]…[/] {escape(step)}", highlight=False, soft_wrap=True)
 
     def ready(served: Served) -> None:
         host = settings.listen.rsplit(":", 1)[0]
         print(f"serving on {host}:{served.port}", flush=True)
-        note.print(f"[dim]ready in {time.monotonic() - began:.1f} s: composer "
+        remarks.print(f"[dim]ready in {time.monotonic() - began:.1f} s: composer "
                    f"{settings.composer}, store {escape(settings.store)}, "
                    f"{_count(len(settings.services), 'service')}; SIGINT, SIGTERM or SIGHUP "
                    "stops it[/]", highlight=False, soft_wrap=True)

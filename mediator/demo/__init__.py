@@ -310,8 +310,8 @@ def _row(note: Any, seen: Seen, console: Console) -> None:
         kind = note.types[at] if at < len(note.types) else ""
         when = format_time(note.times_us[at])[11:19] if at < len(note.times_us) else ""
         if kind.startswith("eva.tick.") or kind == "absence" or not kind:
-            label = kind.removeprefix("eva.tick.") if kind.startswith("eva.tick.") else ident
-            lines.append(f"          [cyan]{escape('tick ' + label if kind else label)}[/] {when}")
+            # the clock's constituents by their id, as replay and subscribe show them
+            lines.append(f"          [cyan]{escape(ident)}[/]")
             continue
         source = note.sources[at] if at < len(note.sources) else "?"
         lines.append(f"          {escape(kind)}  [dim]{escape(source)}[/]  {when}")
