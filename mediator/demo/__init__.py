@@ -127,10 +127,10 @@ def _start(stack: Stack, workdir: Path, logs: Path, composer: str,
     metrics = free_port()
     path = workdir / "mediator.toml"
     path.write_text(config(workdir, mqtt_port, addresses, composer, metrics), encoding="utf-8")
-    with console.status(f"starting the mediator (composer: {composer}"
-                        + ("; Spark takes a few seconds" if composer == "spark" else "") + ")"):
+    title = f"starting the mediator (composer: {composer})"
+    with console.status(title) as status:
         mediator = stack.add(Child("mediator", [evamed(), "serve", "--config", str(path)], logs))
-        mediator.serving(180)
+        mediator.serving(180, lambda step: status.update(f"{title}: {escape(step)}"))
     console.print(f"mediator serving on {mediator.address} (configuration {path}, composer "
                   f"{composer}, metrics on :{metrics})", soft_wrap=True)
     return mediator, addresses, metrics, mqtt_port

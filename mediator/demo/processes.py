@@ -95,15 +95,24 @@ class Child:
             raise
         self.address = ""
 
-    def serving(self, timeout: float) -> str:
-        """Wait for the "serving … on HOST:PORT" line an evamed server prints once it answers."""
+    def serving(self, timeout: float, waiting: Callable[[str], None] | None = None) -> str:
+        """Wait for the "serving … on HOST:PORT" line an evamed server prints once it answers;
+        meanwhile ``waiting`` is told each step ``evamed serve`` says it waits for (its "… "
+        lines, in its log)."""
         assert self.proc.stdout is not None
         deadline = time.monotonic() + timeout
         line = ""
-        while time.monotonic() < deadline and not line:
-            line = self.proc.stdout.readline()
-            if not line and self.proc.poll() is not None:
-                break
+        done = threading.Event()
+        if waiting is not None:
+            threading.Thread(target=self._steps, args=(waiting, done), daemon=True,
+                             name=f"demo-{self.name}-steps").start()
+        try:
+            while time.monotonic() < deadline and not line:
+                line = self.proc.stdout.readline()
+                if not line and self.proc.poll() is not None:
+                    break
+        finally:
+            done.set()
         if not line.startswith("serving "):
             tail = self.log.read_text(encoding="utf-8", errors="replace")[-1500:]
             raise DemoError(f"{self.name} did not start (log {self.log}):\n{line}{tail}")
@@ -112,6 +121,19 @@ class Child:
         self._drain = threading.Thread(target=self._copy, daemon=True, name=f"demo-{self.name}")
         self._drain.start()
         return self.address
+
+    def _steps(self, waiting: Callable[[str], None], done: threading.Event) -> None:
+        """Each "… step" line the server writes to its log, as it comes, until ``done``."""
+        seen = 0
+        while not done.wait(0.3):
+            try:
+                lines = self.log.read_text(encoding="utf-8", errors="replace").splitlines()
+            except OSError:
+                continue
+            for text in lines[seen:]:
+                if text.startswith("… "):
+                    waiting(text.removeprefix("… "))
+            seen = len(lines)
 
     def _copy(self) -> None:
         assert self.proc.stdout is not None
