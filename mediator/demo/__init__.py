@@ -36,6 +36,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from mediator.cli.common import print_table
 from mediator.demo.processes import Child, DemoError, Stack, Stopped, evamed, free_port, mosquitto
 from mediator.demo.scenario import (
     BROKER,
@@ -114,8 +115,9 @@ def _start(stack: Stack, workdir: Path, logs: Path, composer: str,
             evamed(), "base-service", "--group", s.group, "--listen", "127.0.0.1:0",
             "--data", str(workdir / f"base-{s.name}")], logs)) for s in SERVICES}
         addresses = {name: child.serving(60) for name, child in started.items()}
-    table = Table(title="services (each with producers of its own: the mediator only "
-                  "subscribes there)", title_justify="left", box=None)
+    console.print("services (each with producers of its own: the mediator only subscribes "
+                  "there)", soft_wrap=True)
+    table = Table(box=None)
     for column in ("name", "group", "its producers publish", "what"):
         table.add_column(column)
     for s in SERVICES:
@@ -123,7 +125,7 @@ def _start(stack: Stack, workdir: Path, logs: Path, composer: str,
     table.add_row(BROKER, "CG0", "truck.location", "the trucks' radio, MQTT at "
                   f"127.0.0.1:{mqtt_port} (topics trucks/<truck>/location): the mediator's "
                   "own feed")
-    console.print(table)
+    print_table(table, console)
     metrics = free_port()
     path = workdir / "mediator.toml"
     path.write_text(config(workdir, mqtt_port, addresses, composer, metrics), encoding="utf-8")
@@ -150,7 +152,7 @@ def _subscribe(workdir: Path, mediator: Child, console: Console,
     docs = documents(PROFILES.read_text(encoding="utf-8"))
     notes: Notes = queue.Queue()
     clients = []
-    plans = Table(title="subscriptions and their plans", title_justify="left", box=None)
+    plans = Table(box=None)
     for column in ("client", "profile", "plan: kind, services"):
         plans.add_column(column)
     for name, profiles in CLIENTS.items():
@@ -166,7 +168,8 @@ def _subscribe(workdir: Path, mediator: Child, console: Console,
             plans.add_row(name, profile, "; ".join(p.split(": ", 1)[1] for p in info.plans))
             threading.Thread(target=_tail, args=(client, profile, notes), daemon=True,
                              name=f"demo-{profile}").start()
-    console.print(plans)
+    console.print("subscriptions and their plans")
+    print_table(plans, console)
     return clients, notes
 
 
@@ -347,7 +350,7 @@ def _check(workdir: Path, metrics: int, notes: Notes,
         equal &= got == ref
         table.add_row(profile, str(len(got)), str(len(ref)),
                       "[green]yes[/]" if got == ref else "[red]NO[/]")
-    console.print(table)
+    print_table(table, console)
     console.print("events in, by source: " + ", ".join(
         f"{source} {int(n)}" for source, n in sorted(inflow.items())))
     console.print("dead letters: " + (", ".join(f"{r} {int(n)}" for r, n in letters.items())
