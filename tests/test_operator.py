@@ -321,3 +321,50 @@ def test_the_example_configuration_accepts_the_projects_profiles(tmp_path: Path)
     assert str(refused.value) == ("profile P3 has an unbounded time frame (_inf); expected time "
                                   "frames of at most 30d (limits.time_frame)")
     assert str(refused.value) in found.group(1).replace("\n# ", " ").replace('"', "")
+
+
+@pytest.mark.xdist_group("service")
+def test_status_shows_an_autonomous_service_with_its_watermark_and_queries(
+        tmp_path: Path) -> None:
+    """A base service with a producer of its own: status names it autonomous and SERVING with
+    its native query, and its input with the watermark its producer's events gave it and the
+    link-log positions the pipeline has read."""
+    from adapters.client import BaseClient
+    from eva.events import from_cloudevent
+    from mediator.config import ServiceConfig
+    from tests.test_service_e2e import Process
+
+    service = Process("base-service", "--group", "cg2", "--listen", "127.0.0.1:0")
+    store = SqliteStore(tmp_path / "m.db")
+    token = add_client(store, "alice")
+    config = Config(listen="127.0.0.1:0", services=(ServiceConfig(
+        "fleet", "cg2", service.address, types=("truck.*",)),))
+    running = serve(config, store=store)
+    try:
+        address = f"127.0.0.1:{running.port}"
+        with MediatorClient(address, token) as client:
+            client.add_profile('class D = type == "truck.departure"\nprofile P = D\n')
+            producer = BaseClient(service.address)
+            try:
+                producer.publish([from_cloudevent(event("d1", "truck.departure", 5), 1)],
+                                 advance_to=parse_time("2026-03-02T10:00:10Z"))
+            finally:
+                producer.close()
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                found = client.status()
+                fleet = {i.name: i for i in found.inputs}["fleet"]
+                if fleet.watermark_us >= parse_time("2026-03-02T10:00:05Z") and fleet.head:
+                    break
+                time.sleep(0.1)
+        assert [i.name for i in found.inputs] == ["mediator", "fleet"]
+        assert fleet.watermark_us >= parse_time("2026-03-02T10:00:05Z"), fleet
+        (listed,) = found.services
+        assert (listed.name, listed.mode, listed.status, listed.subscriptions) == (
+            "fleet", "autonomous", "SERVING", 1)
+        shown = runner.invoke(app, ["status", "--server", address, "--token", token])
+        assert re.search(r"\n fleet +autonomous +cg2 +127\.0\.0\.1:\d+ +SERVING +1", shown.stdout)
+    finally:
+        running.stop(0.5)
+        store.close()
+        service.stop()
