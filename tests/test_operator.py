@@ -11,7 +11,6 @@ import os
 import re
 import stat
 import subprocess
-import sys
 import time
 import tomllib
 from collections.abc import Iterator
@@ -110,14 +109,15 @@ def test_status_shows_health_inputs_subscriptions_lag_and_dead_letters(
     assert json.loads(as_json.stdout)["dead_letters"] == {"duplicate": 1}
 
 
-def test_status_of_a_mediator_that_does_not_answer_exits_1_in_one_line() -> None:
-    from tests.servers import free_port
-
-    out = subprocess.run([sys.executable, "-m", "mediator", "status", "--server",
-                          f"127.0.0.1:{free_port()}", "--token", "evm_x"], capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode == 1, out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1 and "cannot reach the mediator" in out.stderr
+def test_status_of_a_mediator_whose_pipeline_stopped_says_why_and_exits_1(
+        mediator: tuple[Running, str]) -> None:
+    running, token = mediator
+    running.served.pipeline.error = RuntimeError("the store went away")
+    result = runner.invoke(app, ["status", "--server", f"127.0.0.1:{running.port}", "--token",
+                                 token])
+    assert result.exit_code == 1, result.output
+    assert ": NOT_SERVING — " in result.stdout
+    assert "the pipeline stopped: the store went away" in result.stdout
 
 
 # ------------------------------------------------------------------ serve --check
