@@ -134,6 +134,46 @@ class ServiceStatus:
 
 
 @dataclass(frozen=True)
+class InputStatus:
+    """An input of the mediator's pipeline: its own feed ("mediator") or an autonomous service."""
+
+    name: str
+    watermark_us: int            # every instant up to it reported (0: nothing yet)
+    idle: bool                   # stood still for its idle timeout: holds nothing back
+    position: int                # the last log position the pipeline has read
+    head: int                    # the log's newest position
+
+
+@dataclass(frozen=True)
+class SubscriptionStatus:
+    name: str
+    profiles: tuple[str, ...]
+    log_first: int               # the oldest position kept (0: empty)
+    log_head: int                # the newest appended (0: none)
+    lag: int                     # not yet sent to a subscriber (-1: not known since the start)
+    composers: dict[str, str]    # profile → "inprocess" or "spark"
+
+
+@dataclass(frozen=True)
+class MediatorStatus:
+    """What ``evamed status`` shows: the counts are since the mediator started."""
+
+    version: str
+    health: str                  # SERVING, NOT_SERVING (error says why)
+    error: str
+    composer: str
+    started_us: int
+    event_log_head: int
+    inputs: tuple[InputStatus, ...]
+    services: tuple[ServiceStatus, ...]  # the services, then the brokers' sources
+    subscriptions: tuple[SubscriptionStatus, ...]  # the caller's
+    subscriptions_total: int     # every client's
+    events_in: dict[str, int]    # by CloudEvents source
+    dead_letters: dict[str, int]  # by reason
+    composites_out: int
+
+
+@dataclass(frozen=True)
 class Explanation:
     text: str                    # as `evamed explain` prints it
     json: Any                    # the same, parsed
@@ -221,7 +261,9 @@ def _line(item: str | bytes | dict[str, Any] | Event) -> str:
 class MediatorClient:
     """A connection to a running mediator (``evamed serve``), synchronous.
 
-    ``address``: host:port. ``token``: the bearer token of ``evamed clients add``. ``tls_ca``:
+    ``address``: host:port. ``token``: the bearer token of ``evamed clients add`` (None:
+    ``EVAMED_TOKEN``, else the one ``evamed clients add NAME --save`` saved for ``address``;
+    ValueError if there is none). ``tls_ca``:
     the PEM file of the CA that signed the server's certificate (TLS; without it the channel is
     plaintext); ``tls_cert``/``tls_key``: this client's certificate when the server asks for
     one. ``timeout``: seconds for each call except the subscription stream.
@@ -230,17 +272,22 @@ class MediatorClient:
     between attempts, in seconds (exponential, with up to ``backoff[0]`` of jitter).
     """
 
-    def __init__(self, address: str, token: str, *, tls_ca: str | Path | None = None,
-                 tls_cert: str | Path | None = None, tls_key: str | Path | None = None,
-                 timeout: float = 10.0, reconnect_for: float | None = 60.0,
-                 backoff: tuple[float, float] = (0.1, 5.0), dedupe_window: int = 10_000) -> None:
+    def __init__(self, address: str, token: str | None = None, *,
+                 tls_ca: str | Path | None = None, tls_cert: str | Path | None = None,
+                 tls_key: str | Path | None = None, timeout: float = 10.0,
+                 reconnect_for: float | None = 60.0, backoff: tuple[float, float] = (0.1, 5.0),
+                 dedupe_window: int = 10_000) -> None:
         self.address = address
         self.timeout = timeout
         self.reconnect_for = reconnect_for
         self.backoff = backoff
         self.dedupe_window = dedupe_window
+        if token is None:
+            token = saved_token(address)
         self._metadata = (("authorization", f"Bearer {token}"),)
-        if tls_ca is None and tls_cert is None:
+        self._tls = not (tls_ca is None and tls_cert is None)
+        self._contacted = False
+        if not self._tls:
             self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         else:
             credentials = grpc.ssl_channel_credentials(
@@ -262,6 +309,7 @@ class MediatorClient:
     def _call(self, method: str, request: Any) -> Any:
         """A unary call. It waits for the connection (up to ``timeout``) instead of failing at
         once while gRPC reconnects, so a call just after the mediator restarted succeeds."""
+        self._first_contact()
         try:
             return getattr(self._stub, method)(request, metadata=self._metadata,
                                                timeout=self.timeout, wait_for_ready=True)
@@ -283,8 +331,43 @@ class MediatorClient:
         return True
 
     def _unreachable(self) -> MediatorError:
+        mismatch = self._tls_mismatch()
+        if mismatch is not None:
+            return mismatch
         return MediatorError(grpc.StatusCode.UNAVAILABLE, f"cannot reach the mediator at "
                              f"{self.address}: no connection within {self.timeout:g} s")
+
+    def _first_contact(self) -> None:
+        """Before the first call: one health check that does not wait for the connection. If
+        it cannot connect, a plaintext client facing a TLS server (or the reverse) is told so
+        at once — gRPC would otherwise retry the handshake until the deadline and report "no
+        connection". Anything else (the mediator restarting) is left to the call's own wait."""
+        if self._contacted:
+            return
+        self._contacted = True
+        try:
+            self._health.Check(health_pb2.HealthCheckRequest(), timeout=min(self.timeout, 5.0))
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                mismatch = self._tls_mismatch()
+                if mismatch is not None:
+                    raise mismatch from None
+
+    def _tls_mismatch(self) -> MediatorError | None:
+        """Whether the server at ``address`` speaks TLS when this client does not, or the
+        reverse: the error that says so, or None (it does not answer at all, or it agrees)."""
+        speaks = speaks_tls(self.address)
+        if speaks is None or speaks == self._tls:
+            return None
+        if speaks:
+            return MediatorError(grpc.StatusCode.UNAVAILABLE, (
+                f"the mediator at {self.address} requires TLS: give the CA file that signed "
+                "its certificate (--tls-ca FILE or EVAMED_TLS_CA; MediatorClient(tls_ca=…))"),
+                reason="TLS_REQUIRED")
+        return MediatorError(grpc.StatusCode.UNAVAILABLE, (
+            f"the mediator at {self.address} speaks plaintext, not TLS: drop --tls-ca "
+            "(EVAMED_TLS_CA; MediatorClient(tls_ca=…)), or configure its [tls]"),
+            reason="TLS_NOT_SPOKEN")
 
     # -- subscriptions
 
@@ -307,6 +390,7 @@ class MediatorClient:
         """
         if not profile_text and not name:
             raise ValueError("subscribe needs profile_text or name")
+        self._first_contact()
         request = mediator_pb2.SubscribeRequest(profile_text=profile_text or "", name=name or "",
                                                 resume_token=resume_token or "")
         seen: set[str] = set()
@@ -401,9 +485,20 @@ class MediatorClient:
     def services(self) -> list[ServiceStatus]:
         """The services the mediator is connected to, their coverage and state."""
         reply = self._call("ListServices", mediator_pb2.ListServicesRequest())
-        return [ServiceStatus(s.name, s.group, s.language, s.address, tuple(s.sources),
-                              tuple(s.types), s.status, s.subscriptions, s.mode)
-                for s in reply.services]
+        return [_service_status(s) for s in reply.services]
+
+    def status(self) -> MediatorStatus:
+        """The mediator's state as an operator checks it (``evamed status``)."""
+        r = self._call("Status", mediator_pb2.StatusRequest())
+        return MediatorStatus(
+            r.version, r.health, r.error, r.composer, r.started_us, r.event_log_head,
+            tuple(InputStatus(i.name, i.watermark_us, i.idle, i.position, i.head)
+                  for i in r.inputs),
+            tuple(_service_status(s) for s in r.services),
+            tuple(SubscriptionStatus(s.name, tuple(s.profiles), s.log_first, s.log_head, s.lag,
+                                     dict(s.composers)) for s in r.subscriptions),
+            r.subscriptions_total, {c.name: c.count for c in r.events_in},
+            {c.name: c.count for c in r.dead_letters}, r.composites_out)
 
     # -- events in
 
@@ -438,6 +533,7 @@ class MediatorClient:
 
         # Connected first (up to ``timeout``): the call itself has no deadline, a large file
         # takes what it takes.
+        self._first_contact()
         if not self._connected(self.timeout):
             raise self._unreachable()
         try:
@@ -448,9 +544,56 @@ class MediatorClient:
                              tuple(DeadLetter(d.index, d.id, d.reason) for d in reply.dead_letters))
 
 
+def _service_status(s: Any) -> ServiceStatus:
+    return ServiceStatus(s.name, s.group, s.language, s.address, tuple(s.sources),
+                         tuple(s.types), s.status, s.subscriptions, s.mode)
+
+
 def _read(path: str | Path | None) -> bytes | None:
     return None if path is None else Path(path).read_bytes()
 
 
-__all__ = ["DeadLetter", "Explanation", "MediatorClient", "MediatorError", "Notification",
-           "ProfileInfo", "PublishResult", "ServiceStatus"]
+def saved_token(address: str) -> str:
+    """A token for the mediator at ``address`` when none is given: ``EVAMED_TOKEN``, else the
+    one ``evamed clients add NAME --save`` saved (mediator/credentials.py). ValueError if
+    neither gives one."""
+    import os
+
+    from mediator import credentials
+
+    token = os.environ.get("EVAMED_TOKEN") or credentials.token_for(address)
+    if not token:
+        raise ValueError(f"no token for {address}: pass one, set EVAMED_TOKEN, or save one with "
+                         f"`evamed clients add NAME --save` (it saves to {credentials.path()})")
+    return token
+
+
+def speaks_tls(address: str, seconds: float = 2.0) -> bool | None:
+    """Whether the server at host:port completes a TLS handshake (True), answers but not with
+    TLS (False), or cannot be reached (None). The certificate is not checked: only whether TLS
+    is spoken, to say which way a client is wrong."""
+    import socket
+    import ssl
+
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    if not port.isdigit():
+        return None
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    try:
+        with socket.create_connection((host, int(port)), timeout=seconds) as raw:
+            try:
+                with context.wrap_socket(raw, server_hostname=host or None):
+                    return True
+            except (ssl.SSLError, ConnectionError, TimeoutError):
+                return False
+    except OSError:
+        return None
+
+
+__all__ = ["DeadLetter", "Explanation", "InputStatus", "MediatorClient", "MediatorError",
+           "MediatorStatus", "Notification", "ProfileInfo", "PublishResult", "ServiceStatus",
+           "SubscriptionStatus", "saved_token", "speaks_tls"]

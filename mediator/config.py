@@ -5,7 +5,7 @@ Every key has one converter that reads it from TOML or from an environment varia
 alike, so a value is checked the same way wherever it comes from; an unknown key, a wrong type
 or a value out of range is a :class:`ConfigError` naming the file (or variable), the key, what
 was found and what was expected. Without a file and variables: the defaults below (SQLite at
-./evamed.db, the Spark composer, no services: every profile evaluated at the mediator).
+./evamed.db, the in-process composer, no services: every profile evaluated at the mediator).
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ class SinkConfig:
 class Config:
     listen: str = DEFAULT_LISTEN
     store: str = "sqlite://evamed.db"
-    composer: str = "spark"
+    composer: str = "inprocess"  # milliseconds, no Java; "spark" where a cluster's scale pays
     tick: int = 1_000_000
     future: int = 86_400_000_000
     retention: int = 100_000

@@ -128,6 +128,11 @@ class OwnFeed:
         idle = clock.monotonic() - self._moved >= self.idle
         return State(watermark, self.origin() if peek else self._origin, idle)
 
+    def progress(self) -> tuple[State, int, int]:
+        """For ``evamed status``, from any thread, changing nothing: its state, the last
+        event-log position read and the log's head."""
+        return self.state(), self.position, self.store.event_head()
+
     def known_newest(self) -> int | None:
         """The newest event time in the log as far as the feed knows (read, or there at
         start)."""

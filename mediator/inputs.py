@@ -229,6 +229,18 @@ class ServiceFeed:
         idle = now - self._moved >= self.idle and self.link.status() == "SERVING"
         return State(self._watermark, origin, idle)
 
+    def progress(self) -> tuple[State, int, int]:
+        """For ``evamed status``, from any thread, changing nothing: its state — the newest
+        watermark the service reported, also in messages the pipeline has not read yet —, the
+        last link-log position read and the log's head."""
+        with self._lock:
+            head, origin = self._head, self._origin
+            reported = [w for _, w in self._marks]
+        known = [w for w in (self._watermark, *reported) if w is not None]
+        idle = (clock.monotonic() - self._moved >= self.idle
+                and self.link.status() == "SERVING")
+        return State(max(known, default=None), origin, idle), self.position, head
+
     def _advance(self, watermark: int | None) -> None:
         if watermark is not None and (self._watermark is None or watermark > self._watermark):
             self._watermark = watermark

@@ -61,7 +61,7 @@ from eva.notify import composite_line
 from eva.parser import parse
 from eva.semantics import Notification
 from mediator import checkpoints
-from mediator.config import COMPOSERS
+from mediator.config import COMPOSERS, RESERVED_SERVICE
 from mediator.ingestion import OwnFeed
 from mediator.inputs import ServiceFeed, State, Takers, bound
 from mediator.metrics import Metrics
@@ -626,6 +626,13 @@ class Pipeline:
     def services(self) -> list[ServiceStatus]:
         return [ServiceStatus(link.info, link.status(), self._handles[name])
                 for name, link in self.links.items()]
+
+    def inputs(self) -> list[tuple[str, State, int, int]]:
+        """Each input — the own feed, then the autonomous services — as ``evamed status``
+        shows it: (name, state, last log position read, log head). Read without the round's
+        lock: a snapshot, not a decision."""
+        return [(RESERVED_SERVICE, *self._own.progress()),
+                *((name, *feed.progress()) for name, feed in self._feeds.items())]
 
     # ---------------------------------------------------------------- the thread
 

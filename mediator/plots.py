@@ -114,7 +114,8 @@ def timeline(events: Sequence[Event], notes: Sequence[Notification], path: Path,
     ax.set_ylim(-0.7, len(rows) - 0.2)
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))  # type: ignore[no-untyped-call]
     ax.set_xlabel("time (UTC)")
-    ax.set_title(title or f"{len(events)} events, {len(notes)} composites")
+    ax.set_title(title or f"{len(events)} event{'' if len(events) == 1 else 's'}, "
+                 f"{len(notes)} composite{'' if len(notes) == 1 else 's'}")
     if profiles:
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
     ax.grid(axis="x", alpha=0.3)

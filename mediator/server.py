@@ -13,7 +13,7 @@ Every call but health and reflection needs ``authorization: Bearer <token>``
 bytes do not decode is INVALID_ARGUMENT, logged once per client a minute
 (:mod:`adapters.undecodable`).
 
-Shutdown (SIGTERM, SIGINT, :meth:`Served.stop`): health goes NOT_SERVING (watchers are told at
+Shutdown (SIGTERM, SIGINT, SIGHUP, :meth:`Served.stop`): health goes NOT_SERVING (watchers are told at
 once), the Subscribe streams end with UNAVAILABLE (clients resume elsewhere or later with their
 tokens), the sources stop taking events in (what they took is in the event log, the rest waits
 at their brokers), the server stops taking calls and gives those in flight ``drain`` to finish, the
@@ -240,16 +240,29 @@ def credentials(config: Config) -> grpc.ServerCredentials | None:
         require_client_auth="client_ca" in files)
 
 
+Progress = Callable[[str], None]
+"""Told what the start waits for, in words (``evamed serve`` prints it on standard error)."""
+
+
 async def start(config: Config, *, store: Store | None = None,
-                pipeline: Callable[..., Pipeline] | None = None) -> Served:
+                pipeline: Callable[..., Pipeline] | None = None,
+                progress: Progress = lambda step: None) -> Served:
     """Start a mediator on the running loop (``config.listen`` may use port 0: any free
     port). ``store``: one already open, left open at stop (default: ``open_store(
-    config.store)``); ``pipeline``: its constructor (tests pass a double). OSError when the
-    address or a TLS file cannot be used, ValueError for a store URL that is not one."""
+    config.store)``); ``pipeline``: its constructor (tests pass a double); ``progress``: told
+    each step that may take a while. OSError when the address or a TLS file cannot be used,
+    ValueError for a store URL that is not one, or a composer whose extra is not installed."""
     if pipeline is None:
         pipeline = real_pipeline()
+    if config.composer == "spark":
+        from mediator.extras import missing
+
+        needed = missing("spark", 'composer = "spark"')
+        if needed is not None:
+            raise ValueError(needed)
     creds = credentials(config)
     own_store = store is None
+    progress(f"opening the store {config.store}")
     opened = store if store is not None else await asyncio.to_thread(open_store, config.store)
     metrics = Metrics()
     dispatcher = Dispatcher(opened, metrics, config.retention, config.limits.rate)
@@ -257,17 +270,26 @@ async def start(config: Config, *, store: Store | None = None,
     links: dict[str, Link] = {}
     running: Pipeline | None = None
     brokers: Brokers | None = None
+    loop = asyncio.get_running_loop()
     try:
         if config.composer == "spark" and pipeline is real_pipeline():
             # The JVM first: forked once gRPC channels exist, its launcher can crash in gRPC's
             # fork handlers (mediator.placement.spark_session).
             from mediator.placement import spark_dir, spark_session
 
+            progress("starting Spark for the Spark composer (a JVM in local mode: seconds, "
+                     "tens of seconds on a loaded machine)")
+            began = loop.time()
             await asyncio.to_thread(spark_session, os.path.realpath(spark_dir(opened)))
+            progress(f"Spark started in {loop.time() - began:.1f} s")
         mediator = await asyncio.to_thread(mediator_id, opened)
         for s in config.services:
             links[s.name] = service_link(s, config, mediator)
         brokers = await asyncio.to_thread(Brokers, config, opened, metrics)
+        if (stored := len(opened.subscriptions())) or config.services:
+            progress(f"restoring {stored} subscription{'s' if stored != 1 else ''}"
+                     + (f" at {len(config.services)} service{'s' if len(config.services) != 1 else ''}"
+                        " (waits until each service it uses answers)" if config.services else ""))
         running = pipeline(opened, links, tick=config.tick, composer=config.composer,
                            metrics=metrics, on_append=_appended(dispatcher, brokers),
                            idle=idle_timeouts(config), idle_default=config.idle_timeout / 1e6,
@@ -359,15 +381,33 @@ async def _watch(served: Served) -> None:
         await served.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
 
 
-async def run(config: Config, ready: Callable[[Served], None] = lambda served: None) -> None:
-    """Serve until SIGTERM or SIGINT, then shut down gracefully; a second signal ends the
-    process at once (:func:`exit_now`). ``ready(served)`` is called once the mediator
-    answers."""
-    served = await start(config)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""What stops ``evamed serve`` gracefully: Ctrl-C, a service manager's stop, and the terminal
+closing (a mediator started in a shell that is closed does not stay behind)."""
+
+
+async def run(config: Config, ready: Callable[[Served], None] = lambda served: None,
+              progress: Progress = lambda step: None) -> None:
+    """Serve until SIGINT, SIGTERM or SIGHUP, then shut down gracefully; a second signal ends
+    the process at once (:func:`exit_now`). ``ready(served)`` is called once the mediator
+    answers; ``progress`` is told what the start waits for. A signal during the start (Spark
+    starting, a service its subscriptions use out of reach) ends the process within
+    ``START_CANCEL`` seconds, status 128 + the signal's number: nothing was accepted yet."""
     signals: asyncio.Queue[int] = asyncio.Queue()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    starting = asyncio.create_task(start(config, progress=progress))
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, signals.put_nowait, sig)
+    early = asyncio.create_task(signals.get())
+    await asyncio.wait({starting, early}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        # start() closes what it opened when cancelled (its except BaseException); a thread it
+        # waits on (Spark's JVM starting, a service out of reach) is not waited for.
+        starting.cancel()
+        await asyncio.wait({starting}, timeout=START_CANCEL)
+        exit_now(early.result(), "stopped while starting")
+    early.cancel()
+    served = starting.result()
     ready(served)
     await signals.get()
     stopping = asyncio.create_task(served.stop())
@@ -379,11 +419,16 @@ async def run(config: Config, ready: Callable[[Served], None] = lambda served: N
     await stopping
 
 
-def exit_now(sig: int) -> None:
+START_CANCEL = 3.0
+"""Seconds a signal during the start gives it to close what it opened."""
+
+
+def exit_now(sig: int, why: str = "second signal: exiting at once; the next start evaluates "
+             "what was accepted") -> None:
     """End the process at once, with status 128 + ``sig``: no thread is waited for (one may
     wait on a service, or on the pipeline), nothing more is evaluated — what was accepted is in
     the event log, and every acknowledged append is durable, so the next start evaluates it."""
-    log.warning("second signal: exiting at once; the next start evaluates what was accepted")
+    log.warning("%s", why)
     logging.shutdown()  # the handlers flushed
     sys.stdout.flush()
     sys.stderr.flush()

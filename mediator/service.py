@@ -48,7 +48,7 @@ from eva import ast
 from eva.events import EventError, brief_repr, format_time, from_json_line
 from eva.parser import ProfileError
 from eva.units import format_span
-from mediator.config import RESERVED_SERVICE, Config
+from mediator.config import RESERVED_SERVICE, Config, Limits
 from mediator.delivery import Closing, Dispatcher, Revoked, TokenError, token_position
 from mediator.metrics import Metrics
 from mediator.reading import ReaderBug, ReaderFailed, Readers, ReadersBusy, ReadTimeout
@@ -63,6 +63,7 @@ def wall_clock() -> int:
 
 if TYPE_CHECKING:
     from mediator.brokers import Brokers
+    from mediator.inputs import State
     from mediator.pipeline import ServiceStatus
 
 log = logging.getLogger("evamed.service")
@@ -92,6 +93,10 @@ class Pipeline(Protocol):
     def newest(self) -> int | None: ...
     def services(self) -> list[ServiceStatus]: ...
     def failure(self, owner: str, name: str) -> str | None: ...
+    def inputs(self) -> list[tuple[str, State, int, int]]: ...
+    def placement(self, owner: str, name: str) -> dict[str, str]: ...
+    @property
+    def error(self) -> BaseException | None: ...
 
 
 Owned = tuple[SubscriptionRecord, tuple[int, int]]
@@ -204,6 +209,7 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
         self._autonomous = [s.info() for s in config.services if s.autonomous]
         self._registry = asyncio.Lock()  # one registration at a time (names, limits)
         self.readers = Readers(config.limits.read_time / 1e6)  # documents read off the loop
+        self.started_us = wall_clock()
 
     async def restore(self) -> None:
         """Seed the duplicate memory and the newest time from the event log's tail (what was
@@ -311,16 +317,50 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
 
     @_answering
     async def ListServices(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return mediator_pb2.ListServicesReply(services=await asyncio.to_thread(self._services))
+
+    def _services(self) -> list[Any]:
+        """The services, then the brokers' sources (mode "source")."""
         addresses = {s.name: s.address for s in self.config.services}
         services = [_service_info(s, addresses.get(s.info.name, EMBEDDED))
-                    for s in await asyncio.to_thread(self.pipeline.services)]
+                    for s in self.pipeline.services()]
         if self.brokers is not None:
             sources = self.brokers.addresses()
             services += [mediator_pb2.ServiceInfo(
                 name=name, group="cg0", language="", address=sources[name],
                 status=source.status(), mode="source")
                 for name, source in self.brokers.sources.items()]
-        return mediator_pb2.ListServicesReply(services=services)
+        return services
+
+    @_answering
+    async def Status(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await asyncio.to_thread(self._status, CLIENT.get())
+
+    def _status(self, owner: str) -> Any:
+        """What ``evamed status`` shows (proto: StatusReply). The counts are the metrics'
+        (since this process started); the lag is the delivery's."""
+        error = self.pipeline.error
+        lag = _samples(self.metrics.lag, ("owner", "subscription"))
+        subscriptions = []
+        for record, (first, head) in self._listed(owner):
+            summaries = json.loads(record.plans) if record.plans else []
+            subscriptions.append(mediator_pb2.SubscriptionStatus(
+                name=record.name, profiles=[s["profile"] for s in summaries],
+                log_first=first if first <= head else 0, log_head=head,
+                lag=int(lag.get((owner, record.name), -1)),
+                composers=self.pipeline.placement(owner, record.name)))
+        inputs = [mediator_pb2.InputStatus(name=name, watermark_us=state.watermark or 0,
+                                           idle=state.idle, position=position, head=head)
+                  for name, state, position, head in self.pipeline.inputs()]
+        return mediator_pb2.StatusReply(
+            version=_version(), health="NOT_SERVING" if error is not None else "SERVING",
+            error="" if error is None else f"the pipeline stopped: {error}",
+            composer=self.config.composer, started_us=self.started_us,
+            event_log_head=self.store.event_head(), inputs=inputs, services=self._services(),
+            subscriptions=subscriptions, subscriptions_total=len(self.store.subscriptions()),
+            events_in=_counts(self.metrics.events_in), dead_letters=_counts(
+                self.metrics.dead_letters),
+            composites_out=int(sum(_samples(self.metrics.composites_out, ()).values())))
 
     async def _own(self, owner: str, name: str) -> Owned:
         if not name:
@@ -374,7 +414,8 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
         count = self.store.count_subscriptions(owner)
         if count >= self.limits.profiles:
             raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"you have {count} subscriptions, the limit per client is "
+                          f"you have {count} subscription{'' if count == 1 else 's'}, the limit "
+                          "per client is "
                           f"{self.limits.profiles} (limits.profiles); unsubscribe one first",
                           reason("TOO_MANY_PROFILES", self.limits.profiles, count))
         record = SubscriptionRecord(owner, name, text, time.time_ns() // 1000,
@@ -420,30 +461,7 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
                               f"line 1, column 1: could not be read ({exc.kind})")) from None
 
     def _check_shape(self, doc: ast.Document) -> None:
-        """The per-profile limits: nesting depth and the longest time frame."""
-        for p in doc.profiles:
-            where = f"line {p.line}, column {p.column}"
-            levels = ast.depth(p.expr)
-            if levels > self.limits.depth:
-                raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"profile {p.name} nests {levels} operators, the limit is "
-                              f"{self.limits.depth} (limits.depth)",
-                              violation(f"{where}: nests {levels} operators, at most "
-                                        f"{self.limits.depth}"),
-                              reason("PROFILE_TOO_DEEP", self.limits.depth, levels))
-            frame = self.limits.time_frame
-            if frame is None:
-                continue
-            longest = _longest_frame(p.expr)
-            if longest is None or longest > frame:
-                found = "an unbounded operator" if longest is None else format_span(longest)
-                raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"profile {p.name} has a time frame of {found}, the limit is "
-                              f"{format_span(frame)} (limits.time_frame)",
-                              violation(f"{where}: time frame {found}, at most "
-                                        f"{format_span(frame)}"),
-                              reason("TIME_FRAME_TOO_LONG", format_span(frame),
-                                     format_span(longest)))
+        check_shape(doc, self.limits)
 
     def _resume_at(self, record: SubscriptionRecord, token: str, bounds: tuple[int, int]) -> int:
         """The position to send after: the token's, or (none) before the oldest kept entry
@@ -609,6 +627,35 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
         return pair, event.time
 
 
+def check_shape(doc: ast.Document, limits: Limits) -> None:
+    """The per-profile limits: nesting depth and the longest time frame (Refusal naming the
+    limit)."""
+    for p in doc.profiles:
+        where = f"line {p.line}, column {p.column}"
+        levels = ast.depth(p.expr)
+        if levels > limits.depth:
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"profile {p.name} nests {levels} operators, the limit is "
+                          f"{limits.depth} (limits.depth)",
+                          violation(f"{where}: nests {levels} operators, at most "
+                                    f"{limits.depth}"),
+                          reason("PROFILE_TOO_DEEP", limits.depth, levels))
+        frame = limits.time_frame
+        if frame is None:
+            continue
+        longest = _longest_frame(p.expr)
+        if longest is None or longest > frame:
+            found = ("an unbounded time frame (_inf)" if longest is None
+                     else f"a time frame of {format_span(longest)}")
+            limit = (f"expected time frames of at most {format_span(frame)} "
+                     "(limits.time_frame)")
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"profile {p.name} has {found}; {limit}",
+                          violation(f"{where}: profile {p.name} has {found}; {limit}"),
+                          reason("TIME_FRAME_TOO_LONG", format_span(frame),
+                                 format_span(longest)))
+
+
 def _profile_info(record: SubscriptionRecord, bounds: tuple[int, int]) -> Any:
     first, head = bounds
     summaries = json.loads(record.plans) if record.plans else []
@@ -703,6 +750,40 @@ def _plan_summary(p: Plan) -> dict[str, Any]:
             "services": list(dict.fromkeys(services))}
 
 
+def _samples(metric: Any, labels: tuple[str, ...]) -> dict[Any, float]:
+    """A metric's current values by their labels' values (a tuple; one label: the value; no
+    label: ``()``), its ``_total`` samples for a counter."""
+    out: dict[Any, float] = {}
+    for family in metric.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            key = tuple(sample.labels[k] for k in labels)
+            out[key if len(labels) != 1 else key[0]] = sample.value
+    return out
+
+
+def _counts(metric: Any) -> list[Any]:
+    """A one-label counter as (name, count) pairs, largest first."""
+    found = _samples(metric, tuple(metric._labelnames))
+    return [mediator_pb2.Count(name=str(name), count=int(count))
+            for name, count in sorted(found.items(), key=lambda item: (-item[1], str(item[0])))
+            if count]
+
+
+@functools.cache
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from eva.native import engine_kind
+
+    try:
+        number = version("evamed")
+    except PackageNotFoundError:
+        number = "(not installed)"
+    return f"evamed {number} ({engine_kind()})"
+
+
 @functools.cache
 def _language_name(group: str) -> str:
     from adapters.backends.registry import language
@@ -720,4 +801,4 @@ def _service_info(service: ServiceStatus, address: str) -> Any:
 
 
 __all__ = ["CLIENT", "LogWriteError", "MediatorService", "Pipeline", "RecentIds", "Refusal",
-           "reason", "violation"]
+           "check_shape", "reason", "violation"]

@@ -1,6 +1,7 @@
 """Hypothesis profiles: CI runs are derandomized (reproducible); ``HYPOTHESIS_PROFILE=explore``
 searches further with fresh randomness. Fixtures every test file may use: ``redis_server`` /
-``redis_url``, a real redis-server; ``mosquitto``, a real MQTT broker (tests/servers.py)."""
+``redis_url``, a real redis-server; ``mosquitto``, a real MQTT broker (tests/servers.py). No
+test reads or writes the user's saved tokens."""
 
 from __future__ import annotations
 
@@ -19,6 +20,19 @@ settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True
 settings.register_profile("explore", deadline=None, max_examples=2000,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_saved_tokens(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The tests (and the commands they start) never read or write the user's saved tokens
+    (mediator/credentials.py): a file of their own, empty unless a test saves one."""
+    given = os.environ.get("EVAMED_CREDENTIALS")
+    os.environ["EVAMED_CREDENTIALS"] = str(tmp_path_factory.mktemp("credentials") / "none.toml")
+    yield
+    if given is None:
+        os.environ.pop("EVAMED_CREDENTIALS", None)
+    else:
+        os.environ["EVAMED_CREDENTIALS"] = given
 
 
 @pytest.fixture

@@ -416,7 +416,7 @@ def test_a_refusal_is_one_line_with_exit_1_and_never_a_traceback(
         result = runner.invoke(app, args, env=env)
         assert result.exit_code == 1 and result.stderr.startswith(message), result.stderr
     untokened = runner.invoke(app, ["profile", "list"], env={"EVAMED_TOKEN": ""})
-    assert untokened.exit_code == 2 and "no token: give --token" in untokened.stderr
+    assert untokened.exit_code == 2 and "no token for 127.0.0.1:50060: give --token" in untokened.stderr
 
 
 def test_publish_prints_the_counts_and_each_dead_letter_by_line(

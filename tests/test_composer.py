@@ -5,7 +5,7 @@ where the two are compared on a live job, and in tests/test_pipeline.py and
 tests/test_service_e2e.py fed live). The live feed's readers — the SQLite and Redis event logs
 as Spark streaming sources — are checked here without Spark: their offsets are the stores'
 positions, capped where the pipeline is, paged and bounded; and ``evamed serve`` with the
-default (Spark) composer and no Java says what to install."""
+Spark composer and no Java says what to install."""
 
 from __future__ import annotations
 
@@ -200,14 +200,14 @@ def test_the_sqlite_log_source_refuses_what_it_cannot_read(tmp_path: Path) -> No
 
 def test_serve_without_java_says_what_to_install(monkeypatch: pytest.MonkeyPatch,
                                                   tmp_path: Path) -> None:
-    """The default composer is Spark: ``evamed serve`` without Java exits 2 before starting
-    anything, with what to install — one line, no traceback."""
+    """``evamed serve --composer spark`` without Java exits 2 before starting anything, with
+    what to install — one line, no traceback."""
     import spark_jobs.session
 
     monkeypatch.setattr(spark_jobs.session, "java_missing", lambda: "Spark needs Java 17: "
                         "install one (Debian: apt-get install openjdk-17-jre-headless)")
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["serve", "--listen", "127.0.0.1:0"])
+    result = CliRunner().invoke(app, ["serve", "--listen", "127.0.0.1:0", "--composer", "spark"])
     assert result.exit_code == 2, result.output
     assert "apt-get install openjdk-17-jre-headless" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "evamed.db").exists()

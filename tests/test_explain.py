@@ -5,6 +5,7 @@ lines when piped, and group names in any spelling."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -71,3 +72,50 @@ def test_piped_output_is_not_wrapped() -> None:
     text = explain("--profile", "P1", "--group", "cg1")
     native = next(line for line in text.splitlines() if "native:" in line)
     assert native.strip().endswith('data.area = "A"])')  # one line, however long
+
+
+def _natives(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    found, stack = [], [plan["root"]]
+    while stack:
+        node = stack.pop()
+        stack += node.get("children", [])
+        if node["node"] == "service":
+            found.append(node)
+    return found
+
+
+@pytest.mark.parametrize(("profile", "group", "left_out"), [
+    ("P4", "cg2", ['Return: data.location == "garage"']),  # Snoop knows events by type only
+    ("P1", "cg2", ['Jam: data.area == "A"', 'TruckA: data.area == "A"']),
+    ("P4", "cg3", []),                                      # SQL states the equality
+    ("P4", "cg4", []),                                      # so does XChange
+    ("P4", "cg1", []),
+])
+def test_explain_lists_what_the_mediator_reapplies(profile: str, group: str,
+                                                    left_out: list[str]) -> None:
+    """A native query that leaves a class's test out is answered with a superset; the mediator
+    re-applies the class to what comes back — explain says which tests, next to the query."""
+    plans = json.loads(explain("--profile", profile, "--group", group, "--format", "json"))
+    assert sorted(t for n in _natives(plans[0]) for t in n["reapplied"]) == sorted(left_out)
+    text = explain("--profile", profile, "--group", group)
+    lines = [line for line in text.splitlines() if "the mediator re-applies" in line]
+    assert sorted(t for line in lines for t in line.split(": ", 1)[1].split("; ")) == sorted(
+        left_out)
+    if not left_out:
+        assert "re-applies" not in text
+
+
+def test_sql_and_xchange_say_which_tests_they_widen() -> None:
+    """SQL's NULL logic differs from EVA's for != and not; XChange states equalities only."""
+    from eva import ast
+    from eva.parser import parse
+    from transforms.dialects import dialect
+
+    doc = parse('class A = type == "a" and data.x != 1 and data.y == "k"\n'
+                'class B = type == "b" and data.n > 3\nprofile P = A\n')
+    a, b = ast.Prim("A"), ast.Prim("B")
+    assert dialect("cg3").generate(a, doc).widened == (("A", "data.x != 1"),)
+    assert dialect("cg4").generate(a, doc).widened == (("A", "data.x != 1"),)
+    assert dialect("cg4").generate(b, doc).widened == (("B", "data.n > 3"),)
+    assert dialect("cg3").generate(b, doc).widened == ()
+    assert dialect("cg2").generate(b, doc).widened == (("B", "data.n > 3"),)

@@ -101,6 +101,12 @@ class Pipeline:
     def services(self) -> list[Any]:
         return []
 
+    def inputs(self) -> list[Any]:
+        return []
+
+    def placement(self, owner: str, name: str) -> dict[str, str]:
+        return {}
+
     def emit(self, owner: str, name: str, ids: Sequence[str]) -> None:
         """Composites appended to a subscription's log, as the pipeline appends them."""
         items = [(i, json.dumps({"cloudevent": json.dumps({"id": i}), "id": i, "profile": "P",
@@ -307,7 +313,7 @@ def test_bytes_that_are_not_a_request_are_refused_and_logged_once_without_a_trac
             messages = [valid, GARBAGE] if method.name == "Publish" else [GARBAGE]  # Publish:
             # the garbage is the stream's second message
             calls.append((path, method.input_type.full_name, kind, call, messages, metadata))
-    assert sum(c[0].startswith("/eva.mediator.v1.") for c in calls) == 8
+    assert sum(c[0].startswith("/eva.mediator.v1.") for c in calls) == 9
     for _ in range(3):
         for path, expected, kind, call, messages, metadata in calls:
             with pytest.raises(grpc.RpcError) as refused:

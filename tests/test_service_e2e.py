@@ -16,7 +16,7 @@ One scenario, in order, because each step starts from what the one before left:
 4. a second client cannot list, read, explain, tail or cancel the first client's profile.
 
 That scenario runs the in-process composer (the services' runners). And the same path once
-with the default composer, Spark: ``evamed serve`` over a SQLite store, P1 at the mediator alone
+with the Spark composer: ``evamed serve`` over a SQLite store, P1 at the mediator alone
 (no services), composed by a live Spark job, the mediator SIGKILLed mid-stream and restarted.
 
 Serial (xdist group "service"; the Spark one in the "spark" group, with the other Spark
@@ -350,8 +350,9 @@ def test_one_client_s_worst_documents_never_stall_health_or_another_client(tmp_p
 # The worker that runs tests/test_spark.py (one JVM at a time). Only the one mark: xdist
 # groups a test by all its marks joined ("service_spark" would be a group of its own).
 @pytest.mark.xdist_group("spark")
-def test_p1_through_the_default_spark_composer_survives_a_sigkill(tmp_path: Path) -> None:
-    """``evamed serve`` with the default composer (Spark) and no services: a P1-style profile
+def test_p1_through_the_spark_composer_survives_a_sigkill(tmp_path: Path) -> None:
+    """``evamed serve`` with the Spark composer (as ``make demo`` runs it) and no services: a
+    P1-style profile
     (a jam and a truck report within 5 min, in any area: a dozen composites a day) is the
     mediator's own, composed by a live Spark job over the event log (local mode, in the
     mediator's process), its checkpoint beside the SQLite store. The mediator is SIGKILLed
@@ -364,6 +365,7 @@ def test_p1_through_the_default_spark_composer_survives_a_sigkill(tmp_path: Path
     config.write_text(f"""
 listen = "127.0.0.1:{free_port()}"
 store = "sqlite:///{store}"
+composer = "spark"
 log_level = "WARNING"
 
 [limits]

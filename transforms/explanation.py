@@ -56,6 +56,9 @@ def _label(node: PlanNode, render: Render | None = None, federated: bool = False
             text += f"\n  for: {expr_text(node.original)}"
         if render is not None:
             text += "\n  native: " + escape(render(node).strip().replace("\n", " ⏎ "))
+            if (tests := reapplied(render, node)):
+                text += ("\n  the mediator re-applies (the native query leaves it out): "
+                         + escape("; ".join(tests)))
         if node.service in autonomous and isinstance(node.original, ast.Prim):
             text += ("\n  registered as the types the class names, if it names them (one "
                      "registration shared by every class of those types there); the mediator "
@@ -223,6 +226,7 @@ def _node_json(node: PlanNode, render: Render | None = None, federated: bool = F
                "post_filter": node.post_filter, "auxiliary": list(node.auxiliary)}
         if render is not None:
             out["native"] = render(node)
+            out["reapplied"] = reapplied(render, node)
         if (cost := growing(node)):
             out["cost"] = cost
     else:
@@ -240,22 +244,44 @@ def _node_json(node: PlanNode, render: Render | None = None, federated: bool = F
     return out
 
 
+class Renderer:
+    """A remote's target in its service's native language, as ``explain`` shows it (without
+    the profile's evaluation time: the query subscribed for an end-of-interval root may
+    differ), and the tests of its classes that text leaves out — the mediator re-applies them
+    to what the service sends back (``Rendered.widened``)."""
+
+    def __init__(self, groups: Callable[[Remote], str], doc: ast.Document) -> None:
+        self.groups = groups
+        self.doc = doc
+
+    def _rendered(self, node: Remote) -> Any:
+        return dialect(self.groups(node)).generate(node.target, self.doc,
+                                                   level=Unsupported.IGNORE)
+
+    def __call__(self, node: Remote) -> str:
+        rendered = self._rendered(node)
+        if rendered.unsupported:
+            return f"(the mediator's own feed: {'; '.join(rendered.unsupported)})"
+        return str(rendered.text)
+
+    def reapplied(self, node: Remote) -> list[str]:
+        """Each test left out, as ``Class: test``."""
+        rendered = self._rendered(node)
+        return [] if rendered.unsupported else [f"{cls}: {test}" for cls, test in rendered.widened]
+
+
+def reapplied(render: Render | None, node: Remote) -> list[str]:
+    """What the mediator re-applies to ``node``'s answers (nothing known: [])."""
+    return render.reapplied(node) if isinstance(render, Renderer) else []
+
+
 def service_renderer(services: Iterable[tuple[str, str]], doc: ast.Document) -> Render:
     """A federated plan's remotes, each in the language of its service ((name, group) pairs:
     ``Plan.services``)."""
-    by_name = {name: renderer(group, doc) for name, group in services}
-    return lambda node: by_name[node.service](node)
+    by_name = dict(services)
+    return Renderer(lambda node: by_name[node.service], doc)
 
 
 def renderer(group: str, doc: ast.Document) -> Render:
-    """A remote's target in the group's native language, as ``explain`` shows it (without the
-    profile's evaluation time: the query subscribed for an end-of-interval root may differ)."""
-    spoken = dialect(group)
-
-    def render(node: Remote) -> str:
-        rendered = spoken.generate(node.target, doc, level=Unsupported.IGNORE)
-        if rendered.unsupported:
-            return f"(the mediator's own feed: {'; '.join(rendered.unsupported)})"
-        return rendered.text
-
-    return render
+    """A remote's target in the group's native language (:class:`Renderer`)."""
+    return Renderer(lambda node: group, doc)

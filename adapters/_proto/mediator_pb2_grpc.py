@@ -74,6 +74,11 @@ class MediatorServiceStub:
                 request_serializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.ListServicesRequest.SerializeToString,
                 response_deserializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.ListServicesReply.FromString,
                 _registered_method=True)
+        self.Status = channel.unary_unary(
+                '/eva.mediator.v1.MediatorService/Status',
+                request_serializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.StatusRequest.SerializeToString,
+                response_deserializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.StatusReply.FromString,
+                _registered_method=True)
 
 
 class MediatorServiceServicer:
@@ -136,6 +141,15 @@ class MediatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Status(self, request, context):
+        """What an operator checks first (`evamed status`): health, the composer, every input with its
+        watermark, the services and sources with their state, the caller's subscriptions with
+        their logs and lag, and what was refused, by reason.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MediatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -178,6 +192,11 @@ def add_MediatorServiceServicer_to_server(servicer, server):
                     servicer.ListServices,
                     request_deserializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.ListServicesRequest.FromString,
                     response_serializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.ListServicesReply.SerializeToString,
+            ),
+            'Status': grpc.unary_unary_rpc_method_handler(
+                    servicer.Status,
+                    request_deserializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.StatusRequest.FromString,
+                    response_serializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.StatusReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -396,6 +415,33 @@ class MediatorService:
             '/eva.mediator.v1.MediatorService/ListServices',
             eva_dot_mediator_dot_v1_dot_mediator__pb2.ListServicesRequest.SerializeToString,
             eva_dot_mediator_dot_v1_dot_mediator__pb2.ListServicesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Status(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eva.mediator.v1.MediatorService/Status',
+            eva_dot_mediator_dot_v1_dot_mediator__pb2.StatusRequest.SerializeToString,
+            eva_dot_mediator_dot_v1_dot_mediator__pb2.StatusReply.FromString,
             options,
             channel_credentials,
             insecure,

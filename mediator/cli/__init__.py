@@ -26,12 +26,15 @@ from mediator.cli import (
     replay,
     serve,
     services,
+    status,
     subscribe,
 )
-from mediator.cli.common import fail
+from mediator.cli.common import fail, set_quiet
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="markdown",
-                  help="The EVA event mediator: check profiles, replay event traces.")
+app = typer.Typer(no_args_is_help=True, rich_markup_mode="markdown", help=(
+    "The EVA event mediator: check and explain profiles, replay event traces, run the "
+    "mediator and its base services, and talk to a running one (subscribe, publish, status). "
+    "Shell completion: `evamed --install-completion` (bash, zsh, fish, PowerShell)."))
 
 
 def _print_version(wanted: bool) -> None:
@@ -54,8 +57,12 @@ def _options(
     show_version: Annotated[bool, typer.Option(
         "--version", is_eager=True, callback=_print_version,
         help="Print the version and whether the engine runs compiled or as pure Python.")] = False,
+    quiet: Annotated[bool, typer.Option(
+        "--quiet", "-q", help="Only the output and errors: no progress bars, no notes on "
+                              "standard error (`serve`: warnings and errors only in its log).")]
+        = False,
 ) -> None:
-    pass
+    set_quiet(quiet)
 
 
 app.command()(check.check)
@@ -69,6 +76,7 @@ app.add_typer(profile.app, name="profile")
 app.command()(subscribe.subscribe)
 app.command()(publish.publish)
 app.add_typer(services.app, name="services")
+app.command()(status.status)
 app.add_typer(clients.app, name="clients")
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from mediator.cli.common import load
+from mediator.cli.common import counted, load, out_console, print_table
 
 if TYPE_CHECKING:
     from eva import ast
@@ -31,24 +31,24 @@ def check(file: Annotated[Path, typer.Argument(help="A profile file.")],
 
     Example: evamed check examples/logistics/profiles.eva
     """
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     doc = load(file)
     order = {c.name: i for i, c in enumerate(doc.classes)}  # a profile's classes in file order
     rows = [_row(order, profile) for profile in doc.profiles]
-    title = f"{file}: {len(doc.classes):,} classes, {len(doc.profiles):,} profiles"
-    console = Console()
+    title = (f"{file}: {counted(len(doc.classes), 'class', 'classes')}, "
+             f"{counted(len(doc.profiles), 'profile')}")
+    console = out_console()
+    console.print(escape(title), highlight=False, soft_wrap=True)
     if verbose or len(rows) <= TABLE_AT_MOST:
-        table = Table(title=escape(title))
+        table = Table()
         for column in COLUMNS:
             table.add_column(column)
         for row in rows:
             table.add_row(*(escape(cell) for cell in row))
-        console.print(table)
+        print_table(table, console)
         return
-    console.print(escape(title), highlight=False, soft_wrap=True)
     for line in _summary(rows):
         console.print("  " + escape(line), highlight=False, soft_wrap=True)
 

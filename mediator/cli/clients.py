@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from mediator.cli.common import err, fail
+from mediator.cli.common import fail, print_table, remarks
 from mediator.cli.remote import Listing, when
 
 if TYPE_CHECKING:
@@ -68,24 +68,57 @@ def add(
     inherit: Annotated[bool, typer.Option(
         help="Reissue a revoked client's name that still owns subscriptions: the same client "
              "(a token rotation), which reads them.")] = False,
+    save: Annotated[bool, typer.Option(
+        "--save", help="Also save the token for this machine's user, under the mediator's "
+                       "address: the commands that talk to it (in any shell) and "
+                       "MediatorClient then need no token.")] = False,
+    server: Annotated[str | None, typer.Option(
+        "--server", show_default=False,
+        help="With --save: the address clients reach the mediator at (default: its listen "
+             "address from --config or EVAMED_LISTEN, 127.0.0.1:50060).")] = None,
     store: StoreUrl = None, config: ConfigFile = None,
 ) -> None:
     """Register a client and print its bearer token, once.
 
     Only the token's hash is stored. Give the token to the client (EVAMED_TOKEN, or
-    MediatorClient(address, token)).
+    MediatorClient(address, token)), or save it here with --save.
 
-    Example: TOKEN=$(evamed clients add alice --store sqlite:///var/lib/evamed/evamed.db)
+    Example: export EVAMED_TOKEN=$(evamed clients add alice --store sqlite:///var/lib/evamed/evamed.db)
+
+    Example: evamed clients add alice --save
     """
+    from mediator import credentials
     from mediator.security import add_client
 
+    address = None
+    if save:
+        address = server or credentials.local_address(_listen(config))
+    elif server is not None:
+        fail("--server says where --save saves the token for: give --save too")
     with _opened(store, config) as opened:
         try:
             token = add_client(opened, name, inherit=inherit)
         except ValueError as exc:
             fail(str(exc), code=1, one_line=True)
-    err.print(f"client {name} added; its token (shown only now):")
-    print(token)
+    remarks.print(f"client {name} added; its token (shown only now):")
+    print(token, flush=True)
+    if address is not None:
+        try:
+            where = credentials.save(address, name, token)
+        except (OSError, ValueError) as exc:
+            fail(f"the token was not saved: {exc}", code=1, one_line=True)
+        remarks.print(f"saved for {address} in {where}: evamed commands for that address need "
+                   "no --token", soft_wrap=True, highlight=False)
+
+
+def _listen(config: Path | None) -> str:
+    """The listen address of --config (with EVAMED_* over it), or the default."""
+    from mediator.config import ConfigError, load
+
+    try:
+        return load(config).listen
+    except ConfigError as exc:
+        fail(str(exc), one_line=True)
 
 
 @app.command("list")
@@ -99,7 +132,6 @@ def list_(
 
     Example: evamed clients list --config mediator.toml
     """
-    from rich.console import Console
     from rich.table import Table
 
     with _opened(store, config) as opened:
@@ -112,7 +144,7 @@ def list_(
     for record in records:
         table.add_row(record.name, when(record.created_us),
                       "[red]revoked[/]" if record.revoked else "active")
-    Console().print(table)
+    print_table(table)
 
 
 @app.command()

@@ -8,20 +8,92 @@ needs when it runs.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from eva import ast
 
 err = Console(stderr=True)
+"""Errors (:func:`fail`): always shown."""
+remarks = Console(stderr=True)
+"""What a command says besides its output — progress, what it waits for, where it wrote a
+file: silenced by ``evamed --quiet``. Its output (stdout) and its errors never are."""
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 profile``, ``2 profiles``, ``1,000 classes`` (``plural``: when not noun + s)."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
+def set_quiet(value: bool) -> None:
+    """``evamed --quiet``: notes and progress bars off."""
+    remarks.quiet = value
+
+
+def quiet() -> bool:
+    return bool(remarks.quiet)
+
+
+def out_console() -> Console:
+    """The console of a command's output: the terminal's width (or ``COLUMNS``), and no width
+    at all when piped (a line cut at 80 columns is hard to grep and to read in a file)."""
+    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
+        return Console(highlight=False)
+    return Console(width=10_000, soft_wrap=True, highlight=False)
+
+
+def print_table(table: Table, console: Console | None = None) -> None:
+    """A table that never cuts a word: each column at least as wide as its longest word (an
+    identifier is one), wider up to its longest line where the terminal has room, the rest of
+    the text wrapped at spaces; a table that does not fit even so is printed wider than the
+    terminal (which wraps its lines) rather than cut. Rich alone shrinks every column in
+    proportion and cuts what no longer fits with an ellipsis (``BackInT…``)."""
+    from rich.text import Text
+
+    console = console or out_console()
+    least, most = [], []
+    for column in table.columns:
+        cells = [Text.from_markup(c) if isinstance(c, str) else c for c in column._cells]
+        lines = [str(column.header)] + [line for cell in cells if isinstance(cell, Text)
+                                       for line in cell.plain.splitlines()]
+        least.append(max((len(word) for line in lines for word in line.split()), default=1))
+        most.append(max((len(line) for line in lines), default=1))
+    frame = table._extra_width + sum(table._get_padding_width(i)
+                                     for i in range(len(table.columns)))
+    room = console.width - frame
+    widths = most
+    if sum(most) > room:
+        spare = max(room - sum(least), 0)
+        wanted = [m - n for m, n in zip(most, least, strict=True)]
+        total = sum(wanted) or 1
+        widths = [n + min(w, spare * w // total) for n, w in zip(least, wanted, strict=True)]
+    for column, width in zip(table.columns, widths, strict=True):
+        column.width = width
+    print_wide(console, table, frame + sum(widths))
+
+
+def print_wide(console: Console, renderable: Any, width: int) -> None:
+    """Print at least ``width`` columns wide: wider than the terminal if need be (it wraps the
+    line) rather than cut (rich clamps a print's width to the console's)."""
+    if width <= console.width:
+        console.print(renderable)
+        return
+    console.width, given = width, console.width
+    try:
+        console.print(renderable)
+    finally:
+        console.width = given
 
 
 def fail(message: str, *, one_line: bool = False, plain: bool = False, code: int = 2) -> NoReturn:
@@ -107,8 +179,19 @@ def group_option(value: str | None, name: str) -> None:
         fail(f"--{name} {value!r}: expected one of {', '.join(GROUPS)}")
 
 
-def require_java() -> None:
-    """Exit 2 with what to install, before Spark starts, if there is no Java."""
+def require_extra(extra: str, feature: str) -> None:
+    """Exit 2 with the one line that names the extra to install, if ``feature`` needs one that
+    is not (mediator/extras.py)."""
+    from mediator.extras import missing
+
+    needed = missing(extra, feature)
+    if needed is not None:
+        fail(needed, one_line=True)
+
+
+def require_spark(feature: str) -> None:
+    """Exit 2 with what to install, before Spark starts: the spark extra, then Java."""
+    require_extra("spark", feature)
     from spark_jobs.session import java_missing
 
     missing = java_missing()

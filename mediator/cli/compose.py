@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from mediator.cli.common import fail, load, require_java, span_option, time_option
+from mediator.cli.common import fail, load, require_spark, span_option, time_option
 
 if TYPE_CHECKING:
     from spark_jobs.job import StreamJob
@@ -57,6 +57,7 @@ def compose(
     """
     import signal
 
+    require_spark("evamed compose")  # before anything of Spark is imported
     from spark_jobs.job import start
     from spark_jobs.processor import refusal
     from spark_jobs.redis_io import redis_lines, redis_sink
@@ -69,7 +70,6 @@ def compose(
         fail("give --spool with --out, or --redis")
     if buckets < 1:
         fail(f"--buckets {buckets}: expected a positive number")
-    require_java()
     tick_us = span_option(tick, "tick") or 1_000_000
     late_us = span_option(lateness, "lateness") or 0
     delay = f"{late_us // 1000} milliseconds"  # Spark's watermark delay: the same lateness

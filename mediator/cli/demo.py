@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import signal
 import tempfile
 from enum import StrEnum
 from pathlib import Path
+from types import FrameType
 from typing import Annotated
 
 import typer
 
-from mediator.cli.common import fail
+from mediator.cli.common import fail, require_spark
 
 
 class Composer(StrEnum):
@@ -17,10 +19,15 @@ class Composer(StrEnum):
     inprocess = "inprocess"
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""Each stops the demo and everything it started: Ctrl-C, a kill, the terminal closing."""
+
+
 def demo(
     composer: Annotated[Composer, typer.Option(
-        help="Where the mediator composes: the Spark streaming job (the default, as `evamed "
-             "serve` does), or in process.")] = Composer.spark,
+        help="Where the mediator composes: the Spark streaming job (the default here: the "
+             "demo shows the whole system; needs the spark extra and Java 17), or in process "
+             "(`evamed serve`'s default).")] = Composer.spark,
     seconds: Annotated[float, typer.Option(
         min=1, help="How long the day takes to play (the trucks' ten hours, compressed).")] = 30.0,
     workdir: Annotated[Path | None, typer.Option(
@@ -35,19 +42,29 @@ def demo(
     Each composite is shown as it arrives, with its contributing events, the services they
     came through and what the mediator did; then a summary and a check against `evamed replay`
     over the merged trace of all producers. Everything started is stopped at the end, also on
-    Ctrl-C. Needs mosquitto (`make demo` installs it) and, for the Spark composer, Java 17.
+    Ctrl-C, SIGTERM or SIGHUP (a second one: killed at once), and dies with the demo if it is
+    killed outright. Needs mosquitto (`make demo` installs it) and, for the Spark composer,
+    Java 17.
 
     Example: evamed demo --seconds 20
     """
     import subprocess
 
     from mediator.client import MediatorError
-    from mediator.demo import DemoError, run
+    from mediator.demo import DemoError, Stopped, run
 
+    if composer is Composer.spark:
+        require_spark("evamed demo with the Spark composer (--composer inprocess runs without)")
     if workdir is None:
         workdir = Path(tempfile.mkdtemp(prefix="evamed-demo-"))
     elif workdir.exists() and (not workdir.is_dir() or any(workdir.iterdir())):
         fail(f"--workdir {workdir} is not an empty directory: give a new or empty one")
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise Stopped(signum)
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, stop)
     try:
         workdir.mkdir(parents=True, exist_ok=True)
         ok = run(workdir, composer=str(composer), seconds=seconds)
@@ -56,7 +73,11 @@ def demo(
     except (OSError, subprocess.CalledProcessError, MediatorError) as exc:
         fail(f"the demo stopped: {exc} (the servers' logs are in {workdir / 'logs'}; "
              "everything started was stopped)", one_line=True)
-    except KeyboardInterrupt:
-        print("interrupted: everything the demo started was stopped")
-        raise typer.Exit(130) from None
+    except (Stopped, KeyboardInterrupt) as exc:
+        signum = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
+        for sig in STOP_SIGNALS:  # the message is printed whatever comes now
+            signal.signal(sig, signal.SIG_IGN)
+        print(f"stopped by {signal.Signals(signum).name}: everything the demo started was "
+              "stopped", flush=True)
+        raise typer.Exit(128 + signum) from None
     raise typer.Exit(0 if ok else 1)

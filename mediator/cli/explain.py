@@ -105,9 +105,9 @@ def group_name(text: str) -> str:
 def wide_console() -> Any:
     """A console that wraps at the terminal's width, and not at all when piped (a plan line
     cut at 80 columns is hard to grep and to read in a file)."""
-    from rich.console import Console
+    from mediator.cli.common import out_console
 
-    return Console() if sys.stdout.isatty() else Console(width=10_000, soft_wrap=True)
+    return out_console()
 
 
 def _explain_at(server: str, profiles: Path | None, name: str | None, format: Output,
@@ -126,6 +126,9 @@ def _explain_at(server: str, profiles: Path | None, name: str | None, format: Ou
 
 def _plot(plans: list[tuple[str, Any]], path: Path) -> None:
     """Each plan as a tree: to ``path`` when there is one, else beside it, named by plan."""
+    from mediator.cli.common import require_extra
+
+    require_extra("plots", "--plot")
     from mediator.plots import PlotError, plan_tree
 
     for label, p in plans:

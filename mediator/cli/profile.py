@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from mediator.cli.common import fail
+from mediator.cli.common import fail, print_table
 from mediator.cli.remote import (
     DEFAULT_SERVER,
     Listing,
@@ -66,7 +66,6 @@ def list_(
 
     Example: evamed profile list --format json
     """
-    from rich.console import Console
     from rich.table import Table
 
     with connected(server, token, tls_ca) as client:
@@ -78,7 +77,7 @@ def list_(
     for info in infos:
         table.add_row(info.name, ", ".join(info.profiles), when(info.created_us), _log(info),
                       "\n".join(info.plans))
-    Console().print(table)
+    print_table(table)
 
 
 @app.command()

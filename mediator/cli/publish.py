@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from mediator.cli.common import err, event_lines, fail, time_option
+from mediator.cli.common import counted, err, event_lines, fail, remarks, time_option
 from mediator.cli.remote import DEFAULT_SERVER, Server, TlsCa, Token, connected
 
 
@@ -47,7 +47,7 @@ def publish(
     numbers = array("q")  # the file line of each event sent: dead letters name lines, not indexes
     progress = Progress(TextColumn("publishing"), BarColumn(), TaskProgressColumn(),
                         TextColumn("{task.fields[count]:,} events"), TimeElapsedColumn(),
-                        console=err, transient=True)
+                        console=remarks, transient=True, disable=bool(remarks.quiet))
     task = progress.add_task("publish", total=size, count=0)
 
     def lines(first: tuple[int, bytes] | None, rest: Iterator[tuple[int, bytes]]
@@ -64,7 +64,7 @@ def publish(
         try:
             result = client.publish(lines(first, source), batch=batch, advance_to=watermark)
         except KeyboardInterrupt:
-            fail(f"interrupted after sending {len(numbers):,} events; those the mediator "
+            fail(f"interrupted after sending {counted(len(numbers), 'event')}; those the mediator "
                  "accepted stay in its log (publishing them again dead-letters them as "
                  "duplicates)", code=130)
     print(f"accepted {result.accepted:,}, dead-lettered {result.dead_lettered:,}")

@@ -1,5 +1,6 @@
 """What the commands that talk to a running mediator share: the options that say where it is
-and who is asking (``--server``/``--token`` or ``EVAMED_SERVER``/``EVAMED_TOKEN``), and the
+and who is asking (``--server``/``--token`` or ``EVAMED_SERVER``/``EVAMED_TOKEN``, else the token
+saved for that address by ``evamed clients add NAME --save``: mediator/credentials.py), and the
 one-line error — exit 1 when the mediator refuses a call or cannot be reached (exit 2 stays
 for a wrong command line or a file that cannot be read, mediator/cli/common.py).
 
@@ -30,7 +31,8 @@ Server = Annotated[str, typer.Option(
     "--server", envvar="EVAMED_SERVER", help="The mediator's host:port.")]
 Token = Annotated[str | None, typer.Option(
     "--token", envvar="EVAMED_TOKEN", show_default=False,
-    help="Bearer token from `evamed clients add NAME`.")]
+    help="Bearer token from `evamed clients add NAME` (default: the one `clients add --save` "
+         "saved for --server).")]
 TlsCa = Annotated[Path | None, typer.Option(
     "--tls-ca", envvar="EVAMED_TLS_CA",
     help="PEM file of the CA that signed the mediator's certificate (TLS; none: plaintext).")]
@@ -60,8 +62,15 @@ def connected(server: str, token: str | None, tls_ca: Path | None,
     from mediator.client import MediatorClient, MediatorError
 
     if not token:
-        fail("no token: give --token or set EVAMED_TOKEN (an operator issues one with "
-             "`evamed clients add NAME`)", one_line=True)
+        from mediator import credentials
+
+        try:
+            token = credentials.token_for(server)
+        except ValueError as exc:
+            fail(str(exc), one_line=True)
+    if not token:
+        fail(f"no token for {server}: give --token, set EVAMED_TOKEN, or save one with "
+             "`evamed clients add NAME --save` (an operator issues tokens)", one_line=True)
     if tls_ca is not None and not tls_ca.is_file():
         fail(f"--tls-ca {tls_ca}: no such file")
     try:

@@ -14,14 +14,18 @@ from typing import TYPE_CHECKING, Annotated, Any, TextIO
 import typer
 
 from mediator.cli.common import (
+    counted,
     err,
     event_lines,
     fail,
     group_option,
     known_profiles,
     load,
+    print_table,
     read_head,
-    require_java,
+    remarks,
+    require_extra,
+    require_spark,
     span_option,
     time_option,
 )
@@ -105,6 +109,7 @@ def replay(
     if profiles is None:
         fail("--profiles is required (or --native G --query FILE)")
     if plot is not None:
+        require_extra("plots", "--plot")
         from mediator.plots import PlotError, check_path
 
         try:
@@ -116,7 +121,7 @@ def replay(
     if engine_name == "spark" and via is not None:
         fail("--engine spark and --via exclude each other")
     if engine_name == "spark":
-        require_java()
+        require_spark("--engine spark")
         if plot is not None:
             fail("--plot draws what the in-process engine (or --via) computes: drop --engine spark")
     doc = load(profiles)
@@ -187,16 +192,16 @@ def _summary(names: list[str], counts: Counter[str], letters: int) -> None:
     for name in names:
         table.add_row(name, str(counts[name]))
     table.add_row("dead letters", str(letters))
-    err.print(table)
+    print_table(table, err)
 
 
 @contextmanager
 def _spinning(what: str) -> Iterator[None]:
     """A status line on stderr while something long runs (on a terminal only)."""
-    if not err.is_terminal:
+    if not remarks.is_terminal or remarks.quiet:
         yield
         return
-    with err.status(what):
+    with remarks.status(what):
         yield
 
 
@@ -209,7 +214,8 @@ def _plot(path: Path, events: dict[str, Any], notes: list[Any]) -> None:
         timeline(trace, notes, path)
     except PlotError as exc:
         fail(str(exc), one_line=True)
-    err.print(f"{len(trace)} events and {len(notes)} composites drawn in {path}")
+    remarks.print(f"{counted(len(trace), 'event')} and {counted(len(notes), 'composite')} drawn "
+               f"in {path}", soft_wrap=True)
 
 
 def _via(group: str, doc: ast.Document, wanted: list[str] | None, lines: runs.Lines,

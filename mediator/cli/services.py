@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from mediator.cli.common import fail, group_option, span_option
+from mediator.cli.common import fail, group_option, print_table, span_option
 from mediator.cli.remote import DEFAULT_SERVER, Listing, Server, TlsCa, Token, connected
 
 
@@ -79,7 +79,6 @@ def list_(
     import json
     from dataclasses import asdict
 
-    from rich.console import Console
     from rich.table import Table
 
     with connected(server, token, tls_ca) as client:
@@ -97,4 +96,4 @@ def list_(
         colour = "green" if s.status == "SERVING" else "yellow"
         table.add_row(s.name, s.group, s.language, s.address, "\n".join(s.sources),
                       "\n".join(s.types), f"[{colour}]{s.status}[/]", str(s.subscriptions))
-    Console().print(table)
+    print_table(table)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from mediator.cli.common import err, fail
+from mediator.cli.common import err, fail, print_wide, remarks
 from mediator.cli.remote import DEFAULT_SERVER, Server, TlsCa, Token, connected, read_text
 
 if TYPE_CHECKING:
@@ -30,8 +30,22 @@ class Shape(StrEnum):
 
 
 _COLUMNS = (("time", 20), ("profile", 8), ("id", 24), ("sources", 2), ("services", 1))
-"""Each column and its width; the last two share what remains of the line, 2 : 1 (at least 8
-each). A value too wide for its column is cut with an ellipsis."""
+"""Each column and its width; the last two share what remains of the line, 2 : 1. A row is
+printed as it comes, so the widths stay the same from row to row — except that no value is
+ever cut: a column is widened for a row whose value is longer (a profile's name), and the list
+columns are at least as wide as their longest item, wrapping between items."""
+
+
+def _widths(cells: list[str], width: int) -> list[int]:
+    """The columns' widths for one row on a line of ``width`` (wider only if the row needs
+    it: :data:`_COLUMNS`)."""
+    fixed = [max(w, len(cell)) for (_, w), cell in zip(_COLUMNS[:3], cells, strict=False)]
+    least = [max(8, *(len(word) for word in cell.split())) for cell in cells[3:]]
+    rest = max(width - sum(fixed) - 2 * (len(_COLUMNS) - 1), sum(least))
+    share = [rest * 2 // 3, rest - rest * 2 // 3]
+    if share[0] < least[0] or share[1] < least[1]:
+        share = [least[0], rest - least[0]] if share[0] < least[0] else [rest - least[1], least[1]]
+    return fixed + share
 
 
 def _row(note: Notification, expand: bool) -> list[str]:
@@ -41,19 +55,26 @@ def _row(note: Notification, expand: bool) -> list[str]:
 
 
 def _described(note: Notification) -> list[str]:
-    return [f"{e.get('type', e['id'])}@{e.get('source', '?')} {e.get('time', '')}".strip()
+    return [e["id"] if "type" not in e else
+            f"{e['type']}@{e.get('source', '?')} {e.get('time', '')}".strip()
             for e in _events(note)]
 
 
 def _events(note: Notification) -> list[dict[str, Any]]:
     """The contributing events as --expand shows them: id, type, source, time (what the
-    mediator still knew of each when it logged the composite)."""
-    from eva.events import format_time
+    mediator still knew of each when it logged the composite). A tick of a time class or an
+    absence is shown by its id alone, ``tick:HalfHour@2026-03-02T10:30:00Z`` — the one
+    spelling of a clock constituent everywhere (``data.constituents``, replay, the demo):
+    ``eva.tick.HalfHour`` is only the type under which a base service is sent ticks."""
+    from eva.events import clock_id, format_time
 
     ids = note.cloudevent.get("data", {}).get("constituents", [])
     out = []
     for at, ident in enumerate(ids):
         event: dict[str, Any] = {"id": ident}
+        if clock_id(ident) is not None:
+            out.append(event)
+            continue
         kind = note.types[at] if at < len(note.types) else ""
         when = note.times_us[at] if at < len(note.times_us) else 0
         if kind:
@@ -109,16 +130,14 @@ def subscribe(
     last: Notification | None = None
 
     def reconnecting(reason: str, wait: float) -> None:
-        err.print(f"[yellow]disconnected[/] ({escape(reason)}); reconnecting in {wait:.1f} s")
+        remarks.print(f"[yellow]disconnected[/] ({escape(reason)}); reconnecting in {wait:.1f} s")
 
-    fixed = sum(width for _, width in _COLUMNS[:3]) + 2 * (len(_COLUMNS) - 1)
-    rest = max(16, console.width - fixed)
-    widths = [width for _, width in _COLUMNS[:3]] + [rest * 2 // 3, rest - rest * 2 // 3]
-
-    def table() -> Table:
+    def table(cells: list[str]) -> Table:
+        widths = _widths(cells, console.width)
         grid = Table(box=None, show_header=last is None, pad_edge=False)
         for (column, _), width in zip(_COLUMNS, widths, strict=True):
-            grid.add_column(column, width=width, no_wrap=True, overflow="ellipsis")
+            grid.add_column(column, width=width, overflow="fold")
+        grid.add_row(*map(escape, cells))
         return grid
 
     with connected(server, token, tls_ca, document=file) as client, _deferred_interrupt() as shield:
@@ -135,9 +154,10 @@ def subscribe(
                     elif format is Shape.compact:
                         console.print(escape(_compact(note, expand)), soft_wrap=True)
                     else:
-                        row = table()
-                        row.add_row(*map(escape, _row(note, expand)))
-                        console.print(row)
+                        cells = _row(note, expand)
+                        row = table(cells)
+                        print_wide(console, row, sum(c.width or 0 for c in row.columns)
+                                   + 2 * (len(cells) - 1))
                     last = note
         except KeyboardInterrupt:
             notes.close()

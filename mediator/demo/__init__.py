@@ -36,7 +36,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from mediator.demo.processes import Child, DemoError, Stack, evamed, free_port, mosquitto
+from mediator.cli.common import print_table
+from mediator.demo.processes import Child, DemoError, Stack, Stopped, evamed, free_port, mosquitto
 from mediator.demo.scenario import (
     BROKER,
     CLIENTS,
@@ -94,11 +95,13 @@ def run(workdir: Path, *, composer: str = "spark", seconds: float = 30.0,
         _play(events, mqtt_port, metrics, clients[0][1], services, seconds, console, notes, seen)
         return _check(workdir, metrics, notes, seen, console, clients[0][1])
     finally:
-        for _, client in clients:
-            client.close()
-        with console.status("stopping everything the demo started"):
-            stack.stop()
-        console.print(f"[dim]logs and the store are in {workdir}[/]", soft_wrap=True)
+        try:
+            for _, client in clients:
+                client.close()
+        finally:  # a second signal kills what is left (Stack.stop) and ends the demo
+            with console.status("stopping everything the demo started"):
+                stack.stop()
+            console.print(f"[dim]logs and the store are in {workdir}[/]", soft_wrap=True)
 
 
 # ---------------------------------------------------------------- start
@@ -112,8 +115,9 @@ def _start(stack: Stack, workdir: Path, logs: Path, composer: str,
             evamed(), "base-service", "--group", s.group, "--listen", "127.0.0.1:0",
             "--data", str(workdir / f"base-{s.name}")], logs)) for s in SERVICES}
         addresses = {name: child.serving(60) for name, child in started.items()}
-    table = Table(title="services (each with producers of its own: the mediator only "
-                  "subscribes there)", title_justify="left", box=None)
+    console.print("services (each with producers of its own: the mediator only subscribes "
+                  "there)", soft_wrap=True)
+    table = Table(box=None)
     for column in ("name", "group", "its producers publish", "what"):
         table.add_column(column)
     for s in SERVICES:
@@ -121,14 +125,14 @@ def _start(stack: Stack, workdir: Path, logs: Path, composer: str,
     table.add_row(BROKER, "CG0", "truck.location", "the trucks' radio, MQTT at "
                   f"127.0.0.1:{mqtt_port} (topics trucks/<truck>/location): the mediator's "
                   "own feed")
-    console.print(table)
+    print_table(table, console)
     metrics = free_port()
     path = workdir / "mediator.toml"
     path.write_text(config(workdir, mqtt_port, addresses, composer, metrics), encoding="utf-8")
-    with console.status(f"starting the mediator (composer: {composer}"
-                        + ("; Spark takes a few seconds" if composer == "spark" else "") + ")"):
+    title = f"starting the mediator (composer: {composer})"
+    with console.status(title) as status:
         mediator = stack.add(Child("mediator", [evamed(), "serve", "--config", str(path)], logs))
-        mediator.serving(180)
+        mediator.serving(180, lambda step: status.update(f"{title}: {escape(step)}"))
     console.print(f"mediator serving on {mediator.address} (configuration {path}, composer "
                   f"{composer}, metrics on :{metrics})", soft_wrap=True)
     return mediator, addresses, metrics, mqtt_port
@@ -148,7 +152,7 @@ def _subscribe(workdir: Path, mediator: Child, console: Console,
     docs = documents(PROFILES.read_text(encoding="utf-8"))
     notes: Notes = queue.Queue()
     clients = []
-    plans = Table(title="subscriptions and their plans", title_justify="left", box=None)
+    plans = Table(box=None)
     for column in ("client", "profile", "plan: kind, services"):
         plans.add_column(column)
     for name, profiles in CLIENTS.items():
@@ -164,7 +168,8 @@ def _subscribe(workdir: Path, mediator: Child, console: Console,
             plans.add_row(name, profile, "; ".join(p.split(": ", 1)[1] for p in info.plans))
             threading.Thread(target=_tail, args=(client, profile, notes), daemon=True,
                              name=f"demo-{profile}").start()
-    console.print(plans)
+    console.print("subscriptions and their plans")
+    print_table(plans, console)
     return clients, notes
 
 
@@ -308,8 +313,8 @@ def _row(note: Any, seen: Seen, console: Console) -> None:
         kind = note.types[at] if at < len(note.types) else ""
         when = format_time(note.times_us[at])[11:19] if at < len(note.times_us) else ""
         if kind.startswith("eva.tick.") or kind == "absence" or not kind:
-            label = kind.removeprefix("eva.tick.") if kind.startswith("eva.tick.") else ident
-            lines.append(f"          [cyan]{escape('tick ' + label if kind else label)}[/] {when}")
+            # the clock's constituents by their id, as replay and subscribe show them
+            lines.append(f"          [cyan]{escape(ident)}[/]")
             continue
         source = note.sources[at] if at < len(note.sources) else "?"
         lines.append(f"          {escape(kind)}  [dim]{escape(source)}[/]  {when}")
@@ -345,7 +350,7 @@ def _check(workdir: Path, metrics: int, notes: Notes,
         equal &= got == ref
         table.add_row(profile, str(len(got)), str(len(ref)),
                       "[green]yes[/]" if got == ref else "[red]NO[/]")
-    console.print(table)
+    print_table(table, console)
     console.print("events in, by source: " + ", ".join(
         f"{source} {int(n)}" for source, n in sorted(inflow.items())))
     console.print("dead letters: " + (", ".join(f"{r} {int(n)}" for r, n in letters.items())
@@ -407,4 +412,4 @@ def _replayed(store: Path, published: dict[str, list[dict[str, Any]]]
     return out
 
 
-__all__ = ["DemoError", "run"]
+__all__ = ["DemoError", "Stopped", "run"]

@@ -1,10 +1,14 @@
 """The processes the live demo starts — mosquitto, base services, the mediator — each in its own
 process group with its output in a log file (a reader of the demo sees the demo, not Spark's or
-a server's start-up lines), and all stopped at the end, also after Ctrl-C."""
+a server's start-up lines), and all stopped at the end, also after Ctrl-C, SIGTERM or SIGHUP
+(mediator/cli/demo.py turns those into :class:`Stopped`). Each child also dies with the demo:
+on Linux it is started with a parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGTERM)``), so a
+demo killed outright (SIGKILL, a crash) leaves nothing running under PID 1 either."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import getpass
 import os
 import shutil
@@ -14,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 MARKER = "EVAMED_DEMO_RUN"
@@ -21,6 +26,38 @@ MARKER = "EVAMED_DEMO_RUN"
 
 class DemoError(RuntimeError):
     """Something the demo needs did not start; the message says what and where to look."""
+
+
+class Stopped(BaseException):
+    """A signal asked the demo to stop (SIGINT, SIGTERM, SIGHUP): raised where the demo is, so
+    what it started is stopped on the way out. A BaseException, as KeyboardInterrupt: no
+    ``except Exception`` on the way swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """What a child runs between fork and exec so that it gets SIGTERM when the demo dies:
+    Linux's parent-death signal through libc's ``prctl`` (looked up now, in the parent: the
+    child only calls it). None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the demo died before the signal was armed
+            os._exit(1)
+    return arm
 
 
 def free_port() -> int:
@@ -50,6 +87,7 @@ class Child:
         try:
             self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self._out,
                                          text=True, start_new_session=True,
+                                         preexec_fn=_parent_death_signal(),
                                          env={**os.environ, "PYTHONUNBUFFERED": "1",
                                               MARKER: str(logs.parent)})
         except OSError:
@@ -57,15 +95,24 @@ class Child:
             raise
         self.address = ""
 
-    def serving(self, timeout: float) -> str:
-        """Wait for the "serving … on HOST:PORT" line an evamed server prints once it answers."""
+    def serving(self, timeout: float, waiting: Callable[[str], None] | None = None) -> str:
+        """Wait for the "serving … on HOST:PORT" line an evamed server prints once it answers;
+        meanwhile ``waiting`` is told each step ``evamed serve`` says it waits for (its "… "
+        lines, in its log)."""
         assert self.proc.stdout is not None
         deadline = time.monotonic() + timeout
         line = ""
-        while time.monotonic() < deadline and not line:
-            line = self.proc.stdout.readline()
-            if not line and self.proc.poll() is not None:
-                break
+        done = threading.Event()
+        if waiting is not None:
+            threading.Thread(target=self._steps, args=(waiting, done), daemon=True,
+                             name=f"demo-{self.name}-steps").start()
+        try:
+            while time.monotonic() < deadline and not line:
+                line = self.proc.stdout.readline()
+                if not line and self.proc.poll() is not None:
+                    break
+        finally:
+            done.set()
         if not line.startswith("serving "):
             tail = self.log.read_text(encoding="utf-8", errors="replace")[-1500:]
             raise DemoError(f"{self.name} did not start (log {self.log}):\n{line}{tail}")
@@ -75,24 +122,43 @@ class Child:
         self._drain.start()
         return self.address
 
+    def _steps(self, waiting: Callable[[str], None], done: threading.Event) -> None:
+        """Each "… step" line the server writes to its log, as it comes, until ``done``."""
+        seen = 0
+        while not done.wait(0.3):
+            try:
+                lines = self.log.read_text(encoding="utf-8", errors="replace").splitlines()
+            except OSError:
+                continue
+            for text in lines[seen:]:
+                if text.startswith("… "):
+                    waiting(text.removeprefix("… "))
+            seen = len(lines)
+
     def _copy(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self._out.write(line)
 
-    def stop(self) -> None:
-        """SIGTERM to the process itself (a mediator stops its Spark jobs in order), then to
-        its whole group if it has not ended within 15 s."""
+    def terminate(self) -> None:
+        """SIGTERM to the process itself (a mediator stops its Spark jobs in order)."""
         if self.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 self.proc.terminate()
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        with contextlib.suppress(ProcessLookupError):  # what it left in its group (Spark's JVM)
+
+    def stop(self, deadline: float) -> None:
+        """Wait for it to end until the monotonic ``deadline`` (after :meth:`terminate`), then
+        SIGKILL its whole group — also what it left there when it ended (Spark's JVM)."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL to its whole group, at once; its log closed."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
         if self._drain is not None:
             self._drain.join(timeout=5)
         self._out.close()
@@ -125,8 +191,15 @@ def mosquitto(directory: Path, logs: Path, stack: Stack) -> int:
     raise DemoError(f"mosquitto did not start on port {port} (log {logs / 'mosquitto.log'})")
 
 
+STOP_SECONDS = 15.0
+"""How long a child may take to stop after SIGTERM before its group is killed (a mediator:
+its drain, 3 s, and its Spark jobs; a base service: 3 s)."""
+
+
 class Stack:
-    """What the demo started, stopped in reverse order."""
+    """What the demo started: stopped newest first — the mediator, so that it does not see its
+    services go away under it — then all the others together (one SIGTERM each, then one wait:
+    not a base service's three seconds after another's)."""
 
     def __init__(self) -> None:
         self.children: list[Child] = []
@@ -136,6 +209,24 @@ class Stack:
         return child
 
     def stop(self) -> None:
-        for child in reversed(self.children):
-            child.stop()
+        """Every child stopped (SIGTERM, then SIGKILL to its group after ``STOP_SECONDS``).
+        A signal meanwhile (:class:`Stopped`, KeyboardInterrupt) kills what is left at once
+        and is raised again."""
+        try:
+            children = list(reversed(self.children))
+            for batch in (children[:1], children[1:]):
+                for child in batch:
+                    child.terminate()
+                deadline = time.monotonic() + STOP_SECONDS
+                for child in batch:
+                    child.stop(deadline)
+                    self.children.remove(child)
+        except BaseException:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        """SIGKILL to every child's group, at once."""
+        for child in self.children:
+            child.kill()
         self.children = []

@@ -27,6 +27,7 @@ from eva import ast
 from eva import reference as ref
 from eva.events import TICK_TYPE as TICK_TYPE  # re-exported: the tick type services see
 from eva.events import Event
+from eva.printer import predicate_text
 from eva.semantics import Occ
 from eva.validate import refs
 from transforms.capability import Capability
@@ -64,10 +65,13 @@ class UnsupportedError(ValueError):
 @dataclass(frozen=True)
 class Rendered:
     """The native text of an EVA expression, and what of it the language cannot state (empty:
-    ``text`` is the query to subscribe)."""
+    ``text`` is the query to subscribe). ``widened``: the tests of a class the text leaves out
+    — (class, test) — which the mediator re-applies to what comes back (a language that knows
+    events only by type, or whose tests read NULL otherwise than EVA)."""
 
     text: str
     unsupported: tuple[str, ...] = ()
+    widened: tuple[tuple[str, str], ...] = ()
 
 
 # ------------------------------------------------------------------ predicate forms
@@ -103,6 +107,15 @@ def operands(pred: ast.Predicate) -> list[ast.Predicate]:
         else:
             out.append(node)
     return out
+
+
+def beyond_type(pred: ast.Predicate) -> list[ast.Predicate]:
+    """The top-level conjuncts of a resolved class predicate that test more than the event's
+    ``type``: what a language knowing events only by type leaves to the mediator."""
+    from eva.classes import type_only
+
+    parts = operands(pred) if isinstance(pred, ast.And) else [pred]
+    return [p for p in parts if type_only(p, {}) is None]
 
 
 def operator_chain(expr: ast.Expr, same: Callable[[ast.Expr], bool]) -> list[ast.Expr]:
@@ -164,6 +177,9 @@ class Rendering:
         self.profile = profile
         self.root_eoi = root_eoi
         self.messages: list[str] = []
+        self.widened: list[tuple[str, str]] = []
+        self.within = ""
+        """The class whose predicate is being rendered (a leaf rule sets it)."""
 
     def expr(self, node: ast.Expr) -> Any:
         rule = self.dialect.expressions.get(type(node))
@@ -183,6 +199,15 @@ class Rendering:
         """Note what cannot be stated; the dialect's placeholder stands in for it."""
         self.messages.append(message)
         return self.dialect.placeholder
+
+    def widen(self, pred: ast.Predicate) -> None:
+        """Note a test of the current class that the native text leaves out (the service
+        answers a superset; the mediator re-applies the class): ``explain`` lists it."""
+        self.widened.append((self.within, predicate_text(pred)))
+
+    def leaf(self, name: str) -> None:
+        """The predicates rendered from now on are class ``name``'s."""
+        self.within = name
 
 
 @dataclass(frozen=True)
@@ -282,7 +307,8 @@ class Dialect:
                 log.warning("%s", message)
         if messages and level is Unsupported.RAISE:
             raise UnsupportedError("; ".join(messages))
-        return Rendered(text if not messages else "", messages)
+        return Rendered(text if not messages else "", messages,
+                        tuple(dict.fromkeys(rendering.widened)))
 
     def render(self, expr: ast.Expr, doc: ast.Document, profile: ast.Profile | None = None,
                root_eoi: bool = False) -> str:

@@ -17,7 +17,7 @@ import re
 
 from eva import ast
 from eva import semantics as sem
-from eva.classes import label, required_types
+from eva.classes import label, required_types, resolve
 from eva.events import Event
 from eva.printer import expr_text
 from eva.semantics import occurrence as primitive
@@ -31,6 +31,7 @@ from transforms.dialects.base import (
     Rendering,
     Scope,
     balanced,
+    beyond_type,
     operator_chain,
 )
 from transforms.planner import has_context
@@ -70,6 +71,10 @@ def _types(r: Rendering, expr: ast.Prim) -> Text:
              else required_types(body, r.classes))
     if not types:
         return r.unsupported(f"class {expr.name} names no event type")
+    if not isinstance(body, ast.Every):
+        r.leaf(expr.name)
+        for test in beyond_type(resolve(body, r.classes)):
+            r.widen(test)
     text, several = balanced([(_name(t), False) for t in sorted(types)], _or)
     return (f"({text})" if several else text), False
 

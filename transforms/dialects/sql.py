@@ -70,20 +70,21 @@ _COMPARE: dict[str, Callable[..., exp.Expression]] = {"==": exp.EQ, "<": exp.LT,
 
 def _compare(r: Rendering, pred: ast.Compare) -> Condition:
     if pred.value is None:
-        return None  # SQL's = NULL is unknown, never true: widened
+        return _true(r, pred)  # SQL's = NULL is unknown, never true: widened
     return _COMPARE[pred.op](this=_column(r, pred.path), expression=_literal(r, pred.value))
 
 
 def _in(r: Rendering, pred: ast.Compare) -> Condition:
     assert isinstance(pred.value, tuple)
     if not all(isinstance(v, (str, int, float)) for v in pred.value):
-        return None
+        return _true(r, pred)
     return exp.In(this=_column(r, pred.path),
                   expressions=[_literal(r, v) for v in pred.value])
 
 
 def _true(r: Rendering, pred: ast.Predicate) -> Condition:
     """``!=`` and ``not``: SQL's three-valued logic differs from EVA's; widened to TRUE."""
+    r.widen(pred)
     return None
 
 
@@ -98,9 +99,11 @@ def _and(r: Rendering, pred: ast.And) -> Condition:
 
 def _or(r: Rendering, pred: ast.Or) -> Condition:
     """A TRUE disjunct makes the whole TRUE; AND binds tighter than OR: no brackets."""
+    noted = len(r.widened)
     parts = [r.predicate(p) for p in operands(pred)]
     if any(p is None for p in parts):
-        return None
+        del r.widened[noted:]  # the whole disjunction is left out, not only its part
+        return _true(r, pred)
     return _chain(exp.Or, parts)
 
 
@@ -159,6 +162,7 @@ def _leaf(r: Rendering, expr: ast.Prim) -> list[_Part]:
     types = type_only(body, r.classes)
     if types is not None and len(types) == 1:
         return [_Part((_Leaf(next(iter(types))),), (), 0)]
+    r.leaf(expr.name)
     condition = r.predicate(resolve(body, r.classes))
     if isinstance(condition, exp.Or):
         condition = exp.Paren(this=condition)  # an operand of the WHERE's AND

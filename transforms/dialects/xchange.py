@@ -13,7 +13,7 @@ import json
 import re
 
 from eva import ast
-from eva.classes import required_types, resolve
+from eva.classes import required_types, resolve, type_only
 from eva.units import format_span
 from transforms.capability import CG4
 from transforms.dialects.base import (
@@ -45,7 +45,7 @@ def _equality(r: Rendering, pred: ast.Compare) -> Equalities:
     if (pred.path == "type" or pred.path.startswith("data.")) and not isinstance(
             pred.value, (dict, list)) and pred.value is not None:
         return [(pred.path, pred.value)]
-    return []
+    return _widened(r, pred)
 
 
 def _conjuncts(r: Rendering, pred: ast.And) -> Equalities:
@@ -53,6 +53,8 @@ def _conjuncts(r: Rendering, pred: ast.And) -> Equalities:
 
 
 def _widened(r: Rendering, pred: ast.Predicate) -> Equalities:
+    if type_only(pred, {}) is None:  # a test of the type alone is stated by the labels
+        r.widen(pred)
     return []
 
 
@@ -87,6 +89,7 @@ def _term(r: Rendering, expr: ast.Prim) -> str:
     if isinstance(body, ast.Every):
         return _label(TICK_TYPE + expr.name)
     pred = resolve(body, r.classes)
+    r.leaf(expr.name)
     types = required_types(pred, r.classes)
     equalities: Equalities = r.predicate(pred)
     fields = [(p[len("data."):].split("."), v) for p, v in equalities if p.startswith("data.")]
