@@ -35,6 +35,15 @@ def _no_saved_tokens(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]
         os.environ["EVAMED_CREDENTIALS"] = given
 
 
+@pytest.fixture(autouse=True)
+def _no_terminal_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command's output is as piped unless a test says otherwise: pytest-xdist's workers
+    get COLUMNS=80 and LINES=24 in their environment, which the CLI takes for a terminal's
+    width (mediator/cli/common.py out_console). A test that wants a width passes COLUMNS."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
+
+
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     """A real redis-server on a free loopback port, no persistence; stopped after the test."""

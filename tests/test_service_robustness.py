@@ -772,7 +772,8 @@ def test_server_reflection_lists_the_services(cg1: Running) -> None:
         found = database.FindFileContainingSymbol(SERVICE_NAME)
         assert found.name == "eva/base/v1/base.proto"
         assert [m.name for m in found.service[0].method] == [
-            "Capabilities", "Subscribe", "Unsubscribe", "Publish"]
+            "Capabilities", "Subscribe", "Unsubscribe", "Publish", "Open", "Register",
+            "Deregister", "Ack"]
 
 
 def test_a_query_error_keeps_its_position_through_the_client(cg1: Running) -> None:

@@ -106,13 +106,14 @@ def test_a_killed_mediator_leaves_no_child_running(tmp_path: Path) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
                          ids=lambda s: s.name)
 def test_a_signal_while_starting_ends_the_start(tmp_path: Path, sig: signal.Signals) -> None:
-    """A stored subscription uses an autonomous service that is down: the start waits for it
-    (and says so), and a signal meanwhile ends the process within seconds, status 128 + the
-    signal's number — nothing was accepted yet, nothing is lost."""
+    """A stored subscription uses a fed service that is down: the start gives it a moment to
+    connect (and says so), and a signal meanwhile ends the process within seconds, status
+    128 + the signal's number — nothing was accepted yet, nothing is lost."""
     service = Process("base-service", "--group", "cg2", "--listen", "127.0.0.1:0")
     try:
         config = configured(tmp_path, f'[[services]]\nname = "traffic"\ngroup = "cg2"\n'
-                                      f'address = "{service.address}"\ntypes = ["traffic.*"]\n')
+                                      f'address = "{service.address}"\ntypes = ["traffic.*"]\n'
+                                      'mode = "fed"\n')
         token = cli("clients", "add", "alice", "--config", str(config)).strip()
         first = Process("serve", "--config", str(config))
         with MediatorClient(first.address, token) as client:
@@ -129,7 +130,7 @@ def test_a_signal_while_starting_ends_the_start(tmp_path: Path, sig: signal.Sign
         while "restoring 1 subscription at 1 service" not in waiting:
             waiting = mediator.stderr.readline()
             assert waiting and time.monotonic() < deadline, waiting
-        time.sleep(0.5)  # in the wait for the service
+        time.sleep(0.3)  # in the wait for the fed service (mediator.pipeline.FED_GRACE)
         assert mediator.poll() is None
         sent = time.monotonic()
         mediator.send_signal(sig)
