@@ -59,6 +59,9 @@ _OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_bac
 """gRPC's own reconnection no slower than ours; a message of large constituents received
 whole (the service splits a message at about 256 KiB of detections, but one detection may be
 larger)."""
+FIRST_CONNECTION = 3.0
+"""Seconds a registration that need not wait (``register(wait=False)``) still waits for the
+session's first connection: a service that is up is connected to in milliseconds."""
 _LOST_CODES = frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND,
                          grpc.StatusCode.ABORTED})
 """What ends a session for good: dropped by the service, unknown to it, superseded."""
@@ -134,6 +137,7 @@ class Session:
         self._conn: _Connection | None = None  # open and ready: SERVING
         self._opening: _Connection | None = None
         self._created = False  # opened once: from then on reopened without create
+        self._began = time.monotonic()
         self._lost: str | None = None
         self._closing = threading.Event()
         self._delivered = 0
@@ -158,6 +162,13 @@ class Session:
         ``wait`` False: a service out of reach now is not waited for — the registration is
         made when the session connects, and a refusal then goes to ``on_refused(id, why)``
         (nothing on the caller's side waits on a service that is down)."""
+        if not wait and not self._created and self._conn is None:
+            # Still making the first connection (the mediator just started): worth a moment,
+            # so that what is published right after this returns is seen.
+            with self._changed:
+                self._changed.wait_for(lambda: self._conn is not None or self._lost is not None
+                                       or self._closing.is_set(),
+                                       max(0.0, self._began + FIRST_CONNECTION - time.monotonic()))
         with self._lock:
             known = self._registrations.get(subscription_id)
             if known is None and not wait and self._conn is None and self._lost is None:
