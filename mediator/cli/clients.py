@@ -68,6 +68,9 @@ def add(
     inherit: Annotated[bool, typer.Option(
         help="Reissue a revoked client's name that still owns subscriptions: the same client "
              "(a token rotation), which reads them.")] = False,
+    operator: Annotated[bool, typer.Option(
+        help="An operator: sees every dead letter (not only its own publishes') and may "
+             "republish any (evamed dead-letters).")] = False,
     store: StoreUrl = None, config: ConfigFile = None,
 ) -> None:
     """Register a client and print its bearer token, once.
@@ -81,10 +84,11 @@ def add(
 
     with _opened(store, config) as opened:
         try:
-            token = add_client(opened, name, inherit=inherit)
+            token = add_client(opened, name, inherit=inherit, operator=operator)
         except ValueError as exc:
             fail(str(exc), code=1, one_line=True)
-    err.print(f"client {name} added; its token (shown only now):")
+    err.print(f"{'operator' if operator else 'client'} {name} added; its token (shown only "
+              "now):")
     print(token)
 
 
@@ -111,7 +115,8 @@ def list_(
     table = Table("name", "added", "state")
     for record in records:
         table.add_row(record.name, when(record.created_us),
-                      "[red]revoked[/]" if record.revoked else "active")
+                      "[red]revoked[/]" if record.revoked else
+                      "active, operator" if record.operator else "active")
     Console().print(table)
 
 
