@@ -56,11 +56,13 @@ from adapters.federation import Federation, Late, publish
 from adapters.links import Handle, Link
 from adapters.service_link import AutonomousLink
 from eva import ast
+from eva.admission import CAPACITY, Reason
 from eva.events import Event
 from eva.notify import composite_line
 from eva.parser import parse
 from eva.semantics import Notification
 from mediator.config import COMPOSERS
+from mediator.dead_letters import DeadLetterLog, Letter
 from mediator.ingestion import OwnFeed
 from mediator.inputs import ServiceFeed, State, Takers, bound
 from mediator.metrics import Metrics
@@ -169,7 +171,8 @@ class Pipeline:
                  on_append: Callable[[str, str, int], None] = lambda owner, name, head: None,
                  spark: Any = None, spark_dir: str | None = None, trigger: str | None = None,
                  batch: int = 500, trim_every: int = 100, idle: Mapping[str, float] | None = None,
-                 idle_default: float = 5.0) -> None:
+                 idle_default: float = 5.0, lateness: int = 0, reorder: int = CAPACITY,
+                 letters: DeadLetterLog | None = None) -> None:
         if composer not in COMPOSERS:
             raise ValueError(f"composer {composer!r}: expected one of {', '.join(COMPOSERS)}")
         if batch < 1 or trim_every < 1:
@@ -195,7 +198,8 @@ class Pipeline:
         self._draining = False  # stop: evaluate what the logs hold, then end
         self._halt = False      # stop now, after the round in progress
         self._cut_short = False  # the links were closed under a batch: it appends nothing
-        self._own = OwnFeed(store, metrics, idle_default)
+        self.letters = letters  # the dead-letter log (services' late reports)
+        self._own = OwnFeed(store, metrics, idle_default, lateness, reorder, letters)
         self._feeds: dict[str, ServiceFeed] = {}
         autonomous = [link for link in self.links.values() if isinstance(link, AutonomousLink)]
         for rank, link in enumerate(autonomous, start=1):
@@ -353,7 +357,8 @@ class Pipeline:
             starts = _link_starts(record)
             if not restoring:
                 starts = {name: self.store.link_bounds(name)[0] for name in self._feeds}
-                stamped = replace(record, start_position=self._own.position,
+                # (before what the own feed's reorder buffer holds: read again after a restart)
+                stamped = replace(record, start_position=self._own.kept_from() - 1,
                                   start_time=self._start_time(),
                                   links=json.dumps(starts) if starts else "")
                 if stamped != record:
@@ -502,9 +507,11 @@ class Pipeline:
                     evaluated = 0
                     if self._ready():
                         evaluated = self._step() + self._listen()
-                        time = self._own.due()
-                        if time is not None:
-                            self._round([], time)
+                        released, time = self._own.due()
+                        if released:
+                            self._origins.note(released)
+                        if released or time is not None:
+                            self._round(released, time)
                         self._decide()
                     failed = self._sparks.failure() if self._sparks is not None else None
                     if failed is not None:  # a live job stopped: composites would stop too
@@ -621,9 +628,21 @@ class Pipeline:
         return read
 
     def _late(self, late: list[Late]) -> None:
-        """Reports of services behind an instant decided already: dead letters ``late``."""
+        """Reports of services behind an instant decided already: dead letters ``late``, kept
+        in the dead-letter log (one batch per service)."""
+        if self.letters is not None:
+            by_link: dict[str, list[Letter]] = {}
+            for item in late:
+                by_link.setdefault(item.link, []).append(Letter(
+                    Reason.LATE, item.link, f"reported {item.what} after the mediator had "
+                    "decided past its time (the service was idle longer than its idle timeout)",
+                    item.what, where=f"registration {item.handle}", kind="report"))
+            for letters in by_link.values():
+                self.letters.record(letters)
+            return
         if self.metrics:
-            self.metrics.dead_letters.labels("late").inc(len(late))
+            for item in late:
+                self.metrics.dead_letters.labels(item.link, str(Reason.LATE)).inc()
         for item in late[:LATE_SHOWN]:
             log.warning("late: service %s reported %s after the mediator had decided past its "
                         "time (the service was idle longer than its idle timeout)", item.link,
@@ -709,7 +728,7 @@ class Pipeline:
         """Drop the log entries no live subscription needs (each needs those after its start
         positions) and the pipeline has evaluated."""
         starts = [s.record.start_position for s in self._subs.values()]
-        before = min([*starts, self._own.position + 1])
+        before = min([*starts, self._own.kept_from()])
         self._own.keep()
         dropped = self.store.trim_events(before)
         if dropped:
