@@ -19,6 +19,7 @@ from mediator.cli import (
     check,
     clients,
     compose,
+    deadletters,
     demo,
     explain,
     profile,
@@ -70,6 +71,7 @@ app.command()(subscribe.subscribe)
 app.command()(publish.publish)
 app.add_typer(services.app, name="services")
 app.add_typer(clients.app, name="clients")
+app.add_typer(deadletters.app, name="dead-letters")
 
 
 def main() -> None:
