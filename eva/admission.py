@@ -148,7 +148,7 @@ class Ids:
         self.size = size
         self._new: set[tuple[str, str]] = set()
         self._old: set[tuple[str, str]] = set()
-        self._rotate_at = -NEVER
+        self._rotate_at = NEVER if window is None else -NEVER
 
     def __contains__(self, pair: tuple[str, str]) -> bool:
         return pair in self._new or pair in self._old
@@ -256,11 +256,15 @@ class Reorder(Generic[T]):
     @property
     def watermark(self) -> int | None:
         """Every instant at or before it is complete: given out whole (None: nothing yet)."""
-        found = [t for t in (None if self.newest is None else self.newest - self.lateness - 1,
-                             self.advanced,
-                             None if self.released is None else self.released - 1)
-                 if t is not None]
-        return max(found, default=None)
+        newest = self.newest
+        mark = None if newest is None else newest - self.lateness - 1
+        advanced = self.advanced
+        if advanced is not None and (mark is None or advanced > mark):
+            mark = advanced
+        released = self.released
+        if released is not None and (mark is None or released - 1 > mark):
+            mark = released - 1
+        return mark
 
     def held(self) -> Iterator[T]:
         """The items held, in no particular order."""
@@ -399,6 +403,8 @@ class Stream:
         self.admission = Admission(rules)
         self.reorder: Reorder[Event] = Reorder(rules.longest, rules.capacity)
         self.dead_letter = dead_letter
+        self._lateness = rules.lateness  # the fast path's settings, read once
+        self._horizon = NEVER if rules.horizon is None else rules.horizon
         self.origin: int | None = None
         """Just before the earliest time an admitted event can have: the first admitted time
         minus the longest lateness, less one (None before the first)."""
@@ -412,7 +418,36 @@ class Stream:
         """One event; what is now due, in time order."""
         if self._held is not None:
             return self._after_held(event)
-        refused = self.admission.judge(event, "", self.reorder.watermark)
+        # The common case first, inline (a replay takes millions): no advance, a copy or a
+        # late or far-ahead event is left to the general path below.
+        admission = self.admission
+        newest = admission.newest
+        t = event.time
+        if (newest is not None and newest - self._lateness <= t <= newest + self._horizon
+                and admission.advanced is None):
+            ids = admission.ids
+            done = newest - self._lateness - 1  # the watermark, as nothing was forced out
+            if (done > ids._rotate_at or len(ids._new) >= ids.size) and not self.reorder.forced:
+                ids.rotate(done, newest, t)
+            fresh = ids._new
+            pair = (event.source, event.id)
+            if (pair not in fresh and pair not in ids._old and len(fresh) < ids.size
+                    and done <= ids._rotate_at):
+                reorder = self.reorder
+                released = reorder.released
+                if released is None or t >= released:
+                    fresh.add(pair)
+                    top = t if t > newest else newest
+                    admission.newest = reorder.newest = top
+                    if not reorder._heap and t <= top - reorder.lateness:
+                        reorder._arrivals += 1
+                        if released is None or t > released:
+                            reorder.released = admission.released = t
+                        return [event]
+                    out = reorder.put(t, event)
+                    admission.released = reorder.released
+                    return out
+        refused = admission.judge(event, "", self.reorder.watermark)
         if refused is HOLD:
             self._held = event  # a typo'd year or a real gap: only what comes next can tell
             return []

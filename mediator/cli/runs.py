@@ -165,16 +165,15 @@ def _admit(engine: Engine, stream: Stream, lines: Lines, end: int | None, emit: 
     gives out — in time order — pushed to ``engine``, whose clock starts at the admission's
     origin and follows its watermark; then both closed."""
     push = engine.push
+    admit = stream.push
     started = False
     watermark: int | None = None
 
-    def run(events: list[Event]) -> None:
-        nonlocal started, watermark
-        if events and not started and stream.origin is not None:
-            engine.begin(stream.origin)
-            started = True
-        for event in events:
-            emit(push(event))
+    def follow() -> None:
+        """The engine's clock to the admission's watermark: what it holds (several sources,
+        clock-driven profiles) is decided there. Once per batch of lines: the answers are
+        the same whenever it is done, it only must not lag by more than a batch."""
+        nonlocal watermark
         moved = stream.watermark
         if moved is not None and (watermark is None or moved > watermark) and started:
             watermark = moved
@@ -183,10 +182,25 @@ def _admit(engine: Engine, stream: Stream, lines: Lines, end: int | None, emit: 
     def malformed(detail: str, line: str) -> None:
         engine.malformed(detail, line)
 
+    def evaluate(due: list[Event]) -> None:
+        nonlocal started
+        if not started and stream.origin is not None:
+            engine.begin(stream.origin)  # the first admitted event set it
+            started = True
+        for one in due:
+            emit(push(one))
+
     try:
-        for event in _read(malformed, lines, keep):
-            run(stream.push(event))
-        run(stream.close(end))
+        for count, event in enumerate(_read(malformed, lines, keep), start=1):
+            due = admit(event)
+            if due:
+                if started and len(due) == 1:
+                    emit(push(due[0]))
+                else:
+                    evaluate(due)
+            if not count % BATCH:
+                follow()
+        evaluate(stream.close(end))
         emit(engine.close(end))
     finally:
         emit.flush()  # what was found before an interruption is written too
