@@ -5,6 +5,7 @@ client (an operator sees all), and published again in one command once fixed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -283,3 +284,29 @@ def test_a_services_late_report_is_a_dead_letter_of_that_service(tmp_path: Path)
     assert metrics.registry.get_sample_value(
         "evamed_dead_letters_total", {"source": "fleet", "reason": "late"}) == 2
     store.close()
+
+
+def test_following_the_dead_letters_shows_each_as_it_is_kept(tmp_path: Path) -> None:
+    """``evamed dead-letters --follow`` (ListDeadLetters with follow): the letters kept so far,
+    then each new one as the mediator keeps it, until the client goes away."""
+    mediator = Mediator(tmp_path, 'lateness = "0s"\n')
+    try:
+        mediator.client.publish([cloud("a", NOW), "{broken"])
+        got: list[Any] = []
+        follow = mediator.client.dead_letters(follow=True)
+
+        def read() -> None:
+            with contextlib.suppress(MediatorError):  # the client closed under it: the end
+                for letter in follow:
+                    got.append(letter)
+
+        import threading
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        wait_for(lambda: len(got) == 1, what="the letter kept before")
+        mediator.client.publish([cloud("b", NOW - 1_000_000)])
+        wait_for(lambda: len(got) == 2, what="the new letter")
+        assert [(x.reason, x.id) for x in got] == [("malformed", ""), ("late", "b")]
+    finally:
+        mediator.close()
