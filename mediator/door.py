@@ -44,8 +44,9 @@ log = logging.getLogger("evamed.service")
 ADVANCE_KEY = "door.advance"
 """Store meta: the newest ``advance_to_us`` taken (nothing at or before it is taken any more,
 also after a restart)."""
-SEEDED = 200_000
-"""Event-log entries the door reads back at start: the duplicate memory's two generations."""
+SEEDED = 100_000
+"""Event-log entries the door reads back at start (as many as the duplicate memory's generation
+holds, as before: a restart reads no more of the log than it did)."""
 
 
 def wall_clock() -> int:
