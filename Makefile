@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The engine-side modules, compiled in place with mypyc (see eva/native.py).
 NATIVE := $(addprefix eva/,events.py semantics.py classes.py state.py nodes.py compiler.py engine.py \
-	notify.py)
+	notify.py admission.py)
 NATIVE_STAMP := build/.native
 
 .PHONY: demo test test-pure install native pure proto wheel lint typecheck bench clean servers

@@ -38,6 +38,7 @@ from typing import Any, Literal
 import orjson
 
 from eva import ast
+from eva.admission import Reason
 from eva.classes import required_values
 from eva.events import (
     MAX_TIME,
@@ -66,7 +67,9 @@ MAX_STEPS = 10_000
 """Steps of that search (a long value split among several captures) before it gives up the
 same way."""
 PREVIEW = 200
-"""Payload bytes a dead letter keeps."""
+"""Payload bytes a dead letter's log line shows."""
+KEPT = 1 << 20
+"""Payload bytes a dead letter keeps (the dead-letter log keeps at most its own bound)."""
 
 TimeFormat = Literal["rfc3339", "epoch_s", "epoch_ms", "epoch_us"]
 
@@ -343,14 +346,17 @@ class SourceDeadLetter:
 
     broker: str
     topic: str
-    reason: str   # "topic", "payload", "time", "id", "attribute", "malformed"
-    detail: str
-    payload: bytes = b""  # the first PREVIEW bytes
+    reason: str   # an eva.admission.Reason: topic, payload, time, id, attribute, malformed,
+    detail: str   # too_large, deleted (Redis)
+    payload: bytes = b""  # the first KEPT bytes
+    size: int = -1        # the payload's whole size (-1: len(payload))
+    kind: str = "payload"  # what payload is: a broker's payload, or a "cloudevent" line
 
     def record(self) -> dict[str, Any]:
-        """As JSON (for a log line or a dead-letter store)."""
-        return {"broker": self.broker, "topic": self.topic, "reason": self.reason,
-                "detail": self.detail, "payload": self.payload.decode("utf-8", "replace")}
+        """As JSON (for a log line): the payload's first PREVIEW bytes."""
+        return {"broker": self.broker, "topic": self.topic, "reason": str(self.reason),
+                "detail": self.detail,
+                "payload": self.payload[:PREVIEW].decode("utf-8", "replace")}
 
     def __str__(self) -> str:
         return f"{self.broker}: topic {self.topic!r}: {self.reason}: {self.detail}"
@@ -428,17 +434,17 @@ def _time(value: Any, rule: Rule) -> int:
     """A payload time field's value in microseconds, in the rule's format."""
     where = f"payload field {rule.time_field!r}"
     if value is None:
-        raise _Refused("time", f"{where} is missing (the rule takes the event time from it)")
+        raise _Refused(Reason.TIME, f"{where} is missing (the rule takes the event time from it)")
     if rule.time_format == "rfc3339":
         if not isinstance(value, str):
-            raise _Refused("time", f"{where} is {brief_repr(value)}, expected an RFC 3339 string")
+            raise _Refused(Reason.TIME, f"{where} is {brief_repr(value)}, expected an RFC 3339 string")
         try:
             return parse_time(value)
         except EventError as exc:
-            raise _Refused("time", f"{where}: {exc}") from None
+            raise _Refused(Reason.TIME, f"{where}: {exc}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
             isinstance(value, float) and not math.isfinite(value)):
-        raise _Refused("time", f"{where} is {brief_repr(value)}, expected a number "
+        raise _Refused(Reason.TIME, f"{where} is {brief_repr(value)}, expected a number "
                        f"({rule.time_format.replace('_', ' ')})")
     unit = _PER_UNIT[rule.time_format]
     try:
@@ -446,7 +452,7 @@ def _time(value: Any, rule: Rule) -> int:
     except OverflowError:
         micros = MAX_TIME + 1
     if not MIN_TIME <= micros <= MAX_TIME:
-        raise _Refused("time", f"{where} is {brief_repr(value)} ({rule.time_format}), outside "
+        raise _Refused(Reason.TIME, f"{where} is {brief_repr(value)} ({rule.time_format}), outside "
                        f"{format_time(MIN_TIME)} … {format_time(MAX_TIME)}")
     return int(micros)
 
@@ -457,7 +463,7 @@ def _ident(value: Any, rule: Rule) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     found = "missing" if value is None else brief_repr(value)
-    raise _Refused("id", f"payload field {rule.id_field!r} is {found}, expected a non-empty "
+    raise _Refused(Reason.ID, f"payload field {rule.id_field!r} is {found}, expected a non-empty "
                    "string or an integer (the rule takes the event id from it)")
 
 
@@ -488,7 +494,7 @@ class Mapping:
             topic = (packet.topic if isinstance(packet.topic, str)
                      else packet.topic.decode("utf-8"))
         except UnicodeDecodeError as exc:
-            return self._dead(repr(packet.topic)[2:-1], packet, "topic", "the topic is not "
+            return self._dead(repr(packet.topic)[2:-1], packet, Reason.TOPIC, "the topic is not "
                               f"UTF-8 (byte {exc.start + 1}); MQTT topics are UTF-8 text")
         for rule in self.rules:
             captures = rule.pattern.match(topic)
@@ -501,19 +507,20 @@ class Mapping:
             except _Refused as refused:
                 return self._dead(topic, packet, refused.reason, refused.detail)
             except Exception as exc:  # whatever the payload holds, one dead letter, never a crash
-                return self._dead(topic, packet, "malformed", f"could not be mapped "
+                return self._dead(topic, packet, Reason.MALFORMED, f"could not be mapped "
                                   f"({type(exc).__name__}: {str(exc)[:200]})")
         return None
 
     def _dead(self, topic: str, packet: Packet, reason: str, detail: str) -> SourceDeadLetter:
-        return SourceDeadLetter(self.broker, topic, reason, detail, packet.payload[:PREVIEW])
+        return SourceDeadLetter(self.broker, topic, reason, detail, packet.payload[:KEPT],
+                                len(packet.payload))
 
     def _event(self, rule: Rule, topic: str, captures: dict[int, str], packet: Packet) -> Mapped:
         obj: dict[str, Any] = {"specversion": "1.0"}
         for name, template in rule.templates().items():
             value = template.render(topic, captures)
             if not value:
-                raise _Refused("attribute", f"{name} template {template.text!r} renders empty "
+                raise _Refused(Reason.ATTRIBUTE, f"{name} template {template.text!r} renders empty "
                                "for this topic (a CloudEvents attribute must not be empty)")
             obj[name] = value
         payload: Any = None
@@ -523,10 +530,10 @@ class Mapping:
         except (ValueError, UnicodeDecodeError, RecursionError):
             is_json = False
             if rule.non_json == "dead-letter":
-                raise _Refused("payload", f"the payload ({len(packet.payload)} bytes) is not "
+                raise _Refused(Reason.PAYLOAD, f"the payload ({len(packet.payload)} bytes) is not "
                                "JSON, and the rule dead-letters what is not") from None
         if (rule.time_field or rule.id_field) and not isinstance(payload, dict):
-            raise _Refused("time" if rule.time_field else "id", "the payload is "
+            raise _Refused(Reason.TIME if rule.time_field else Reason.ID, "the payload is "
                            f"{'a JSON ' + type(payload).__name__ if is_json else 'not JSON'}; "
                            "the rule reads fields of a JSON object")
         time = _time(_field(payload, rule.time_field), rule) if rule.time_field else packet.arrival_us
@@ -544,7 +551,7 @@ class Mapping:
         try:
             event = from_json_line(line)
         except EventError as exc:
-            raise _Refused("malformed", f"the event is refused: {exc}") from None
+            raise _Refused(Reason.MALFORMED, f"the event is refused: {exc}") from None
         return Mapped(line, event)
 
     # -- what the broker observes

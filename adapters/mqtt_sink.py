@@ -51,6 +51,7 @@ def topic_level(value: object) -> str:
 
 @dataclass
 class SinkCounts:
+    sent: int = 0       # handed to the broker (QoS 1: resent until acknowledged)
     published: int = 0  # acknowledged by the broker
     skipped: int = 0    # of a profile the sink does not publish
     refused: int = 0    # not a composite CloudEvent (logged)
@@ -121,6 +122,7 @@ class MqttSink:
             info = self.connection.client.publish(topic, payload, qos=1, retain=False,
                                                   properties=properties)
             pending.append(info.mid)
+            self.counts.sent += 1
         deadline = time.monotonic() + self.timeout
         with self._changed:
             while not all(mid in self._acked for mid in pending):

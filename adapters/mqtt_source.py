@@ -46,8 +46,9 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from adapters.backends.boolean import Filter, FilterLanguage
 from adapters.links import Handle, InProcessLink
-from adapters.mapping import Mapped, Mapping, Packet, Selection, SourceDeadLetter, disjoint
+from adapters.mapping import KEPT, Mapped, Mapping, Packet, Selection, SourceDeadLetter, disjoint
 from adapters.mqtt import BrokerSettings, Connection, stable_client_id
+from eva.admission import too_large
 from transforms.capability import CG0
 from transforms.federated import Coverage, ServiceInfo
 
@@ -77,6 +78,7 @@ class SourceCounts:
     unmatched: int = 0      # no rule's topic (a filter wider than the rules) or an ignored retained
     acks_skipped: int = 0   # owed to a connection since lost: the broker resends those
     ingest_failures: int = 0
+    in_flight: int = 0      # taken from the broker, not yet acknowledged to it
 
 
 def _log_dead_letter(letter: SourceDeadLetter) -> None:
@@ -96,7 +98,7 @@ class MqttSource(InProcessLink):
                  mediator: str = "evamed", dead_letter: DeadLetters = _log_dead_letter,
                  qos: int = 1, batch: int = BATCH, known_filters: Sequence[str] = (),
                  remember: Callable[[list[str]], None] = lambda filters: None,
-                 coverage: Coverage | None = None) -> None:
+                 coverage: Coverage | None = None, max_bytes: int | None = None) -> None:
         if qos not in (0, 1):
             raise ValueError(f"found qos {qos}, expected 0 or 1 (QoS 2 is not offered)")
         super().__init__(ServiceInfo(name, "cg0", CG0, coverage or mapping.coverage()),
@@ -108,6 +110,8 @@ class MqttSource(InProcessLink):
         self.qos = qos
         self.batch = batch
         self.remember = remember
+        self.max_bytes = max_bytes
+        """The largest payload taken; a larger one is dead-lettered ``too_large``."""
         self.counts = SourceCounts()
         self._selections: dict[Handle, Selection] = {}
         self._wants: dict[str, tuple[str, ...]] = {}  # want(): filters asked for others
@@ -151,6 +155,12 @@ class MqttSource(InProcessLink):
 
     def status(self) -> str:
         return "SERVING" if self.connection.connected else "CONNECTING"
+
+    @property
+    def lag(self) -> int:
+        """Messages the broker delivered that are not in the event log yet: queued here, or
+        handed to ``ingest`` and not acknowledged (the broker's own queue is not visible)."""
+        return self._queue.qsize() + self.counts.in_flight
 
     # ---------------------------------------------------------------- queries → topic filters
 
@@ -281,9 +291,13 @@ class MqttSource(InProcessLink):
         acks: list[tuple[int, int, int]] = []  # (generation, packet id, qos), in arrival order
         for generation, arrival, message in items:
             self.counts.received += 1
-            result = self.mapping.map(Packet(_topic(message), bytes(message.payload), message.qos,
+            payload = bytes(message.payload)
+            refused = too_large(len(payload), self.max_bytes, "the payload")
+            result = self.mapping.map(Packet(_topic(message), payload, message.qos,
                                              message.mid, bool(message.retain), arrival,
-                                             next(self._seq)))
+                                             next(self._seq))) if refused is None else (
+                SourceDeadLetter(self.info.name, str(_topic(message)), refused.reason,
+                                 refused.detail, payload[:KEPT], len(payload)))
             if isinstance(result, Mapped):
                 lines.append(result.line)
             elif isinstance(result, SourceDeadLetter):
@@ -297,15 +311,18 @@ class MqttSource(InProcessLink):
             self._acknowledge(acks)
             return
         done = threading.Event()
+        self.counts.in_flight += len(items)
 
         def ack() -> None:
             self._acknowledge(acks)
             self.counts.ingested += len(lines)
+            self.counts.in_flight -= len(items)
             done.set()
 
         try:
             self.ingest(lines, ack)
         except Exception:
+            self.counts.in_flight -= len(items)
             self.counts.ingest_failures += 1
             self._refused_through = self.connection.generation
             log.exception("%s: %d events could not be appended; reconnecting so that the broker "

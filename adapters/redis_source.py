@@ -40,6 +40,7 @@ whole structured CloudEvent instead, taken as it is.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import json
 import logging
 import socket
@@ -57,7 +58,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, wait_random_e
 from adapters.backends.registry import language
 from adapters.links import InProcessLink
 from adapters.mapping import (
-    PREVIEW,
+    KEPT,
     Mapped,
     MappingConfigError,
     Packet,
@@ -65,6 +66,7 @@ from adapters.mapping import (
     parse_mapping,
 )
 from adapters.mapping import Mapping as EventMapping
+from eva.admission import Reason, too_large
 from eva.events import EventError, brief_repr, from_json_line
 from transforms.capability import CG0
 from transforms.federated import Coverage, ServiceInfo
@@ -84,6 +86,8 @@ BACKOFF_MAX = 2.0
 """Seconds between reconnection attempts at most (exponential from 50 ms, with jitter)."""
 MAX_IN_FLIGHT = 10_000
 """Entries handed to ``ingest`` and not yet acknowledged at most: the reader waits beyond."""
+LAG_EVERY = 2.0
+"""Seconds between measurements of the group's lag (``Counts.lag``)."""
 KEYS = {"name", "kind", "url", "streams", "rules", "payload_field", "cloudevent_field", "group", "consumer",
          "start", "count", "block", "claim_idle", "sources", "types"}
 """The keys of a Redis source's table (mediator/config.py lists them in its documentation)."""
@@ -110,6 +114,9 @@ class RedisSourceConfig:
     block: float = 1.0
     claim_idle: float = 60.0
     coverage: Coverage | None = None
+    max_bytes: int | None = None
+    """The largest entry taken (its fields' bytes); a larger one is dead-lettered
+    ``too_large``. Set by the mediator from ``max_event_bytes``."""
 
     def info(self) -> ServiceInfo:
         if self.coverage is not None:
@@ -232,12 +239,18 @@ def entry_event(config: RedisSourceConfig, stream: str, entry_id: str,
 
 def _entry_event(config: RedisSourceConfig, stream: str, entry_id: str,
                  fields: Mapping[bytes, bytes]) -> Mapped | SourceDeadLetter:
-    def dead(reason: str, detail: str, payload: bytes = b"") -> SourceDeadLetter:
-        return SourceDeadLetter(config.name, stream, reason, detail, payload[:PREVIEW])
+    def dead(reason: str, detail: str, payload: bytes = b"", kind: str = "payload"
+             ) -> SourceDeadLetter:
+        return SourceDeadLetter(config.name, stream, reason, detail, payload[:KEPT],
+                                len(payload), kind)
 
     if not fields:
-        return dead("deleted", "the entry was deleted from the stream (XDEL, or trimmed) "
+        return dead(Reason.DELETED, "the entry was deleted from the stream (XDEL, or trimmed) "
                     "before it was taken in")
+    size = sum(len(k) + len(v) for k, v in fields.items())
+    refused = too_large(size, config.max_bytes, "the entry")
+    if refused is not None:
+        return dead(refused.reason, refused.detail, _preview(fields))
     whole = config.cloudevent_field.encode()
     if config.cloudevent_field and whole in fields:
         raw = fields[whole]
@@ -245,30 +258,31 @@ def _entry_event(config: RedisSourceConfig, stream: str, entry_id: str,
             event = from_json_line(raw)
             line = raw.decode("utf-8")
         except (EventError, UnicodeDecodeError) as exc:
-            return dead("malformed", f"field {config.cloudevent_field!r} is not a CloudEvent: "
-                        f"{exc}", raw)
+            return dead(Reason.MALFORMED, f"field {config.cloudevent_field!r} is not a "
+                        f"CloudEvent: {exc}", raw, "cloudevent")
         if "\n" in line or "\r" in line:  # one event per line in the log
             line = json.dumps(json.loads(line), separators=(",", ":"))
         return Mapped(line, event)
     if config.mapping is None:
-        return dead("payload", f"the entry has no field {config.cloudevent_field!r} (a whole "
-                    "CloudEvent) and the source has no rules", _preview(fields))
+        return dead(Reason.PAYLOAD, f"the entry has no field {config.cloudevent_field!r} (a "
+                    "whole CloudEvent) and the source has no rules", _preview(fields))
     if config.payload_field:
         payload = fields.get(config.payload_field.encode())
         if payload is None:
-            return dead("payload", f"the entry has no field {config.payload_field!r} (the "
-                        f"payload); it has {', '.join(_names(fields))}", _preview(fields))
+            return dead(Reason.PAYLOAD, f"the entry has no field {config.payload_field!r} "
+                        f"(the payload); it has {', '.join(_names(fields))}", _preview(fields))
     else:
         try:
             payload = _fields_json(fields)
         except UnicodeDecodeError as exc:
-            return dead("payload", str(exc), _preview(fields))
+            return dead(Reason.PAYLOAD, str(exc), _preview(fields))
     ms = int(entry_id.split("-", 1)[0])
     packet = Packet(stream, payload, arrival_us=ms * 1000, ident=f"{stream}/{entry_id}")
     mapped = config.mapping.map(packet)
     if mapped is None:
         patterns = ", ".join(repr(r.pattern.text) for r in config.mapping.rules)
-        return dead("topic", f"no rule's topic matches the stream (rules: {patterns})", payload)
+        return dead(Reason.TOPIC, f"no rule's topic matches the stream (rules: {patterns})",
+                    payload)
     return mapped
 
 
@@ -304,7 +318,12 @@ def _names(fields: Mapping[bytes, bytes]) -> list[str]:
 
 
 def _preview(fields: Mapping[bytes, bytes]) -> bytes:
-    return b" ".join(k + b"=" + v for k, v in fields.items())[:PREVIEW]
+    """The entry's fields as the payload the mapping sees: a JSON object when they are UTF-8
+    (a dead letter republished is mapped from it), else ``name=value`` pairs."""
+    try:
+        return _fields_json(fields)
+    except UnicodeDecodeError:
+        return b" ".join(k + b"=" + v for k, v in fields.items())[:KEPT]
 
 
 # ------------------------------------------------------------------ the source
@@ -315,6 +334,8 @@ class Counts:
     """What the source did since it started (tests, logs)."""
 
     read: int = 0          # entries read (new, own pending and claimed)
+    lag: int = 0           # entries of its streams not yet acknowledged: not delivered to
+                           # the group yet, or pending (XINFO GROUPS; measured every LAG_EVERY)
     ingested: int = 0      # events handed to ingest
     acked: int = 0         # entries acknowledged (ingested and dead-lettered)
     dead_lettered: int = 0
@@ -329,6 +350,58 @@ def _log_dead_letter(letter: SourceDeadLetter) -> None:
 
 class _Stopped(Exception):
     """The source is stopping: leave the session."""
+
+
+Taken = tuple[int, str, str, str]
+"""An entry mapped to an event: (time, line, stream, entry id)."""
+
+
+class Merge:
+    """The entries of several streams, handed over in time order across reads (a backlog is
+    read ``count`` entries per stream at a time, and one stream's may be hours older than
+    another's). A stream whose last read was full (``count`` entries) may hold more: an entry
+    is handed over once no such stream can still hold an older one — its time is at most the
+    newest time read from every stream still behind. Read the laggard next (:meth:`next`):
+    the stream behind with the oldest newest time. A stream whose read was short is caught
+    up; what it gets later is new (and the reorder buffer downstream takes what is within the
+    lateness)."""
+
+    def __init__(self, streams: Iterable[str] = ()) -> None:
+        self._heap: list[tuple[int, int, Taken]] = []
+        self._arrivals = 0
+        self.newest: dict[str, int] = {}
+        self.behind: set[str] = set(streams)
+        """Streams that may hold more than was read: at first, every one (nothing is handed
+        over before each was read once)."""
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def add(self, stream: str, taken: list[Taken], full: bool) -> None:
+        """One read of ``stream``: its mapped entries (in its order) and whether it was full."""
+        for item in taken:
+            heapq.heappush(self._heap, (item[0], self._arrivals, item))
+            self._arrivals += 1
+            if item[0] > self.newest.get(stream, -(2**62)):
+                self.newest[stream] = item[0]
+        if full:
+            self.behind.add(stream)
+        else:
+            self.behind.discard(stream)
+
+    def due(self) -> list[Taken]:
+        """What can be handed over now, in time order (arrival order within an instant)."""
+        bound = min((self.newest.get(s, -(2**62)) for s in self.behind), default=None)
+        out: list[Taken] = []
+        while self._heap and (bound is None or self._heap[0][0] <= bound):
+            out.append(heapq.heappop(self._heap)[2])
+        return out
+
+    def next(self) -> str | None:
+        """The stream to read next without waiting (None: none is behind: read them all)."""
+        if not self.behind:
+            return None
+        return min(self.behind, key=lambda s: (self.newest.get(s, -(2**62)), s))
 
 
 class RedisSource(InProcessLink):
@@ -350,6 +423,8 @@ class RedisSource(InProcessLink):
         self._acks: list[tuple[str, str]] = []   # (stream, entry id) acknowledged, to XACK
         self._flight: set[tuple[str, str]] = set()  # handed to ingest, not yet XACKed
         self._claimed_at = 0.0
+        self._measured_at = 0.0
+        self._merge = Merge()
 
     # -- lifecycle
 
@@ -435,7 +510,6 @@ class RedisSource(InProcessLink):
             self.counts.connections += 1
             self._connected.set()
             self._flush(client)
-            self._recover(client)
             self._claim(client)
         except BaseException:
             self._connected.clear()
@@ -444,23 +518,62 @@ class RedisSource(InProcessLink):
         return client
 
     def _read(self, client: redis.Redis) -> None:
+        """New entries (``>``), merged across the streams in time order (:class:`Merge`): while
+        a stream is behind, the laggard is read without waiting; once all are caught up, all
+        are read, waiting at most ``block``."""
         config = self.config
         block = max(1, int(config.block * 1000))
-        streams = {stream: ">" for stream in config.streams}
+        # A new connection: what the last one's merge held is pending at this consumer, read
+        # again first (with what an earlier incarnation left), then each stream from there.
+        merge = self._merge = Merge(config.streams)
+        by_stream: dict[str, list[Taken]] = {}
+        for item in self._map(client, self._recover(client)):
+            by_stream.setdefault(item[2], []).append(item)
+        for stream, taken in by_stream.items():
+            merge.add(stream, taken, True)
         while not self._stopping.is_set():
             self._flush(client)
-            if time.monotonic() - self._claimed_at >= config.claim_idle:
+            now = time.monotonic()
+            if now - self._claimed_at >= config.claim_idle:
                 self._claim(client)
+            if now - self._measured_at >= LAG_EVERY:
+                self._measure(client)
             self._room()
+            laggard = merge.next()
+            streams = {laggard: ">"} if laggard is not None else {
+                stream: ">" for stream in config.streams}
             reply = client.xreadgroup(config.group, config.consumer, streams,  # type: ignore[arg-type]
-                                      count=config.count, block=block)
+                                      count=config.count,
+                                      block=None if laggard is not None else block)
             entries = _entries(reply)
             self.counts.read += len(entries)
-            self._take(client, entries)
+            by_stream = {stream: [] for stream in streams}
+            counted = dict.fromkeys(streams, 0)
+            for item in self._map(client, entries):
+                by_stream[item[2]].append(item)
+            for stream, _, _ in entries:
+                counted[stream] += 1
+            for stream, taken in by_stream.items():
+                merge.add(stream, taken, counted[stream] >= config.count)
+            self._hand(client, merge.due())
 
-    def _recover(self, client: redis.Redis) -> None:
+    def _measure(self, client: redis.Redis) -> None:
+        """The group's lag over the streams: entries not delivered yet plus those pending
+        (Redis 7's XINFO GROUPS ``lag``; an older server: pending only)."""
+        self._measured_at = time.monotonic()
+        total = 0
+        with contextlib.suppress(redis.RedisError):
+            for stream in self.config.streams:
+                for group in client.xinfo_groups(stream):
+                    name = group.get("name")
+                    if isinstance(name, bytes | str) and _text_of(name) == self.config.group:
+                        total += int(group.get("lag") or 0) + int(group.get("pending") or 0)
+            self.counts.lag = total
+
+    def _recover(self, client: redis.Redis) -> list[Entry]:
         """The entries pending at this consumer (read by an earlier incarnation or before the
-        connection was lost, never acknowledged), from the first."""
+        connection was lost, never acknowledged), from the first, of every stream."""
+        found: list[Entry] = []
         for stream in self.config.streams:
             after = "0"
             while not self._stopping.is_set():
@@ -473,7 +586,8 @@ class RedisSource(InProcessLink):
                 fresh = self._not_in_flight(entries)
                 self.counts.recovered += len(fresh)
                 self.counts.read += len(fresh)
-                self._take(client, fresh)
+                found += fresh
+        return found
 
     def _claim(self, client: redis.Redis) -> None:
         """XAUTOCLAIM: the entries pending longer than ``claim_idle`` at any consumer (one that
@@ -504,10 +618,14 @@ class RedisSource(InProcessLink):
 
     def _take(self, client: redis.Redis, entries: list[Entry]) -> None:
         """Map the entries; dead letters recorded and acknowledged, the events handed to
-        ``ingest`` in time order (a read of several streams interleaves them)."""
-        if not entries:
-            return
-        mapped: list[tuple[int, str, str, str]] = []   # time, line, stream, entry id
+        ``ingest`` in time order (each stream's own order kept within an instant)."""
+        mapped = self._map(client, entries)
+        mapped.sort(key=lambda m: m[0])  # stable: each stream's order kept
+        self._hand(client, mapped)
+
+    def _map(self, client: redis.Redis, entries: list[Entry]) -> list[Taken]:
+        """The entries' events, in their order; a dead letter recorded and acknowledged."""
+        mapped: list[Taken] = []
         dead: list[tuple[str, str]] = []
         for stream, entry_id, fields in entries:
             out = entry_event(self.config, stream, entry_id, fields)
@@ -519,9 +637,12 @@ class RedisSource(InProcessLink):
         if dead:
             self.counts.dead_lettered += len(dead)
             self._xack(client, dead)
+        return mapped
+
+    def _hand(self, client: redis.Redis, mapped: list[Taken]) -> None:
+        """Events to ``ingest``, in the order given; XACKed once it acknowledges."""
         if not mapped:
             return
-        mapped.sort(key=lambda m: m[0])  # stable: each stream's order kept
         keys = [(stream, entry_id) for _, _, stream, entry_id in mapped]
         with self._lock:
             self._flight.update(keys)
@@ -591,5 +712,5 @@ def _what(exc: BaseException | None) -> str:
     return f"{type(exc).__name__}: {exc}" if exc is not None else "no error"
 
 
-__all__ = ["DEFAULT_SOURCE", "Counts", "RedisSource", "RedisSourceConfig", "entry_event",
+__all__ = ["DEFAULT_SOURCE", "Counts", "Merge", "RedisSource", "RedisSourceConfig", "entry_event",
            "parse_config"]

@@ -13,7 +13,8 @@ import importlib
 import importlib.machinery
 from pathlib import Path
 
-MODULES = ("events", "semantics", "classes", "state", "nodes", "compiler", "engine", "notify")
+MODULES = ("events", "semantics", "classes", "state", "nodes", "compiler", "engine", "notify",
+           "admission")
 GROUP = "eva._engine"
 """mypyc's shared runtime goes inside the package, so the extensions import from anywhere."""
 _HERE = Path(__file__).parent

@@ -24,17 +24,22 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from urllib.parse import urlsplit
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
 from adapters.links import Link
-from adapters.mapping import Selection, SourceDeadLetter
+from adapters.mapping import Mapped, Packet, Selection, SourceDeadLetter
 from adapters.mqtt_sink import MqttSink
 from adapters.mqtt_source import Ack, MqttSource
 from adapters.redis_source import RedisSource
 from eva import ast
+from eva.admission import Reason
 from eva.classes import resolve
 from eva.parser import parse
 from mediator.config import Config, MqttSourceConfig, SinkConfig
+from mediator.dead_letters import DeadLetterLog, Letter
 from mediator.metrics import Metrics
 from mediator.notification_log import decode
 from mediator.store.base import RetentionError, Store, SubscriptionRecord
@@ -80,24 +85,32 @@ def mediator_id(store: Store) -> str:
 class Brokers:
     """The configuration's sources and sinks, built (not yet connected) over ``store``."""
 
-    def __init__(self, config: Config, store: Store, metrics: Metrics) -> None:
+    def __init__(self, config: Config, store: Store, metrics: Metrics,
+                 letters: DeadLetterLog | None = None) -> None:
         self.store = store
         self.metrics = metrics
+        self.letters = letters or DeadLetterLog(store, metrics, config.dead_letters)
         self._accept: Accept | None = None
         mediator = mediator_id(store) if config.sources or config.sinks else "evamed"
+        rules = config.admission()
         self.sources: dict[str, Source] = {}
         for c in config.sources:
+            largest = rules.max_bytes_of(c.name)
             if isinstance(c, MqttSourceConfig):
                 known = json.loads(store.get_meta(FILTERS.format(name=c.name)) or "[]")
                 self.sources[c.name] = MqttSource(
                     c.name, c.mapping, c.broker, self._ingest(c.name),
                     mediator=mediator, dead_letter=self._dead_letter,
                     qos=c.qos, known_filters=known, remember=self._remember(c.name),
-                    coverage=c.coverage)
+                    coverage=c.coverage, max_bytes=largest)
             else:
-                self.sources[c.name] = RedisSource(c, self._ingest(c.name),
+                self.sources[c.name] = RedisSource(replace(c, max_bytes=largest),
+                                                   self._ingest(c.name),
                                                    dead_letter=self._dead_letter)
-        self.sinks = [SinkFeed(c, store, mediator) for c in config.sinks]
+        self.sinks = [SinkFeed(c, store, mediator, metrics) for c in config.sinks]
+        metrics.sinks.update(c.name for c in config.sinks)
+        if self.sources or self.sinks:
+            metrics.registry.register(BrokerMetrics(self))
 
     @property
     def links(self) -> dict[str, Link]:
@@ -207,8 +220,26 @@ class Brokers:
         return ingest
 
     def _dead_letter(self, letter: SourceDeadLetter) -> None:
-        self.metrics.dead_letters.labels(letter.reason).inc()
-        log.warning("dead letter: %s", json.dumps(letter.record(), ensure_ascii=False))
+        """A message a source's mapping refused: kept in the dead-letter log (its payload
+        with it, to be mapped again by ``evamed dead-letters republish``)."""
+        self.letters.record([Letter(letter.reason, letter.broker, letter.detail,
+                                    letter.payload, where=letter.topic, kind=letter.kind)])
+
+    def remap(self, name: str, topic: str, payload: bytes, letter: int) -> str | SourceDeadLetter:
+        """A dead letter's payload (its position ``letter``) mapped again by source ``name``'s
+        rules, on the topic (or stream) it came on: the CloudEvent line, or why not. Its time
+        is now unless a rule reads one; its id the payload's, else ``republished-<letter>``."""
+        source = self.sources[name]
+        mapping = source.mapping if isinstance(source, MqttSource) else source.config.mapping
+        if mapping is None:
+            return SourceDeadLetter(name, topic, Reason.PAYLOAD, "the source has no rules to map "
+                                    "a payload: give a whole CloudEvent")
+        out = mapping.map(Packet(topic, payload, arrival_us=time.time_ns() // 1000,
+                                 ident=f"republished-{letter}"))
+        if out is None:
+            return SourceDeadLetter(name, topic, Reason.TOPIC, "no rule's topic matches "
+                                    f"{topic!r}")
+        return out.line if isinstance(out, Mapped) else out
 
     def _remember(self, name: str) -> Callable[[list[str]], None]:
         def remember(filters: list[str]) -> None:
@@ -219,13 +250,73 @@ class Brokers:
         return remember
 
 
+class BrokerMetrics:
+    """The sources' and sinks' own series, read from their counts when scraped
+    (docs/operations.md, Monitor): labelled by the configured name only."""
+
+    def __init__(self, brokers: Brokers) -> None:
+        self.brokers = brokers
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        received = CounterMetricFamily(
+            "evamed_source_messages", "Messages (MQTT) or stream entries (Redis) a source "
+            "received from its broker.", labels=["source"])
+        unmatched = CounterMetricFamily(
+            "evamed_source_unmatched", "Messages no rule of the source's mapping matched (a "
+            "broker filter wider than the rules, an ignored retained message).",
+            labels=["source"])
+        connected = GaugeMetricFamily(
+            "evamed_source_connected", "1 while the source is connected to its broker.",
+            labels=["source"])
+        lag = GaugeMetricFamily(
+            "evamed_source_lag", "Messages the source has not brought into the event log yet: "
+            "Redis — entries of its streams not yet delivered to its group or pending; MQTT — "
+            "messages received and not yet acknowledged (the broker's queue is not visible).",
+            labels=["source"])
+        for name, source in self.brokers.sources.items():
+            if isinstance(source, MqttSource):
+                received.add_metric([name], source.counts.received)
+                unmatched.add_metric([name], source.counts.unmatched)
+                lag.add_metric([name], source.lag)
+            else:
+                received.add_metric([name], source.counts.read)
+                unmatched.add_metric([name], 0)
+                lag.add_metric([name], source.counts.lag)
+            connected.add_metric([name], 1 if source.status() == "SERVING" else 0)
+        yield from (received, unmatched, connected, lag)
+        published = CounterMetricFamily(
+            "evamed_sink_published", "Composites a sink sent to its broker.", labels=["sink"])
+        acknowledged = CounterMetricFamily(
+            "evamed_sink_acknowledged", "Composites a sink's broker acknowledged (QoS 1): "
+            "delivered.", labels=["sink"])
+        retries = CounterMetricFamily(
+            "evamed_sink_retries", "Times a sink tried a subscription's composites again (its "
+            "broker away or slow to acknowledge).", labels=["sink"])
+        sink_connected = GaugeMetricFamily(
+            "evamed_sink_connected", "1 while the sink is connected to its broker.",
+            labels=["sink"])
+        for feed in self.brokers.sinks:
+            name = feed.config.name
+            published.add_metric([name], feed.sink.counts.sent)
+            acknowledged.add_metric([name], feed.sink.counts.published)
+            retries.add_metric([name], feed.retries)
+            sink_connected.add_metric([name], 1 if feed.sink.status() == "SERVING" else 0)
+        yield from (published, acknowledged, retries, sink_connected)
+
+
 class SinkFeed:
     """One sink: its broker connection and a thread that publishes, for each chosen
     subscription, what its log holds past the sink's position (module docstring)."""
 
-    def __init__(self, config: SinkConfig, store: Store, mediator: str) -> None:
+    def __init__(self, config: SinkConfig, store: Store, mediator: str,
+                 metrics: Metrics | None = None) -> None:
         self.config = config
         self.store = store
+        self.metrics = metrics
+        self.retries = 0
         self.sink = MqttSink(config.name, config.broker, topic=config.topic, mode=config.mode,
                              mediator=mediator, timeout=SINK_TIMEOUT)
         self._subscriptions = {p for p in config.profiles if "/" in p}
@@ -280,6 +371,7 @@ class SinkFeed:
                                 self.config.name, *key, exc)
                     failed.add(key)
             if failed:
+                self.retries += len(failed)
                 with self._lock:
                     self._due |= failed
                 self._stop.wait(SINK_RETRY)
@@ -316,6 +408,8 @@ class SinkFeed:
                 self.sink.send(lines)  # TimeoutError: not all acknowledged, sent again
             after = batch[-1].position
             self.store.set_meta(meta, f"{record.created_us}:{after}")
+            if self.metrics is not None:
+                self.metrics.sink_position.labels(self.config.name, owner, name).set(after)
             log.debug("sink %s: %d composites of %s/%s published in %.3f s",
                       self.config.name, len(lines), owner, name, time.monotonic() - began)
 

@@ -71,7 +71,8 @@ def read(data: bytes) -> dict[str, Any]:
 def positions(state: dict[str, Any]) -> dict[str, Any]:
     """What a checkpoint holds the logs to: its event-log position, each link log's, and the
     subscriptions it holds (the logs are trimmed below the oldest kept one's)."""
-    return {"own": state["own"]["position"],
+    own = state["own"]
+    return {"own": min(own["held"]) - 1 if own.get("held") else own["position"],
             "feeds": {name: feed["position"] for name, feed in state["feeds"].items()},
             "subs": set(state["subs"])}
 

@@ -105,6 +105,24 @@ class PublishResult:
 
 
 @dataclass(frozen=True)
+class KeptLetter:
+    """A letter of the dead-letter log (docs/operations.md, "Dead letters")."""
+
+    position: int        # its id: what ``republish`` takes
+    time_us: int         # when it was refused
+    reason: str          # eva.admission.Reason
+    source: str          # publish, a [[sources]] name, mediator (the event log's reader), a service
+    client: str          # who published it ("": a broker, the mediator, a service)
+    where: str           # a broker's topic or stream, the index in a Publish call, a log position
+    id: str              # the event's id when it had one
+    detail: str          # why
+    raw: bytes           # the input as it came (at most the mediator's dead_letters.raw_bytes)
+    size: int            # its whole size
+    kind: str            # cloudevent, payload (a broker's) or report (a service's)
+    republished_us: int  # when it was published again (0: never)
+
+
+@dataclass(frozen=True)
 class ProfileInfo:
     """A registered subscription: the profile document and where its log stands."""
 
@@ -540,8 +558,40 @@ class MediatorClient:
             reply = self._stub.Publish(messages(), metadata=self._metadata, wait_for_ready=True)
         except grpc.RpcError as exc:
             raise MediatorError.from_rpc(exc, self.address) from None
-        return PublishResult(reply.accepted, reply.dead_lettered,
-                             tuple(DeadLetter(d.index, d.id, d.reason) for d in reply.dead_letters))
+        return _published(reply)
+
+    # -- dead letters
+
+    def dead_letters(self, *, reason: str = "", source: str = "", client: str = "",
+                     after: int = 0, last: int = 0, follow: bool = False) -> Iterator[KeptLetter]:
+        """The dead letters you may see — your publishes', or every one for an operator
+        (``client``: only that client's) — oldest first: those after position ``after``, or the
+        newest ``last``; of ``reason`` and ``source`` where given. With ``follow`` the iterator
+        goes on with each letter as the mediator keeps it (until closed)."""
+        request = mediator_pb2.ListDeadLettersRequest(after=after, last=last, reason=reason,
+                                                      source=source, client=client,
+                                                      follow=follow)
+        try:
+            for item in self._stub.ListDeadLetters(request, metadata=self._metadata,
+                                                   timeout=None if follow else self.timeout,
+                                                   wait_for_ready=True):
+                yield KeptLetter(item.position, item.time_us, item.reason, item.source,
+                                 item.client, item.where, item.id, item.detail, bytes(item.raw),
+                                 item.size, item.kind, item.republished_us)
+        except grpc.RpcError as exc:
+            raise MediatorError.from_rpc(exc, self.address) from None
+
+    def republish(self, position: int, replacement: bytes | str | None = None) -> PublishResult:
+        """Publish dead letter ``position`` again, as it was or replaced by a corrected input (a
+        CloudEvent, or a broker's payload its source maps): the reply as :meth:`publish`'s."""
+        data = replacement.encode() if isinstance(replacement, str) else replacement or b""
+        return _published(self._call("RepublishDeadLetter", mediator_pb2.RepublishRequest(
+            position=position, replacement=data)))
+
+
+def _published(reply: Any) -> PublishResult:
+    return PublishResult(reply.accepted, reply.dead_lettered,
+                         tuple(DeadLetter(d.index, d.id, d.reason) for d in reply.dead_letters))
 
 
 def _service_status(s: Any) -> ServiceStatus:
@@ -594,6 +644,6 @@ def speaks_tls(address: str, seconds: float = 2.0) -> bool | None:
         return None
 
 
-__all__ = ["DeadLetter", "Explanation", "InputStatus", "MediatorClient", "MediatorError",
-           "MediatorStatus", "Notification", "ProfileInfo", "PublishResult", "ServiceStatus",
-           "SubscriptionStatus", "saved_token", "speaks_tls"]
+__all__ = ["DeadLetter", "Explanation", "InputStatus", "KeptLetter", "MediatorClient",
+           "MediatorError", "MediatorStatus", "Notification", "ProfileInfo", "PublishResult",
+           "ServiceStatus", "SubscriptionStatus", "saved_token", "speaks_tls"]

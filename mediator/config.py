@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eva.admission import CAPACITY, DEFAULT_LATENESS, DEFAULT_MAX_BYTES, Rules
 from eva.units import format_span, parse_span
 
 if TYPE_CHECKING:
@@ -136,6 +137,26 @@ class SinkConfig:
 
 
 @dataclass(frozen=True)
+class DeadLetters:
+    """The dead-letter log (docs/operations.md, Dead letters)."""
+
+    retention: int = 100_000   # letters kept (the oldest dropped beyond)
+    raw_bytes: int = 65_536    # of each refused input's raw bytes kept
+
+
+@dataclass(frozen=True)
+class SourceLimits:
+    """What a ``[[sources]]`` table states over the top-level settings (None: those)."""
+
+    lateness: int | None = None
+    max_event_bytes: int | None = None
+
+
+PUBLISH_LANE = "publish"
+"""The lane of events that come through ``Publish`` (a broker source's lane is its name)."""
+
+
+@dataclass(frozen=True)
 class Config:
     listen: str = DEFAULT_LISTEN
     store: str = "sqlite://evamed.db"
@@ -151,11 +172,28 @@ class Config:
     idle_timeout: int = 5_000_000
     checkpoint_interval: int = 30_000_000
     checkpoint_events: int = 100_000
+    lateness: int = DEFAULT_LATENESS
+    max_event_bytes: int = DEFAULT_MAX_BYTES
+    reorder_buffer: int = CAPACITY
     limits: Limits = field(default_factory=Limits)
+    dead_letters: DeadLetters = field(default_factory=DeadLetters)
     tls: Tls = field(default_factory=Tls)
     services: tuple[ServiceConfig, ...] = ()
     sources: tuple[MqttSourceConfig | RedisSourceConfig, ...] = ()
     sinks: tuple[SinkConfig, ...] = ()
+    source_limits: Mapping[str, SourceLimits] = field(default_factory=dict)
+    """Per ``[[sources]]`` name: its ``lateness`` and ``max_event_bytes`` when stated."""
+
+    def admission(self) -> Rules:
+        """The door's rules (eva/admission.py): the lateness and size limit of each lane —
+        ``publish`` and each source, its own or the top level's —, the horizon (``future``),
+        ids remembered as long as the count allows, the reorder buffer's size."""
+        lanes = {name: s.lateness for name, s in self.source_limits.items()
+                 if s.lateness is not None}
+        sizes = {name: s.max_event_bytes for name, s in self.source_limits.items()
+                 if s.max_event_bytes is not None}
+        return Rules(lateness=self.lateness, lanes=lanes, horizon=self.future, remember=None,
+                     capacity=self.reorder_buffer, max_bytes=self.max_event_bytes, sizes=sizes)
 
 
 # ---------------------------------------------------------------- converters
@@ -300,13 +338,15 @@ _TOP: dict[str, Convert] = {
     "future": _span(0), "retention": _whole(1), "metrics_port": _whole(0),
     "metrics_host": _text, "log_json": _flag, "log_level": _choice(LOG_LEVELS, str.upper),
     "drain": _span(0), "idle_timeout": _span(1), "checkpoint_interval": _span(1_000_000),
-    "checkpoint_events": _whole(1),
+    "checkpoint_events": _whole(1), "lateness": _span(0), "max_event_bytes": _whole(64),
+    "reorder_buffer": _whole(1),
 }
 _SECTIONS: dict[str, tuple[type, dict[str, Convert]]] = {
     "limits": (Limits, {"profiles": _whole(1), "depth": _whole(0),
                         "time_frame": _span(0, unbounded=True), "rate": _rate,
                         "profile_bytes": _whole(1), "read_time": _span(1)}),
     "tls": (Tls, {"cert": _text, "key": _text, "client_ca": _text}),
+    "dead_letters": (DeadLetters, {"retention": _whole(1), "raw_bytes": _whole(0)}),
 }
 _SERVICE: dict[str, Convert] = {"name": _text, "group": _text, "address": _text,
                                 "sources": _patterns, "types": _patterns,
@@ -319,6 +359,8 @@ _BROKER: dict[str, Convert] = {
 """An MQTT broker's settings (adapters.mqtt.BrokerSettings), in a source's or a sink's table."""
 _MQTT_SOURCE = ("name", "kind", "rules", "qos", "sources", "types", *_BROKER)
 """The keys of an MQTT source's table (:func:`_mqtt_source` reads them)."""
+_SOURCE_LIMITS: dict[str, Convert] = {"lateness": _span(0), "max_event_bytes": _whole(64)}
+"""The keys of a ``[[sources]]`` table of either kind over the top-level settings."""
 _SINK: dict[str, Convert] = {"name": _text, "kind": _choice(("mqtt",)), "topic": _text,
                              "mode": _choice(SINK_MODES), "profiles": _names, **_BROKER}
 _LISTS = ("services", "sources", "sinks")
@@ -328,7 +370,7 @@ def _source_keys() -> list[str]:
     """The keys of a ``[[sources]]`` table of either kind (each kind then checks its own)."""
     from adapters.redis_source import KEYS as REDIS_KEYS
 
-    return list(dict.fromkeys([*_MQTT_SOURCE, *sorted(REDIS_KEYS)]))
+    return list(dict.fromkeys([*_MQTT_SOURCE, *sorted(REDIS_KEYS), *_SOURCE_LIMITS]))
 
 
 def env_name(*path: str) -> str:
@@ -382,8 +424,10 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None,
                 parts[key] = convert(value, where)
         values[section] = kind(**parts)
     values["services"] = _services(_tables(raw, env, origin, "services", list(_SERVICE)))
+    limits: dict[str, SourceLimits] = {}
     values["sources"] = _sources(_tables(raw, env, origin, "sources", _source_keys()),
-                                 values["services"])
+                                 values["services"], limits)
+    values["source_limits"] = limits
     values["sinks"] = _sinks(_tables(raw, env, origin, "sinks", list(_SINK)))
     config = Config(**values)
     _check_tls(config.tls, origin)
@@ -513,15 +557,21 @@ def _unique(name: str, here: str, taken: Collection[str], what: str) -> None:
         raise ConfigError(f"{here}.name: {name!r} is taken by another {what}")
 
 
-def _sources(tables: Iterator[tuple[str, dict[str, Any]]],
-             services: tuple[ServiceConfig, ...]) -> tuple[MqttSourceConfig | RedisSourceConfig, ...]:
-    """The ``[[sources]]``: each a link of the pipeline, so its name is a service's name too."""
+def _sources(tables: Iterator[tuple[str, dict[str, Any]]], services: tuple[ServiceConfig, ...],
+             limits: dict[str, SourceLimits]) -> tuple[MqttSourceConfig | RedisSourceConfig, ...]:
+    """The ``[[sources]]``: each a link of the pipeline, so its name is a service's name too;
+    what a table states of the top-level settings (lateness, max_event_bytes) in ``limits``."""
     from adapters.mapping import MappingConfigError
     from adapters.redis_source import parse_config
 
     out: list[MqttSourceConfig | RedisSourceConfig] = []
-    for here, item in tables:
+    for here, table in tables:
+        item = {k: v for k, v in table.items() if k not in _SOURCE_LIMITS}
         name = _text(item["name"], f"{here}.name")
+        stated = {k: _SOURCE_LIMITS[k](table[k], f"{here}.{k}") for k in _SOURCE_LIMITS
+                  if k in table}
+        if stated:
+            limits[name] = SourceLimits(**stated)
         _unique(name, here, [s.name for s in (*services, *out)], "service or source")
         if "kind" not in item:
             raise ConfigError(f"{here}: missing kind (one of: {', '.join(SOURCE_KINDS)})")
@@ -591,5 +641,6 @@ def _check_tls(tls: Tls, origin: str) -> None:
                           "certificates are checked over TLS)")
 
 
-__all__ = ["COMPOSERS", "DEFAULT_LISTEN", "MODES", "Config", "ConfigError", "Limits", "MqttSourceConfig",
-           "ServiceConfig", "SinkConfig", "Tls", "env_name", "keys", "load"]
+__all__ = ["COMPOSERS", "DEFAULT_LISTEN", "MODES", "PUBLISH_LANE", "Config", "ConfigError",
+           "DeadLetters", "Limits", "MqttSourceConfig", "ServiceConfig", "SinkConfig",
+           "SourceLimits", "Tls", "env_name", "keys", "load"]

@@ -1,11 +1,15 @@
 """Ingestion: the mediator's own feed — the event log, as the pipeline reads it.
 
 What ``Publish`` and the brokers' sources accept is appended to the store's event log (durably,
-before the reply); the log's order is the own feed's trace order. :class:`OwnFeed` reads it in
-batches after a position, decodes each line (a line that cannot be read, or one out of time
-order, is skipped and counted as a dead letter), and keeps the own feed's progress: its
-watermark is the newest event time read less one (another event of that instant may follow),
-or a watermark given with ``advance`` once every event logged before it is read.
+before the reply), **in arrival order**: the door (mediator/door.py) admits an event within the
+allowed lateness even when it is older than the newest. :class:`OwnFeed` reads the log in
+batches after a position, decodes each line and puts it in the **reorder buffer**
+(:class:`eva.admission.Reorder`): it hands the pipeline the events in time order (arrival order
+within an instant) once the watermark — the newest event time read minus the lateness, or an
+advance given with ``advance`` once every event logged before it is read — has passed them. A
+line that cannot be read, or one behind what was already handed on (the log written under a
+smaller lateness, or a full buffer), is skipped and kept in the dead-letter log (source
+``mediator``). Its watermark, for the plans that take the own feed, is the reorder buffer's.
 """
 
 from __future__ import annotations
@@ -14,8 +18,11 @@ import contextlib
 import logging
 import threading
 import time as clock
+from typing import Any
 
+from eva.admission import CAPACITY, Reason, Reorder
 from eva.events import Event, EventError, from_json_line
+from mediator.dead_letters import MEDIATOR, DeadLetterLog, Letter
 from mediator.inputs import State
 from mediator.metrics import Metrics
 from mediator.store.base import LoggedEvent, Store
@@ -29,16 +36,23 @@ NEWEST_KEY = "pipeline.newest"
 class OwnFeed:
     """The event log after ``position`` (see the module docstring); ``idle``: seconds without
     a new event or watermark after which it stops holding back plans that also use autonomous
-    services."""
+    services (only while its reorder buffer is empty: what the log holds is never passed by);
+    ``lateness``: µs the reorder buffer holds an event (the longest of the door's lanes);
+    ``capacity``: the buffer's size; ``letters``: where the lines it skips are kept."""
 
-    def __init__(self, store: Store, metrics: Metrics | None = None, idle: float = 5.0) -> None:
+    def __init__(self, store: Store, metrics: Metrics | None = None, idle: float = 5.0,
+                 lateness: int = 0, capacity: int = CAPACITY,
+                 letters: DeadLetterLog | None = None) -> None:
         self.store = store
         self.metrics = metrics
         self.idle = idle
+        self.lateness = lateness
+        self.letters = letters
+        self.reorder: Reorder[Event] = Reorder(lateness, capacity)
         self.position = 0
         """The last event-log position read."""
         self.newest: int | None = None
-        """The newest event time read (or the newest watermark applied)."""
+        """The newest event time handed on (or the newest watermark applied)."""
         self.sealed = False
         """The newest time is a watermark's: its instant is complete."""
         self.logged: int | None = None
@@ -59,37 +73,53 @@ class OwnFeed:
         self.logged = max(found, default=None)
 
     def read(self, limit: int) -> tuple[list[LoggedEvent], list[Event]]:
-        """The next entries of the log (at most ``limit``) and their events, numbered by their
-        positions (the trace's arrival order); a line that cannot be read, or one before the
-        newest read (Publish logs only well-formed events in time order), is skipped, said.
-        The position moves once they are evaluated (the caller sets it): a batch whose
-        evaluation fails is read again by the next start."""
+        """The next entries of the log (at most ``limit``) and the events now due, in time
+        order, each numbered by its position (its arrival order); a line that cannot be read,
+        or one behind what was handed on already, is skipped and kept as a dead letter. The
+        position moves once they are evaluated (the caller sets it): a batch whose evaluation
+        fails is read again by the next start."""
         logged = self.store.read_events(after=self.position, limit=limit) if limit > 0 else []
         out: list[Event] = []
+        letters: list[Letter] = []
+        reorder = self.reorder
         for item in logged:
             try:
                 event = from_json_line(item.line, item.position)
             except EventError as exc:
                 log.error("event-log position %d skipped: %s", item.position, exc)
-                self._dead_letter("malformed")
+                letters.append(Letter(Reason.MALFORMED, MEDIATOR, str(exc), item.line,
+                                      where=f"event-log position {item.position}"))
                 continue
-            if self.newest is not None and (event.time < self.newest or (
-                    event.time == self.newest and self.sealed)):
-                log.error("event-log position %d (id %r) skipped: its time lies before the "
-                          "newest evaluated (or at a watermark); expected the log in time "
-                          "order", item.position, event.id)
-                self._dead_letter("late")
+            why = reorder.behind(event.time)
+            if why:
+                log.error("event-log position %d (id %r) skipped: its time lies %s",
+                          item.position, event.id, why)
+                letters.append(Letter(Reason.LATE, MEDIATOR, f"event time lies {why}: the "
+                                      "reader hands events on in time order and had passed it "
+                                      "(a line another writer appended, a log written under a "
+                                      "longer lateness, or a full reorder buffer)", item.line,
+                                      event_id=event.id,
+                                      where=f"event-log position {item.position}"))
                 continue
             if self._origin is None:
-                self._origin = event.time - 1
-            self.newest, self.sealed = event.time, False
+                self._origin = event.time - self.lateness - 1
             self._moved = clock.monotonic()
-            out.append(event)
+            out += reorder.put(event.time, event)
+        if letters:
+            self._dead_letters(letters, len(logged))
+        self._handed(out)
         return logged, out
 
-    def _dead_letter(self, reason: str) -> None:
-        if self.metrics:
-            self.metrics.dead_letters.labels(reason).inc()
+    def _handed(self, events: list[Event]) -> None:
+        if events and (self.newest is None or events[-1].time >= self.newest):
+            self.newest, self.sealed = events[-1].time, False
+
+    def _dead_letters(self, letters: list[Letter], of: int) -> None:
+        if self.letters is not None:
+            self.letters.record(letters, of)
+        elif self.metrics:
+            for letter in letters:
+                self.metrics.dead_letters.labels(MEDIATOR, str(letter.reason)).inc()
 
     def advance(self, time: int) -> None:
         """A watermark: no event at or before ``time`` will come any more. Applied once the
@@ -97,35 +127,47 @@ class OwnFeed:
         with self._marks:
             self._watermarks.append((self.store.event_head(), time))
 
-    def due(self) -> int | None:
-        """The newest watermark whose events are all read, if it moves the feed on (then it is
-        applied: the newest time is sealed)."""
+    def due(self) -> tuple[list[Event], int | None]:
+        """The newest watermark whose events are all read, if it moves the feed on: the events
+        the reorder buffer hands on for it (in time order) and its time (then applied: the
+        newest time is sealed)."""
         with self._marks:
             due = [t for head, t in self._watermarks if head <= self.position]
             self._watermarks = [(h, t) for h, t in self._watermarks if h > self.position]
         if not due:
-            return None
+            return [], None
         time = max(due)
+        out = self.reorder.advance(time)
+        self._handed(out)
         if self.newest is not None and time < self.newest:
-            return None
+            return out, None
         self.newest, self.sealed = time, True  # an event at or before it is late
         self._moved = clock.monotonic()
-        return time
+        return out, time
+
+    def kept_from(self) -> int:
+        """The first event-log position the feed still needs (the oldest event its reorder
+        buffer holds; else the one after the last read): the log may be trimmed below it."""
+        held = [e.seq for e in self.reorder.held()]
+        return min(held) if held else self.position + 1
 
     def origin(self) -> int | None:
         """The time before its first event after the start position (None: none yet)."""
         if self._origin is None:
             for logged in self.store.read_events(after=self.position, limit=1):
                 with contextlib.suppress(EventError):
-                    self._origin = from_json_line(logged.line).time - 1
+                    self._origin = from_json_line(logged.line).time - self.lateness - 1
         return self._origin
 
     def state(self, peek: bool = False) -> State:
         """Its progress, as :func:`mediator.inputs.bound` takes it (``peek``: its origin found
-        in the log if no event was read yet)."""
-        watermark = None if self.newest is None else (
-            self.newest if self.sealed else self.newest - 1)
-        idle = clock.monotonic() - self._moved >= self.idle
+        in the log if no event was read yet): the reorder buffer's watermark; idle when it has
+        not moved for ``idle`` seconds and the buffer is empty."""
+        watermark = self.reorder.watermark
+        if self.sealed and self.newest is not None and (watermark is None
+                                                         or self.newest > watermark):
+            watermark = self.newest
+        idle = clock.monotonic() - self._moved >= self.idle and not len(self.reorder)
         return State(watermark, self.origin() if peek else self._origin, idle)
 
     def progress(self) -> tuple[State, int, int]:
@@ -138,6 +180,41 @@ class OwnFeed:
         start)."""
         times = [t for t in (self.newest, self.logged) if t is not None]
         return max(times, default=None)
+
+    def export_state(self) -> dict[str, Any]:
+        """Where it stands, for a checkpoint: the last position read, the newest time handed
+        on, and its reorder buffer — the positions it holds (read, not yet handed on: read
+        again from the log by :meth:`restore`) and its times."""
+        r = self.reorder
+        return {"position": self.position, "newest": self.newest, "sealed": self.sealed,
+                "held": sorted(e.seq for e in r.held()),
+                "reorder": [r.newest, r.released, r.advanced]}
+
+    def restore(self, state: dict[str, Any]) -> int:
+        """Take up :meth:`export_state` (after :meth:`start` at its position): the held events
+        are read again from the log and held again, in their arrival order; how many of them
+        the log no longer had."""
+        self.newest, self.sealed = state["newest"], state["sealed"]
+        held = state.get("held") or []
+        found: list[Event] = []
+        if held:
+            wanted, after = set(held), held[0] - 1
+            while after < held[-1]:
+                batch = self.store.read_events(after=after, limit=min(10_000, held[-1] - after))
+                if not batch:
+                    break
+                for item in batch:
+                    if item.position in wanted:
+                        with contextlib.suppress(EventError):
+                            found.append(from_json_line(item.line, item.position))
+                after = batch[-1].position
+        r = self.reorder
+        r.newest, r.released, r.advanced = state["reorder"]
+        for event in found:  # (each lies after the buffer's bound: none is due now)
+            r.put(event.time, event)
+        if found and self._origin is None:
+            self._origin = min(e.time for e in found) - self.lateness - 1
+        return len(held) - len(found)
 
     def keep(self) -> None:
         """Keep the newest time across trims of the log (and restarts)."""

@@ -33,12 +33,19 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.events_in = Counter(
-            "evamed_events_in", "Events accepted by Publish (durably in the event log), by "
-            "CloudEvents source.", ["source"], registry=r)
+            "evamed_events_in", "Events accepted into the event log (durably), by where they "
+            "came in: publish, or a configured source's name (never a label from the events: "
+            "a bounded set).", ["source"], registry=r)
         self.dead_letters = Counter(
-            "evamed_dead_letters", "Events Publish (or a broker's source) refused, by reason "
-            "(malformed, duplicate, late, future, misrouted; a source's mapping: payload, "
-            "time, id, topic, attribute, deleted).", ["reason"], registry=r)
+            "evamed_dead_letters", "Inputs refused (each kept in the dead-letter log), by where "
+            "they came in (publish, a configured source, mediator: the event log's reader, a "
+            "service: its reports) and reason (eva.admission.Reason: malformed, too_large, "
+            "duplicate, late, future, misrouted; a source's mapping: payload, time, id, topic, "
+            "attribute, deleted).", ["source", "reason"], registry=r)
+        self.sink_position = Gauge(
+            "evamed_sink_position", "Per sink and subscription: the notification-log position "
+            "the sink's broker has acknowledged (everything up to it is published).",
+            ["sink", "owner", "subscription"], registry=r)
         self.notifications_in = Counter(
             "evamed_notifications_in", "Native notifications (detections) received from the "
             "services, by service.", ["service"], registry=r)
@@ -64,6 +71,8 @@ class Metrics:
             "evamed_state_size", "The in-process evaluation state over all subscriptions, by "
             "part (STATE_PARTS), as the pipeline measured it after its last batch.", ["part"],
             registry=r)
+        self.sinks: set[str] = set()
+        """The configured sinks' names (their position series go with a subscription)."""
         for part in STATE_PARTS:  # scraped as 0 before the first batch
             self.state_size.labels(part)
         self._server: WSGIServer | None = None
@@ -77,6 +86,9 @@ class Metrics:
         """A subscription went away: its series go with it."""
         with contextlib.suppress(KeyError):
             self.lag.remove(owner, subscription)
+        for sink in self.sinks:
+            with contextlib.suppress(KeyError):
+                self.sink_position.remove(sink, owner, subscription)
 
     def serve(self, port: int, host: str = "0.0.0.0") -> int:
         """Serve ``/metrics`` over HTTP (``port`` 0: any free port); returns the port."""

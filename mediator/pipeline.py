@@ -56,12 +56,14 @@ from adapters.federation import Federation, Late, publish
 from adapters.links import Handle, Link
 from adapters.service_link import AutonomousLink
 from eva import ast
+from eva.admission import CAPACITY, Reason
 from eva.events import Event
 from eva.notify import composite_line
 from eva.parser import parse
 from eva.semantics import Notification
 from mediator import checkpoints
 from mediator.config import COMPOSERS, RESERVED_SERVICE
+from mediator.dead_letters import DeadLetterLog, Letter
 from mediator.ingestion import OwnFeed
 from mediator.inputs import ServiceFeed, State, Takers, bound
 from mediator.metrics import Metrics
@@ -152,7 +154,8 @@ class _Subscription:
     horizon: int | None  # how long a composite may name an event after it (None: unbounded)
     composed: list[str] = field(default_factory=list)  # profiles a live Spark job composes
     links: dict[str, int] = field(default_factory=dict)  # its start in each link log
-    own_after: int = 0  # restored from a checkpoint: the event-log position it had read to
+    own_after: int = 0  # restored from a checkpoint: the event-log position it had read to,
+    own_held: frozenset[int] = frozenset()  # but for these (the own feed's reorder buffer's)
     sparked: list[tuple[str, Handle]] = field(default_factory=list)  # its Spark filters
 
     @property
@@ -179,7 +182,8 @@ class Pipeline:
                  spark: Any = None, spark_dir: str | None = None, trigger: str | None = None,
                  batch: int = 500, trim_every: int = 100, idle: Mapping[str, float] | None = None,
                  idle_default: float = 5.0, checkpoint_interval: float = 30.0,
-                 checkpoint_events: int = 100_000) -> None:
+                 checkpoint_events: int = 100_000, lateness: int = 0, reorder: int = CAPACITY,
+                 letters: DeadLetterLog | None = None) -> None:
         if composer not in COMPOSERS:
             raise ValueError(f"composer {composer!r}: expected one of {', '.join(COMPOSERS)}")
         if batch < 1 or trim_every < 1:
@@ -207,7 +211,8 @@ class Pipeline:
         self._draining = False  # stop: evaluate what the logs hold, then end
         self._halt = False      # stop now, after the round in progress
         self._cut_short = False  # the links were closed under a batch: it appends nothing
-        self._own = OwnFeed(store, metrics, idle_default)
+        self.letters = letters  # the dead-letter log (services' late reports)
+        self._own = OwnFeed(store, metrics, idle_default, lateness, reorder, letters)
         self._feeds: dict[str, ServiceFeed] = {}
         autonomous = [link for link in self.links.values() if isinstance(link, AutonomousLink)]
         for rank, link in enumerate(autonomous, start=1):
@@ -256,8 +261,10 @@ class Pipeline:
                      default=self.store.event_head())
         self._own.start(own_at)
         if checkpoint is not None and covered and own_at == checkpoint["own"]["position"]:
-            self._own.newest = checkpoint["own"]["newest"]
-            self._own.sealed = checkpoint["own"]["sealed"]
+            lost = self._own.restore(checkpoint["own"])
+            if lost:
+                log.error("%d events the checkpoint's reorder buffer held are no longer in the "
+                          "event log", lost)
         for name, feed in self._feeds.items():
             starts = [_link_starts(r).get(name) for r in rest]
             if checkpoint is not None and covered and name in checkpoint["feeds"]:
@@ -429,7 +436,8 @@ class Pipeline:
             starts = _link_starts(record)
             if not restoring:
                 starts = {name: self.store.link_bounds(name)[0] for name in self._feeds}
-                stamped = replace(record, start_position=self._own.position,
+                # (before what the own feed's reorder buffer holds: read again after a restart)
+                stamped = replace(record, start_position=self._own.kept_from() - 1,
                                   start_time=self._start_time(),
                                   links=json.dumps(starts) if starts else "")
                 if stamped != record:
@@ -479,6 +487,7 @@ class Pipeline:
         for federation, state in zip(sub.federations, saved, strict=True):
             federation.import_state(state)
         sub.own_after = checkpoint["own"]["position"]
+        sub.own_held = frozenset(checkpoint["own"].get("held") or ())
         for name, feed in checkpoint["feeds"].items():
             if name in self._feeds:
                 sub.links[name] = max(sub.links.get(name, 0), feed["position"])
@@ -511,8 +520,7 @@ class Pipeline:
                                    for name, handles in f.handles.items() if handles):
                 continue
             subs[_sub_id(sub.record)] = [f.export_state() for f in sub.federations]
-        state = {"own": {"position": self._own.position, "newest": self._own.newest,
-                         "sealed": self._own.sealed},
+        state = {"own": self._own.export_state(),
                  "feeds": {name: {"position": feed.position, "watermark": feed.watermark}
                            for name, feed in self._feeds.items()},
                  "origin": self._origin, "subs": subs, "origins": self._origins.export_state()}
@@ -647,9 +655,11 @@ class Pipeline:
                     if self._ready():
                         evaluated = self._step() + self._listen()
                         self._since += evaluated
-                        time = self._own.due()
-                        if time is not None:
-                            self._round([], time)
+                        released, time = self._own.due()
+                        if released:
+                            self._origins.note(released)
+                        if released or time is not None:
+                            self._round(released, time)
                         self._decide()
                         if self._since and (
                                 self._since >= self.checkpoint_events
@@ -729,12 +739,13 @@ class Pipeline:
         feds = [(s, f) for s in self._subs.values() for f in s.federations if f.own_inputs]
         late = self._sparks.begin(events) if self._sparks is not None else []
         ticks: dict[str, list[Event]] = {}
-        last = events[-1].seq if events else None
+        lowest = min(e.seq for e in events) if events else None
         for sub, fed in feds:
             given = events
-            if last is not None and sub.own_after >= events[0].seq:
-                # Restored from a checkpoint taken after some of these: it has them.
-                given = [e for e in events if e.seq > sub.own_after]
+            if lowest is not None and sub.own_after >= lowest:
+                # Restored from a checkpoint taken after some of these: it has them (all but
+                # those the own feed's reorder buffer held then).
+                given = [e for e in events if e.seq > sub.own_after or e.seq in sub.own_held]
             for name, asked in fed.begin(given, until).items():
                 ticks.setdefault(name, []).extend(asked)
         used = {name: link for name, link in self.links.items()
@@ -782,9 +793,21 @@ class Pipeline:
         return read
 
     def _late(self, late: list[Late]) -> None:
-        """Reports of services behind an instant decided already: dead letters ``late``."""
+        """Reports of services behind an instant decided already: dead letters ``late``, kept
+        in the dead-letter log (one batch per service)."""
+        if self.letters is not None:
+            by_link: dict[str, list[Letter]] = {}
+            for item in late:
+                by_link.setdefault(item.link, []).append(Letter(
+                    Reason.LATE, item.link, f"reported {item.what} after the mediator had "
+                    "decided past its time (the service was idle longer than its idle timeout)",
+                    item.what, where=f"registration {item.handle}", kind="report"))
+            for letters in by_link.values():
+                self.letters.record(letters)
+            return
         if self.metrics:
-            self.metrics.dead_letters.labels("late").inc(len(late))
+            for item in late:
+                self.metrics.dead_letters.labels(item.link, str(Reason.LATE)).inc()
         for item in late[:LATE_SHOWN]:
             log.warning("late: service %s reported %s after the mediator had decided past its "
                         "time (the service was idle longer than its idle timeout)", item.link,
@@ -868,13 +891,14 @@ class Pipeline:
 
     def _trim(self) -> None:
         """Drop the log entries nothing needs any more: each subscription the oldest kept
-        checkpoint holds needs those after that checkpoint's positions, any other those after
-        its start positions; and nothing the pipeline has not evaluated."""
+        checkpoint holds needs those after that checkpoint's positions (and what its reorder
+        buffer held), any other those after its start positions; and nothing the own feed
+        still needs (its reorder buffer's, and what it has not read)."""
         oldest = self._kept[0] if self._kept else None
         held = oldest["subs"] if oldest is not None else set()
         starts = [oldest["own"] if _sub_id(s.record) in held and oldest is not None
                   else s.record.start_position for s in self._subs.values()]
-        before = min([*starts, self._own.position + 1])
+        before = min([*starts, self._own.kept_from()])
         self._own.keep()
         dropped = self.store.trim_events(before)
         if dropped:

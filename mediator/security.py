@@ -33,9 +33,11 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def add_client(store: Store, name: str, *, inherit: bool = False) -> str:
-    """Register a client and return its token (the only time it is seen). ValueError for a name
-    that is not a client name or belongs to a client that is not revoked. A revoked client's
+def add_client(store: Store, name: str, *, inherit: bool = False, operator: bool = False) -> str:
+    """Register a client and return its token (the only time it is seen); an ``operator`` sees
+    every dead letter and may republish any (docs/operations.md, "Dead letters"). ValueError
+    for a name that is not a client name or belongs to a client that is not revoked. A revoked
+    client's
     name can be issued again, with a new token — but the holder of the name reads the
     subscriptions stored under it, so while it owns any, only with ``inherit`` (a rotation: the
     same client, a new token), never by accident to someone else."""
@@ -52,7 +54,8 @@ def add_client(store: Store, name: str, *, inherit: bool = False) -> str:
                          f"which the new holder of the name would read: give --inherit to issue "
                          f"a new token to the same client, or remove them first")
     token = new_token()
-    store.put_client(ClientRecord(name, hash_token(token), time.time_ns() // 1000))
+    store.put_client(ClientRecord(name, hash_token(token), time.time_ns() // 1000,
+                                  operator=operator))
     return token
 
 

@@ -50,6 +50,7 @@ from adapters.service_link import AutonomousLink
 from adapters.undecodable import RefuseUndecodable, peer_host
 from mediator.brokers import Accept, Brokers, mediator_id
 from mediator.config import Config, ServiceConfig
+from mediator.dead_letters import DeadLetterLog
 from mediator.delivery import Dispatcher
 from mediator.metrics import Metrics
 from mediator.pipeline import CUT, close_links
@@ -265,6 +266,7 @@ async def start(config: Config, *, store: Store | None = None,
     progress(f"opening the store {config.store}")
     opened = store if store is not None else await asyncio.to_thread(open_store, config.store)
     metrics = Metrics()
+    letters = DeadLetterLog(opened, metrics, config.dead_letters)
     dispatcher = Dispatcher(opened, metrics, config.retention, config.limits.rate)
     dispatcher.attach(asyncio.get_running_loop())
     links: dict[str, Link] = {}
@@ -285,7 +287,7 @@ async def start(config: Config, *, store: Store | None = None,
         mediator = await asyncio.to_thread(mediator_id, opened)
         for s in config.services:
             links[s.name] = service_link(s, config, mediator)
-        brokers = await asyncio.to_thread(Brokers, config, opened, metrics)
+        brokers = await asyncio.to_thread(Brokers, config, opened, metrics, letters)
         if (stored := len(opened.subscriptions())) or config.services:
             progress(f"restoring {stored} subscription{'s' if stored != 1 else ''}"
                      + (f" at {len(config.services)} service{'s' if len(config.services) != 1 else ''}"
@@ -294,9 +296,12 @@ async def start(config: Config, *, store: Store | None = None,
                            metrics=metrics, on_append=_appended(dispatcher, brokers),
                            idle=idle_timeouts(config), idle_default=config.idle_timeout / 1e6,
                            checkpoint_interval=config.checkpoint_interval / 1e6,
-                           checkpoint_events=config.checkpoint_events)
+                           checkpoint_events=config.checkpoint_events,
+                           lateness=config.admission().longest, reorder=config.reorder_buffer,
+                           letters=letters)
         await asyncio.to_thread(running.start)
-        service = MediatorService(opened, running, config, metrics, dispatcher, brokers)
+        service = MediatorService(opened, running, config, metrics, dispatcher, brokers,
+                                  letters)
         await service.restore()
         # Events come in from the brokers once the duplicate memory is seeded.
         await asyncio.to_thread(brokers.start, _accepting(service, asyncio.get_running_loop()),

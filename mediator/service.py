@@ -16,13 +16,13 @@ A profile document is read — parsed and checked — in a worker process, never
 event loop, which goes on answering every other client meanwhile (mediator/reading.py); one
 that takes longer than ``limits.read_time`` is RESOURCE_EXHAUSTED (``PROFILE_TOO_SLOW``).
 
-Publish (events in): each CloudEvents line is decoded (a ``malformed`` dead letter says what
-was wrong), checked against the recently accepted (source, id) pairs (``duplicate``), the
-newest accepted time (``late``) and the clock (``future``: more than that far ahead); the
-accepted lines are appended to the event log in one durable write per message, then the
-pipeline is woken. One message at a time decides and appends (a lock), so the event log's
-order — the trace's order — is the order the checks saw. The brokers' sources
-(mediator/brokers.py) take the same path, under the same lock: :meth:`MediatorService.ingest`.
+Publish (events in) goes through the door (mediator/door.py): each line checked by the rules
+of eva/admission.py — size, malformed, misrouted, duplicate, late, future — the accepted
+appended to the event log in one durable write per message, every refusal kept in the
+dead-letter log, then the pipeline woken. One message at a time decides and appends (a lock).
+The brokers' sources (mediator/brokers.py) take the same path, under the same lock:
+:meth:`MediatorService.ingest`. ``ListDeadLetters`` and ``RepublishDeadLetter``
+(mediator/dead_letter_calls.py) read the dead-letter log and publish a letter again.
 """
 
 from __future__ import annotations
@@ -34,32 +34,28 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import wraps
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import grpc
-import orjson
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from adapters.remote_link import EMBEDDED
 from eva import ast
-from eva.events import EventError, brief_repr, format_time, from_json_line
+from eva.events import brief_repr
 from eva.parser import ProfileError
 from eva.units import format_span
-from mediator.config import RESERVED_SERVICE, Config, Limits
+from mediator.config import PUBLISH_LANE, RESERVED_SERVICE, Config, Limits
+from mediator.dead_letters import DeadLetterLog
 from mediator.delivery import Closing, Dispatcher, Revoked, TokenError, token_position
+from mediator.door import Door, LogWriteError, Tally, wall_clock
 from mediator.metrics import Metrics
 from mediator.reading import ReaderBug, ReaderFailed, Readers, ReadersBusy, ReadTimeout
 from mediator.store.base import RetentionError, Store, SubscriptionRecord
 from mediator.wire import mediator_pb2, mediator_pb2_grpc
 from transforms.plans import Plan, Remote, Subscribe, nodes
-
-
-def wall_clock() -> int:
-    """Now, in µs since the epoch (the bound of the ``future`` guard)."""
-    return time.time_ns() // 1000
 
 if TYPE_CHECKING:
     from mediator.brokers import Brokers
@@ -73,10 +69,6 @@ CLIENT: contextvars.ContextVar[str] = contextvars.ContextVar("evamed_client")
 
 MAX_DEAD_LETTERS = 100
 """Dead letters a PublishReply lists (its count is always complete)."""
-RECENT_IDS = 50_000
-"""Accepted (source, id) pairs per generation of the duplicate memory: two generations, so a
-duplicate of any of the newest 50,000 accepted events (and of up to 100,000) is recognised —
-also across a restart (the memory is seeded from the event log's tail)."""
 MAX_NAME = 200
 """Characters of a subscription name (it appears in tokens, keys and tables)."""
 ERROR_DOMAIN = "evamed"
@@ -150,51 +142,17 @@ def _internal(call: str, exc: Exception) -> grpc.Status:
                    f"{str(exc)[:200]}").status
 
 
-class LogWriteError(OSError):
-    """The event log could not be written: none of ``count`` events was accepted."""
-
-    def __init__(self, count: int, message: str) -> None:
-        super().__init__(message)
-        self.count = count
-
-
-class RecentIds:
-    """The (source, id) pairs of the newest accepted events, two generations of ``size``."""
-
-    def __init__(self, size: int = RECENT_IDS) -> None:
-        self.size = size
-        self._new: set[tuple[str, str]] = set()
-        self._old: set[tuple[str, str]] = set()
-
-    def __contains__(self, pair: tuple[str, str]) -> bool:
-        return pair in self._new or pair in self._old
-
-    def add(self, pair: tuple[str, str]) -> None:
-        if len(self._new) >= self.size:
-            self._old, self._new = self._new, set()
-        self._new.add(pair)
-
-
-@dataclass
-class _Tally:
-    accepted: int = 0
-    dead: int = 0
-    index: int = 0
-    letters: list[Any] | None = None
-
-    def refuse(self, ident: str, why: str, detail: str, metrics: Metrics) -> None:
-        self.dead += 1
-        metrics.dead_letters.labels(why).inc()
-        if self.letters is None:
-            self.letters = []
-        if len(self.letters) < MAX_DEAD_LETTERS:
-            self.letters.append(mediator_pb2.DeadLetter(index=self.index, id=ident,
-                                                        reason=f"{why}: {detail}"))
+def _reply_letters(tally: Tally) -> list[Any]:
+    """The first MAX_DEAD_LETTERS refusals of a call, as the reply lists them."""
+    return [mediator_pb2.DeadLetter(index=index, id=ident,
+                                    reason=f"{refused.reason}: {refused.detail}")
+            for index, ident, refused in tally.refused[:MAX_DEAD_LETTERS]]
 
 
 class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignore[misc]
     def __init__(self, store: Store, pipeline: Pipeline, config: Config, metrics: Metrics,
-                 dispatcher: Dispatcher, brokers: Brokers | None = None) -> None:
+                 dispatcher: Dispatcher, brokers: Brokers | None = None,
+                 letters: DeadLetterLog | None = None) -> None:
         self.store = store
         self.brokers = brokers  # the sources are asked for what each subscription needs
         self.pipeline = pipeline
@@ -202,32 +160,17 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
         self.limits = config.limits
         self.metrics = metrics
         self.dispatcher = dispatcher
-        self.recent = RecentIds()
-        self._newest: int | None = None  # the newest accepted event time (this process)
-        self._watermark: int | None = None  # the newest advance_to_us: nothing at or before it
-        self._order = asyncio.Lock()  # one Publish message decides and appends at a time
-        self._autonomous = [s.info() for s in config.services if s.autonomous]
+        self.letters = letters or DeadLetterLog(store, metrics, config.dead_letters)
+        self.door = Door(store, config, metrics, self.letters,
+                         [s.info() for s in config.services if s.autonomous])
         self._registry = asyncio.Lock()  # one registration at a time (names, limits)
         self.readers = Readers(config.limits.read_time / 1e6)  # documents read off the loop
         self.started_us = wall_clock()
 
     async def restore(self) -> None:
-        """Seed the duplicate memory and the newest time from the event log's tail (what was
+        """Seed the door's duplicate memory, newest time and advance from the store (what was
         accepted before a restart is still recognised)."""
-        head = await asyncio.to_thread(self.store.event_head)
-        after = max(0, head - 2 * self.recent.size)
-        while after < head:
-            batch = await asyncio.to_thread(self.store.read_events, after, 1000)
-            if not batch:
-                break
-            for item in batch:
-                try:
-                    event = from_json_line(item.line)
-                except EventError:
-                    continue  # accepted by another version: not this one's to judge
-                self.recent.add((event.source, event.id))
-                self._newest = event.time if self._newest is None else max(self._newest, event.time)
-            after = batch[-1].position
+        await asyncio.to_thread(self.door.restore)
 
     # ---------------------------------------------------------------- subscriptions
 
@@ -488,29 +431,57 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
 
     def _newest_time(self) -> int | None:
         newest = self.pipeline.newest()
-        if newest is None or (self._newest is not None and self._newest > newest):
-            return self._newest
+        mine = self.door.newest
+        if newest is None or (mine is not None and mine > newest):
+            return mine
         return newest
+
+    # ---------------------------------------------------------------- dead letters
+
+    async def ListDeadLetters(self, request: Any, context: grpc.aio.ServicerContext
+                              ) -> AsyncIterator[Any]:
+        from mediator.dead_letter_calls import list_letters
+
+        try:
+            async for item in list_letters(self, request, CLIENT.get()):
+                yield item
+        except Refusal as refusal:
+            await context.abort_with_status(refusal.status)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await context.abort_with_status(_internal("ListDeadLetters", exc))
+
+    @_answering
+    async def RepublishDeadLetter(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        from mediator.dead_letter_calls import republish
+
+        try:
+            return await asyncio.shield(republish(self, request, CLIENT.get()))
+        except LogWriteError as exc:
+            raise Refusal(grpc.StatusCode.UNAVAILABLE, f"{exc}; try again") from None
 
     # ---------------------------------------------------------------- events in
 
     async def Publish(self, request_iterator: AsyncIterator[Any],
                       context: grpc.aio.ServicerContext) -> Any:
-        tally = _Tally()
+        tally = Tally()
+        client = CLIENT.get("")
         try:
             async for request in request_iterator:
                 # Shielded: a publisher that goes away mid-message does not leave the memory
                 # of ids ahead of the log (the message is decided and appended, or neither).
-                await asyncio.shield(self._message(request, tally))
+                await asyncio.shield(self._message(request, tally, client))
         except Refusal as refusal:
             await context.abort_with_status(refusal.status)
         return mediator_pb2.PublishReply(accepted=tally.accepted, dead_lettered=tally.dead,
-                                         dead_letters=tally.letters or [])
+                                         dead_letters=_reply_letters(tally))
 
-    async def _message(self, request: Any, tally: _Tally) -> None:
-        async with self._order:
+    async def _message(self, request: Any, tally: Tally, client: str,
+                       lane: str = PUBLISH_LANE) -> None:
+        async with self.door.order:
             try:
-                await self._accept(request.cloudevents, tally)
+                await self._accept(request.cloudevents, tally, lane, client)
             except LogWriteError as exc:
                 raise Refusal(grpc.StatusCode.UNAVAILABLE,
                               f"{exc}; none of this message's {exc.count} events was accepted, "
@@ -518,113 +489,29 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
                               ) from None
             if request.advance_to_us:
                 mark = request.advance_to_us
-                if mark > wall_clock() + self.config.future:
-                    raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
-                                  f"advance_to_us {format_time(mark)} is more than "
-                                  f"{format_span(self.config.future)} ahead of the mediator's "
-                                  "clock (config `future`): no later event could be taken")
-                self._watermark = mark if self._watermark is None else max(self._watermark, mark)
+                refused = self.door.check_advance(mark)
+                if refused:
+                    raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, refused)
+                await asyncio.to_thread(self.door.advance, mark)
                 await asyncio.to_thread(self.pipeline.advance, mark)
 
     async def ingest(self, source: str, lines: list[str]) -> int:
-        """A broker source's events (mediator/brokers.py), taken as Publish takes a message's:
-        how many were accepted. LogWriteError when they could not be appended: the source does
-        not acknowledge them, and its broker sends them again."""
-        tally = _Tally()
-        async with self._order:
-            await self._accept(lines, tally)
-        if tally.letters:
-            log.info("source %s: %d of %d events dead-lettered: %s", source, tally.dead,
-                     len(lines), "; ".join(d.reason for d in tally.letters[:3]))
+        """A broker source's events (mediator/brokers.py), taken as Publish takes a message's,
+        in the source's lane: how many were accepted. LogWriteError when they could not be
+        appended: the source does not acknowledge them, and its broker sends them again."""
+        tally = Tally()
+        async with self.door.order:
+            await self._accept(lines, tally, source, "")
         return tally.accepted
 
-    async def _accept(self, lines: Iterable[str], tally: _Tally) -> None:
-        """Publish's accept path, under ``_order``: each line decoded and checked (a malformed,
-        duplicate or late one dead-lettered in ``tally``), the accepted appended to the event
-        log in one durable write, then the pipeline woken. LogWriteError if the write failed:
-        nothing of ``lines`` was accepted."""
-        accepted: list[str] = []
-        pairs: list[tuple[str, str]] = []
-        seen: set[tuple[str, str]] = set()  # these lines', until they are in the log
-        newest = self._newest_time()
-        for line in lines:
-            judged = self._judge(line, tally, newest, seen)
-            tally.index += 1
-            if judged is not None:
-                pair, when = judged
-                seen.add(pair)
-                pairs.append(pair)
-                accepted.append(line.rstrip("\r\n"))
-                newest = when if newest is None else max(newest, when)
-        if not accepted:
-            return
-        try:
-            await asyncio.to_thread(self.store.append_events, accepted)
-        except Exception as exc:
-            log.exception("appending %d events failed", len(accepted))
-            raise LogWriteError(len(accepted), f"the event log could not be written "
-                                f"({type(exc).__name__})") from None
-        for pair in pairs:
-            self.recent.add(pair)
-            self.metrics.events_in.labels(pair[0]).inc()
-        self._newest = newest
-        tally.accepted += len(accepted)
-        self.pipeline.wake()
-
-    def _producer(self, event: Any) -> str:
-        """The autonomous service whose coverage observes ``event`` ("": none): its events
-        are its producers', never the mediator's own feed."""
-        for service in self._autonomous:
-            if service.coverage.observes(event):
-                return service.name
-        return ""
-
-    def _judge(self, line: str, tally: _Tally, newest: int | None,
-               seen: set[tuple[str, str]]) -> tuple[tuple[str, str], int] | None:
-        """The (source, id) and time of the event of ``line`` if it is accepted; else None,
-        and it is dead-lettered. ``seen``: this message's accepted pairs so far."""
-        try:
-            event = from_json_line(line, seq=tally.index)
-        except EventError as exc:
-            tally.refuse(_loose_id(line), "malformed", f"event {tally.index}: {exc}", self.metrics)
-            return None
-        except Exception as exc:  # whatever the line holds, only this event is refused
-            log.exception("event %d could not be read", tally.index)
-            tally.refuse(_loose_id(line), "malformed", f"event {tally.index}: could not be read "
-                         f"({type(exc).__name__})", self.metrics)
-            return None
-        owner = self._producer(event)
-        if owner:
-            tally.refuse(event.id, "misrouted", f"an event of source {brief_repr(event.source)} "
-                         f"and type {brief_repr(event.type)} is produced at the autonomous "
-                         f"service {owner!r} (its coverage): publish it there — taken here, "
-                         "the merged trace would hold it twice or the service would miss it",
-                         self.metrics)
-            return None
-        pair = (event.source, event.id)
-        if pair in seen or pair in self.recent:
-            tally.refuse(event.id, "duplicate", f"an event with source "
-                         f"{brief_repr(event.source)} and id {brief_repr(event.id)} was already "
-                         "accepted", self.metrics)
-            return None
-        ahead = wall_clock() + self.config.future
-        if event.time > ahead:
-            tally.refuse(event.id, "future", f"event time {format_time(event.time)} is more than "
-                         f"{format_span(self.config.future)} ahead of the mediator's clock "
-                         "(config `future`): taken, it would make every later event late",
-                         self.metrics)
-            return None
-        if self._watermark is not None and event.time <= self._watermark:
-            tally.refuse(event.id, "late", f"event time {format_time(event.time)} is at or "
-                         f"before the advance to {format_time(self._watermark)} (no event "
-                         "at or before it is taken any more)", self.metrics)
-            return None
-        if newest is not None and event.time < newest:
-            tally.refuse(event.id, "late", f"event time {format_time(event.time)} is before "
-                         f"the newest accepted, {format_time(newest)} (events are taken in time "
-                         "order; those of one instant in any order)", self.metrics)
-            return None
-        return pair, event.time
+    async def _accept(self, lines: Iterable[str], tally: Tally, lane: str,
+                      client: str) -> None:
+        """The door's batch (under its lock): judged, the accepted appended durably, then the
+        pipeline woken. LogWriteError if the write failed."""
+        before = tally.accepted
+        await self.door.take(lines, tally, self.store.append_events, lane=lane, client=client)
+        if tally.accepted > before:
+            self.pipeline.wake()
 
 
 def check_shape(doc: ast.Document, limits: Limits) -> None:
@@ -669,15 +556,6 @@ def _profile_info(record: SubscriptionRecord, bounds: tuple[int, int]) -> Any:
 def _brief_name(name: str) -> str:
     return repr(name if len(name) <= 80 else name[:79] + "…")
 
-
-def _loose_id(line: str) -> str:
-    """The id of a malformed event, when its JSON has one (for the dead letter)."""
-    try:
-        value = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return ""
-    ident = value.get("id") if isinstance(value, dict) else None
-    return ident[:200] if isinstance(ident, str) else ""
 
 
 def _check_name(name: str) -> None:
@@ -800,5 +678,5 @@ def _service_info(service: ServiceStatus, address: str) -> Any:
         mode="autonomous" if info.autonomous else "fed")
 
 
-__all__ = ["CLIENT", "LogWriteError", "MediatorService", "Pipeline", "RecentIds", "Refusal",
-           "check_shape", "reason", "violation"]
+__all__ = ["CLIENT", "LogWriteError", "MediatorService", "Pipeline", "Refusal", "check_shape",
+           "reason", "violation"]

@@ -207,9 +207,11 @@ class Mediator:
         from mediator.config import Config, Limits
         from tests.servers import free_port
 
+        # No lateness: each event's composite is decided by the next event (these tests are
+        # about the client; the reorder buffer's are in test_pipeline.py and test_service.py).
         self.config = Config(listen=f"127.0.0.1:{free_port()}",
                              store=f"sqlite:///{directory / 'm.db'}", limits=Limits(rate=0),
-                             composer="inprocess")
+                             composer="inprocess", lateness=0)
         self.address = self.config.listen
         self.running: Any = None
         self.start()

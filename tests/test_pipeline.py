@@ -20,12 +20,14 @@ from adapters.backends.registry import language
 from adapters.links import InProcessLink, Link
 from eva import ast
 from eva.engine import Engine, EngineConfig
-from eva.events import from_cloudevent
+from eva.events import format_time, from_cloudevent
 from eva.notify import composite_line
 from eva.parser import parse
 from eva.printer import to_text
 from examples.logistics.generate import day
+from mediator import checkpoints
 from mediator.config import RESERVED_SERVICE as OWN_FEED
+from mediator.dead_letters import DeadLetterLog
 from mediator.metrics import STATE_PARTS, Metrics
 from mediator.pipeline import Pipeline
 from mediator.placement import spark_composes as composed_by_spark
@@ -212,6 +214,106 @@ def test_a_restart_loses_nothing_and_repeats_nothing(store: Store) -> None:
     got = logged(store, "alice", "s")
     assert begins_each_profile(before, got)
     assert sorted(got) == sorted(want) and len(set(got)) == len(got)
+
+
+def disordered(events: list[dict[str, Any]], lateness: int, rng: random.Random
+            ) -> list[dict[str, Any]]:
+    """The events in an order they may arrive in within ``lateness`` (µs): each delayed by up
+    to it, so none is more than the lateness older than one before it."""
+    times = [from_cloudevent(e).time for e in events]
+    order = sorted(range(len(events)), key=lambda i: times[i] + rng.randrange(lateness))
+    return [events[i] for i in order]
+
+
+LATENESS = 2_000_000
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_events_within_the_lateness_are_evaluated_in_time_order_across_a_restart(
+        store: Store, seed: int) -> None:
+    """The event log in arrival order, each event up to the lateness (2 s) older than the
+    newest before it: the own feed's reorder buffer hands them on in time order, so the
+    composites are replay's over the day in time order — also for a subscription registered
+    while the buffer holds events, and across a restart mid-day (the buffer is rebuilt from the
+    log: trimming keeps what it holds)."""
+    rng = random.Random(seed)
+    text = document("P1", "P2", "P6")
+    *events, end = DAY
+    shuffled = disordered(events, LATENESS, rng)
+    assert shuffled != events
+    third = len(shuffled) // 3
+    first = Pipeline(store, links(), lateness=LATENESS, batch=7, trim_every=1)
+    first.start()
+    subscribe(first, store, "early", text)
+    publish(store, first, shuffled[:third], rng)
+    settle(first, store)
+    assert len(first._own.reorder) > 0  # the newest 2 s wait for what may still come
+    late = subscribe(first, store, "late", text, owner="bob")
+    assert late.start_position < store.event_head()  # before what the buffer holds
+    publish(store, first, shuffled[third:2 * third], rng)
+    first.stop()
+    second = Pipeline(store, links(), lateness=LATENESS, batch=7, trim_every=1)
+    second.start()
+    publish(store, second, shuffled[2 * third:], rng)
+    second.advance(from_cloudevent(end).time)
+    settle(second, store)
+    second.stop()
+    assert logged(store, "alice", "early") == replayed(text, DAY)
+    assert logged(store, "bob", "late") == replayed(text, DAY, late.start_time)
+
+
+def test_a_checkpoint_taken_while_the_reorder_buffer_holds_events_restores_exactly(
+        store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    """Checkpoints every few events while the own feed's reorder buffer holds events that are
+    logged but not yet evaluated: the restart takes up the newest checkpoint, re-reads what
+    the buffer held from the log (trimming kept it) and hands it on in time order — the
+    composites are replay's, none lost, none twice. (No services: the mediator evaluates
+    every profile over its own feed, so the subscription is one a checkpoint takes up.)"""
+    rng = random.Random(5)
+    text = document("P1", "P2", "P6")
+    *events, end = DAY
+    shuffled = disordered(events, LATENESS, rng)
+    half = len(shuffled) // 2
+    first = Pipeline(store, {}, lateness=LATENESS, batch=7, trim_every=1,
+                     checkpoint_events=40)
+    first.start()
+    subscribe(first, store, "s", text)
+    publish(store, first, shuffled[:half], rng)
+    settle(first, store)
+    first.stop()
+    _, data = store.checkpoints()[-1]
+    held = checkpoints.read(data)["own"]["held"]
+    assert held, "the newest checkpoint was taken with an empty reorder buffer"
+    assert store.read_events(min(held) - 1, 1)  # trimming kept what the buffer held
+    with caplog.at_level("INFO", logger="mediator.pipeline"):
+        second = Pipeline(store, {}, lateness=LATENESS, batch=7, trim_every=1,
+                          checkpoint_events=40)
+        second.start()
+    assert "restarting from checkpoint: 1 of 1 subscriptions restored" in caplog.text
+    publish(store, second, shuffled[half:], rng)
+    second.advance(from_cloudevent(end).time)
+    settle(second, store)
+    second.stop()
+    assert logged(store, "alice", "s") == replayed(text, DAY)
+
+
+def test_the_own_feed_is_idle_only_when_its_reorder_buffer_is_empty(store: Store) -> None:
+    """A quiet own feed stops holding back the plans that also use autonomous services (its
+    idle timeout) — but not while its reorder buffer holds events: what the log holds is never
+    passed by; an advance hands them on, and it is idle again."""
+    from mediator.ingestion import OwnFeed
+
+    feed = OwnFeed(store, idle=0.0, lateness=LATENESS)
+    first = from_cloudevent(DAY[0]).time
+    near = [{**e, "time": format_time(first + i)} for i, e in enumerate(DAY[:3])]
+    store.append_events(lines(near))
+    logged, handed = feed.read(10)
+    feed.position = logged[-1].position
+    assert len(logged) == 3 and handed == [] and not feed.state().idle
+    feed.advance(first + 2)
+    released, until = feed.due()
+    assert [e.id for e in released] == [e["id"] for e in near] and until == first + 2
+    assert feed.state().idle
 
 
 def test_subscriptions_see_only_the_events_after_their_registration(store: Store) -> None:
@@ -437,11 +539,13 @@ def test_a_watermark_decides_what_waits_on_time(store: Store) -> None:
 
 def test_a_bad_log_entry_is_skipped_and_said(store: Store, caplog: pytest.LogCaptureFixture
                                              ) -> None:
-    """An entry that is not an event, or one out of time order (Publish logs neither), is
-    skipped with its position named; the rest is evaluated as if it were not there."""
+    """An entry that is not an event, or one behind what the reader handed on already
+    (Publish logs neither), is skipped with its position named and kept in the dead-letter
+    log (source ``mediator``); the rest is evaluated as if it were not there."""
     text = document("P1", "P6")
     metrics = Metrics()
-    pipeline = Pipeline(store, links(), metrics=metrics)
+    letters = DeadLetterLog(store, metrics)
+    pipeline = Pipeline(store, links(), metrics=metrics, letters=letters)
     pipeline.start()
     subscribe(pipeline, store, "s", text)
     half = len(DAY) // 2
@@ -452,8 +556,13 @@ def test_a_bad_log_entry_is_skipped_and_said(store: Store, caplog: pytest.LogCap
     assert f"event-log position {half + 1} skipped" in caplog.text
     assert f"event-log position {half + 2} (id 'ev-00000') skipped" in caplog.text
     count = metrics.registry.get_sample_value
-    assert count("evamed_dead_letters_total", {"reason": "malformed"}) == 1
-    assert count("evamed_dead_letters_total", {"reason": "late"}) == 1
+    assert count("evamed_dead_letters_total", {"source": "mediator", "reason": "malformed"}) == 1
+    assert count("evamed_dead_letters_total", {"source": "mediator", "reason": "late"}) == 1
+    kept = store.read_dead_letters(0)
+    assert [(r.reason, r.source, r.where) for r in kept] == [
+        ("malformed", "mediator", f"event-log position {half + 1}"),
+        ("late", "mediator", f"event-log position {half + 2}")]
+    assert kept[0].raw == b"{not json" and kept[1].event_id == "ev-00000"
 
 
 class Broken(InProcessLink):

@@ -313,7 +313,7 @@ def test_bytes_that_are_not_a_request_are_refused_and_logged_once_without_a_trac
             messages = [valid, GARBAGE] if method.name == "Publish" else [GARBAGE]  # Publish:
             # the garbage is the stream's second message
             calls.append((path, method.input_type.full_name, kind, call, messages, metadata))
-    assert sum(c[0].startswith("/eva.mediator.v1.") for c in calls) == 9
+    assert sum(c[0].startswith("/eva.mediator.v1.") for c in calls) == 11
     for _ in range(3):
         for path, expected, kind, call, messages, metadata in calls:
             with pytest.raises(grpc.RpcError) as refused:
@@ -640,7 +640,17 @@ def publish(m: Mediator, md: list[tuple[str, str]], *batches: list[str], advance
     return m.stub.Publish(iter(requests), metadata=md, timeout=TIMEOUT)
 
 
-def test_publish_accepts_in_order_and_dead_letters_with_reasons(mediator: Mediator) -> None:
+def test_publish_accepts_in_order_and_dead_letters_with_reasons(tmp_path: Path) -> None:
+    """With no lateness allowed (``lateness = "0s"``) events are taken in time order, those of
+    one instant in any order: e3, older than e2, is late."""
+    mediator = Mediator(tmp_path / "m.db", lateness=0)
+    try:
+        _publish_in_order(mediator)
+    finally:
+        mediator.close()
+
+
+def _publish_in_order(mediator: Mediator) -> None:
     md = mediator.client("source")
     reply = publish(mediator, md,
                     [event("e1", 1), "{not json", event("e2", 2), event("e1", 3)],
@@ -675,16 +685,44 @@ def test_an_event_far_in_the_future_is_refused_so_it_cannot_make_every_later_one
     assert publish(mediator, md, [event("e3", 3)]).accepted == 1
 
 
+def test_events_within_the_lateness_are_accepted_and_kept_as_dead_letters_beyond(
+        mediator: Mediator) -> None:
+    """The default lateness (2 s): an event up to 2 s older than the newest accepted is taken
+    (the event log keeps arrival order; the pipeline reads it in time order), an older one is
+    late — and every refusal is in the dead-letter log with its reason, lane and client."""
+    md = mediator.client("source")
+    reply = publish(mediator, md, [event("e5", 5), event("e3", 3), event("e4", 4),
+                                   event("e2", 2), event("e5", 6)])
+    assert reply.accepted == 3
+    assert [(d.id, d.reason.split(":")[0]) for d in reply.dead_letters] == [
+        ("e2", "late"), ("e5", "duplicate")]
+    assert "minus the allowed lateness 2s" in reply.dead_letters[0].reason
+    assert [json.loads(e.line)["id"] for e in mediator.store.read_events(0)] == ["e5", "e3", "e4"]
+    kept = mediator.store.read_dead_letters(0)
+    assert [(r.reason, r.source, r.client, r.event_id, r.where) for r in kept] == [
+        ("late", "publish", "source", "e2", "event 3"),
+        ("duplicate", "publish", "source", "e5", "event 4")]
+    assert json.loads(kept[0].raw)["id"] == "e2" and kept[0].size == len(kept[0].raw)
+
+
 def test_the_duplicate_memory_survives_a_restart(tmp_path: Path) -> None:
-    m = Mediator(tmp_path / "m.db")
+    m = Mediator(tmp_path / "m.db", lateness=0)
     md = m.client("source")
     publish(m, md, [event("e1", 1)])
     m.close()
-    m = Mediator(tmp_path / "m.db")
+    m = Mediator(tmp_path / "m.db", lateness=0)
     try:
-        reply = publish(m, md, [event("e1", 2), event("e0", 0), event("e2", 2)])
+        reply = publish(m, md, [event("e1", 2), event("e0", 0), event("e2", 2)],
+                        advance=1_767_225_605_000_000)  # 00:00:05
         assert [d.reason.split(":")[0] for d in reply.dead_letters] == ["duplicate", "late"]
         assert reply.accepted == 1
+    finally:
+        m.close()
+    m = Mediator(tmp_path / "m.db", lateness=0)
+    try:  # the advance too: nothing at or before it is taken after a restart either
+        reply = publish(m, md, [event("e4", 4), event("e6", 6)])
+        assert [(d.id, d.reason.split(":")[0]) for d in reply.dead_letters] == [("e4", "late")]
+        assert "at or before the advance to 2026-01-01T00:00:05Z" in reply.dead_letters[0].reason
     finally:
         m.close()
 
@@ -711,10 +749,10 @@ def test_metrics_endpoint_serves_the_counters(tmp_path: Path) -> None:
         assert scrape()[lag] == 3  # nobody has read the log yet
         subscribe(m, md, 3, name="P")
         samples = scrape()
-        assert samples['evamed_events_in_total{source="s"}'] == 1
-        assert samples['evamed_events_in_total{source="t"}'] == 1
-        assert samples['evamed_dead_letters_total{reason="malformed"}'] == 1
-        assert samples['evamed_dead_letters_total{reason="duplicate"}'] == 1
+        # Labelled by where the events came in, never by what they carry (a bounded set).
+        assert samples['evamed_events_in_total{source="publish"}'] == 2
+        assert samples['evamed_dead_letters_total{reason="malformed",source="publish"}'] == 1
+        assert samples['evamed_dead_letters_total{reason="duplicate",source="publish"}'] == 1
         assert samples[lag] == 0
         assert samples["evamed_notifications_delivered_total"] == 3
         for name in ("evamed_composites_out_total", "evamed_composer_batch_seconds_count",
@@ -843,9 +881,10 @@ def test_sigterm_stops_within_seconds_while_a_base_service_is_down(tmp_path: Pat
         mediator = Process("serve", "--config", str(config))
 
         def publish_pair(jam: int) -> None:
-            """A jam, and a later event that completes its instant."""
+            """A jam, and an event later than the allowed lateness (2 s by default): the
+            watermark passes the jam's instant."""
             sent = [event(f"j{jam}", jam, kind="traffic.jam"),
-                    event(f"f{jam}", jam + 1, kind="traffic.x")]
+                    event(f"f{jam}", jam + 3, kind="traffic.x")]
             with MediatorClient(mediator.address, token) as client:
                 assert client.publish(sent).accepted == 2
 
@@ -861,7 +900,7 @@ def test_sigterm_stops_within_seconds_while_a_base_service_is_down(tmp_path: Pat
         service.start()  # on its port
         mediator.start()
         service.kill()
-        publish_pair(3)
+        publish_pair(5)
         time.sleep(0.3)
         status, seconds = _signalled(mediator, 0.3)
         assert (status, seconds < 1.5) == (128 + signal.SIGTERM, True), seconds
@@ -871,7 +910,7 @@ def test_sigterm_stops_within_seconds_while_a_base_service_is_down(tmp_path: Pat
         with MediatorClient(mediator.address, token) as client:
             notes = Reader(client.subscribe(name="P")).wait_for(2)
             time.sleep(0.3)  # nothing more comes
-            assert [n.cloudevent["data"]["constituents"] for n in notes] == [["j1"], ["j3"]]
+            assert [n.cloudevent["data"]["constituents"] for n in notes] == [["j1"], ["j5"]]
     finally:
         for process in (mediator, service):
             if process is not None:

@@ -29,7 +29,7 @@ from mediator.store import (
     open_store,
     parse_store_url,
 )
-from mediator.store.base import SCHEMA_VERSION
+from mediator.store.base import SCHEMA_VERSION, DeadLetterRecord
 from mediator.store.redis import redis_options
 from tests.servers import RedisServer, free_port
 
@@ -231,6 +231,35 @@ def test_a_subscription_keeps_its_link_starts(store: Store) -> None:
     record = replace(subscription(), links='{"traffic": 4}')
     store.put_subscription(record)
     assert store.subscription("ann", "P1") == record
+
+
+def test_the_dead_letter_log_keeps_each_letter_in_order_filters_marks_and_trims(
+        store: Store) -> None:
+    """Every refused input is kept with its reason, source, client, place and raw bytes
+    (mediator/dead_letters.py); read oldest first, by reason, source or client; a republish is
+    noted; retention keeps the newest and positions are never given again."""
+    assert store.dead_letter_bounds() == (0, 0)
+    letters = [DeadLetterRecord("late", "publish", "event time … is behind", 10, client="ann",
+                                where="event 3", event_id="e3", raw=b'{"id": "e3"}', size=12),
+               DeadLetterRecord("payload", "plant", "not JSON", 11, where="plant/l1/temp",
+                                raw=b"\xff\x00", size=2, kind="payload"),
+               DeadLetterRecord("late", "svc", "reported after …", 12, kind="report")]
+    assert store.append_dead_letters(letters) == 3
+    assert store.append_dead_letters([replace(letters[0], client="bob", time_us=13)]) == 4
+    read = store.read_dead_letters(0)
+    assert [(r.position, r.reason, r.source, r.client) for r in read] == [
+        (1, "late", "publish", "ann"), (2, "payload", "plant", ""), (3, "late", "svc", ""),
+        (4, "late", "publish", "bob")]
+    assert read[1] == replace(letters[1], position=2) and read[1].raw == b"\xff\x00"
+    assert [r.position for r in store.read_dead_letters(0, reason="late")] == [1, 3, 4]
+    assert [r.position for r in store.read_dead_letters(0, source="publish", client="bob")] == [4]
+    assert [r.position for r in store.read_dead_letters(1, limit=2)] == [2, 3]
+    assert store.mark_republished(2, 99) and not store.mark_republished(9, 99)
+    assert store.read_dead_letters(1, limit=1)[0].republished_us == 99
+    assert store.trim_dead_letters(2) == 2
+    assert store.dead_letter_bounds() == (3, 4)
+    assert [r.position for r in store.read_dead_letters(0)] == [3, 4]
+    assert store.append_dead_letters([letters[2]]) == 5
 
 
 def test_clients_are_stored_found_by_token_hash_and_replaced(store: Store) -> None:

@@ -79,6 +79,16 @@ class MediatorServiceStub:
                 request_serializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.StatusRequest.SerializeToString,
                 response_deserializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.StatusReply.FromString,
                 _registered_method=True)
+        self.ListDeadLetters = channel.unary_stream(
+                '/eva.mediator.v1.MediatorService/ListDeadLetters',
+                request_serializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.ListDeadLettersRequest.SerializeToString,
+                response_deserializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.DeadLetterEntry.FromString,
+                _registered_method=True)
+        self.RepublishDeadLetter = channel.unary_unary(
+                '/eva.mediator.v1.MediatorService/RepublishDeadLetter',
+                request_serializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.RepublishRequest.SerializeToString,
+                response_deserializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.PublishReply.FromString,
+                _registered_method=True)
 
 
 class MediatorServiceServicer:
@@ -150,6 +160,26 @@ class MediatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListDeadLetters(self, request, context):
+        """The dead-letter log: every input the mediator refused, with its reason, where it came in
+        and the raw input (docs/operations.md, "Dead letters"). A client sees the letters of its
+        own publishes; an operator (`evamed clients add NAME --operator`) sees every letter and
+        may filter by client. With follow the stream goes on with each letter as it is kept.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RepublishDeadLetter(self, request, context):
+        """Publish a dead letter again — as it was, or replaced by a corrected input: a CloudEvent,
+        or for a broker's payload a payload its source's rules map — through the same door as
+        Publish. A client may republish its own publishes' letters, an operator any. The letter
+        is marked republished once its event is accepted; a refusal is a new letter.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MediatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -197,6 +227,16 @@ def add_MediatorServiceServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.StatusRequest.FromString,
                     response_serializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.StatusReply.SerializeToString,
+            ),
+            'ListDeadLetters': grpc.unary_stream_rpc_method_handler(
+                    servicer.ListDeadLetters,
+                    request_deserializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.ListDeadLettersRequest.FromString,
+                    response_serializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.DeadLetterEntry.SerializeToString,
+            ),
+            'RepublishDeadLetter': grpc.unary_unary_rpc_method_handler(
+                    servicer.RepublishDeadLetter,
+                    request_deserializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.RepublishRequest.FromString,
+                    response_serializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.PublishReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -442,6 +482,60 @@ class MediatorService:
             '/eva.mediator.v1.MediatorService/Status',
             eva_dot_mediator_dot_v1_dot_mediator__pb2.StatusRequest.SerializeToString,
             eva_dot_mediator_dot_v1_dot_mediator__pb2.StatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/eva.mediator.v1.MediatorService/ListDeadLetters',
+            eva_dot_mediator_dot_v1_dot_mediator__pb2.ListDeadLettersRequest.SerializeToString,
+            eva_dot_mediator_dot_v1_dot_mediator__pb2.DeadLetterEntry.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RepublishDeadLetter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eva.mediator.v1.MediatorService/RepublishDeadLetter',
+            eva_dot_mediator_dot_v1_dot_mediator__pb2.RepublishRequest.SerializeToString,
+            eva_dot_mediator_dot_v1_dot_mediator__pb2.PublishReply.FromString,
             options,
             channel_credentials,
             insecure,

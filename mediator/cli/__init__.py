@@ -19,6 +19,7 @@ from mediator.cli import (
     check,
     clients,
     compose,
+    deadletters,
     demo,
     explain,
     profile,
@@ -78,6 +79,7 @@ app.command()(publish.publish)
 app.add_typer(services.app, name="services")
 app.command()(status.status)
 app.add_typer(clients.app, name="clients")
+app.add_typer(deadletters.app, name="dead-letters")
 
 
 def main() -> None:

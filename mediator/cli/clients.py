@@ -76,6 +76,9 @@ def add(
         "--server", show_default=False,
         help="With --save: the address clients reach the mediator at (default: its listen "
              "address from --config or EVAMED_LISTEN, 127.0.0.1:50060).")] = None,
+    operator: Annotated[bool, typer.Option(
+        help="An operator: sees every dead letter (not only its own publishes') and may "
+             "republish any (evamed dead-letters).")] = False,
     store: StoreUrl = None, config: ConfigFile = None,
 ) -> None:
     """Register a client and print its bearer token, once.
@@ -97,10 +100,11 @@ def add(
         fail("--server says where --save saves the token for: give --save too")
     with _opened(store, config) as opened:
         try:
-            token = add_client(opened, name, inherit=inherit)
+            token = add_client(opened, name, inherit=inherit, operator=operator)
         except ValueError as exc:
             fail(str(exc), code=1, one_line=True)
-    remarks.print(f"client {name} added; its token (shown only now):")
+    remarks.print(f"{'operator' if operator else 'client'} {name} added; its token (shown "
+                  "only now):")
     print(token, flush=True)
     if address is not None:
         try:
@@ -143,7 +147,8 @@ def list_(
     table = Table("name", "added", "state")
     for record in records:
         table.add_row(record.name, when(record.created_us),
-                      "[red]revoked[/]" if record.revoked else "active")
+                      "[red]revoked[/]" if record.revoked else
+                      "active, operator" if record.operator else "active")
     print_table(table)
 
 

@@ -52,7 +52,10 @@ def replay(
     dead_letter: Annotated[Path | None, typer.Option(help="Write dead letters here (JSON lines) "
                                                           "instead of stderr.")] = None,
     tick: Annotated[str, typer.Option(help="Default clock granularity for negations.")] = "1s",
-    lateness: Annotated[str, typer.Option(help="Allowed lateness per source.")] = "0s",
+    lateness: Annotated[str, typer.Option(
+        help="Allowed lateness: how much older than the newest event an event may be and "
+             "still count (taken in time order); an older one is a dead letter (late). The "
+             "mediator's rule (eva/admission.py).")] = "0s",
     horizon: Annotated[str, typer.Option(help="How far ahead of the newest event time an event "
                                               "may lie; a further one is held until the next "
                                               "event (or --until) confirms the jump, else it "

@@ -3,20 +3,21 @@ service can run them as the command line does: one per mode (plain, --via, --eng
 --native). They raise what goes wrong (``ConnectionError``, ``PushRefused``); the command
 turns it into an exit.
 
-Every mode admits the trace with the same engine (duplicates, lateness, horizon, malformed
-lines), so every path refuses the same events with the same dead letters.
+Every mode admits the trace with the same rules (eva/admission.py: duplicates, lateness,
+horizon, malformed lines — the mediator's), so every path refuses the same events with the same
+dead letters, and evaluates what it admits in time order.
 """
 
 from __future__ import annotations
 
-import heapq
 import json
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from itertools import islice
 from typing import TYPE_CHECKING, Any, TextIO
 
+from eva.admission import Rules, Stream
 from eva.engine import DeadLetter, Engine, EngineConfig
 from eva.events import Event, EventError, format_time, from_json_line, read_lines
 from eva.notify import composite_line, dead_letter_record, to_cloudevent
@@ -53,20 +54,34 @@ and composites written at a time (one write of their joined lines). Output from 
 stdin therefore comes a batch at a time."""
 
 
-def _read(engine: Engine, lines: Lines, keep: dict[str, Event] | None = None) -> Iterator[Event]:
+def _read(malformed: Callable[[str, str], None], lines: Lines,
+          keep: dict[str, Event] | None = None) -> Iterator[Event]:
     """The events of ``lines``, each numbered by its line (its ``seq``), decoded a batch at a
-    time; a line that is not an event becomes ``engine``'s dead letter when the consumer
+    time; a line that is not an event becomes a ``malformed`` dead letter when the consumer
     reaches it, so dead letters keep the order of the trace. ``keep``: every event by id
     (for --expand and --plot, which name the contributing events)."""
     source = iter(lines)
     while batch := list(islice(source, BATCH)):
         for (number, line), event in zip(batch, read_lines(batch), strict=True):
             if isinstance(event, EventError):
-                engine.malformed(f"line {number}: {event}", raw(line))
+                malformed(f"line {number}: {event}", raw(line))
             else:
                 if keep is not None:
                     keep[event.id] = event
                 yield event
+
+
+def admission_rules(config: EngineConfig) -> Rules:
+    """The admission of a replay (eva/admission.py) from its engine configuration: its
+    lateness, horizon and duplicate window."""
+    return Rules(lateness=config.allowed_lateness, horizon=config.horizon,
+                 remember=config.remember)
+
+
+def evaluating(config: EngineConfig) -> EngineConfig:
+    """The configuration of an engine that evaluates what the admission gave out: in time
+    order already, so no lateness, no horizon of its own."""
+    return replace(config, allowed_lateness=0, horizon=None)
 
 
 SHAPES = ("json", "table", "compact")
@@ -144,60 +159,85 @@ class Composites:
                 "time": format_time(event.time)}
 
 
-def _admit(engine: Engine, lines: Lines, end: int | None, emit: Composites,
+def _admit(engine: Engine, stream: Stream, lines: Lines, end: int | None, emit: Composites,
            keep: dict[str, Event] | None = None) -> None:
-    """Push every line through ``engine`` (a malformed one is a dead letter), then close it."""
+    """Every line through the admission ``stream`` (a malformed one is a dead letter), what it
+    gives out — in time order — pushed to ``engine``, whose clock starts at the admission's
+    origin and follows its watermark; then both closed."""
     push = engine.push
+    admit = stream.push
+    started = False
+    watermark: int | None = None
+
+    def follow() -> None:
+        """The engine's clock to the admission's watermark: what it holds (several sources,
+        clock-driven profiles) is decided there. Once per batch of lines: the answers are
+        the same whenever it is done, it only must not lag by more than a batch."""
+        nonlocal watermark
+        moved = stream.watermark
+        if moved is not None and (watermark is None or moved > watermark) and started:
+            watermark = moved
+            emit(engine.advance(moved))
+
+    def malformed(detail: str, line: str) -> None:
+        engine.malformed(detail, line)
+
+    def evaluate(due: list[Event]) -> None:
+        nonlocal started
+        if not started and stream.origin is not None:
+            engine.begin(stream.origin)  # the first admitted event set it
+            started = True
+        for one in due:
+            emit(push(one))
+
     try:
-        for event in _read(engine, lines, keep):
-            emit(push(event))
+        for count, event in enumerate(_read(malformed, lines, keep), start=1):
+            due = admit(event)
+            if due:
+                if started and len(due) == 1:
+                    emit(push(due[0]))
+                else:
+                    evaluate(due)
+            if not count % BATCH:
+                follow()
+        evaluate(stream.close(end))
         emit(engine.close(end))
     finally:
         emit.flush()  # what was found before an interruption is written too
 
 
 class Admitted:
-    """The events an engine without profiles admits, for the modes that evaluate elsewhere
-    (--via, --engine spark), as they stream in: numbered in arrival order as the engine numbers
-    the events it admits, given out in time order as soon as the engine has processed their
-    instant (no event before it can come any more); ``origin``: where its clock started."""
+    """The events the admission takes, for the modes that evaluate elsewhere (--via, --engine
+    spark), as they stream in: given out in time order as the watermark passes them, numbered
+    in that order; ``origin``: where the clock starts."""
 
     def __init__(self, lines: Lines, config: EngineConfig, end: int | None,
                  dead: DeadLetters, keep: dict[str, Event] | None = None) -> None:
         self.keep = keep
-        self.engine = Engine(config, dead)
-        # Filled by the engine as it admits: an event held beyond the horizon is decided by
-        # the next one, so "refused or not" is not known when a line is pushed.
-        self.engine.admitted = []
+        self.dead = dead
+        self.stream = Stream(admission_rules(config), dead)
         self.lines = lines
         self.end = end
         self.count = 0
 
     @property
     def origin(self) -> int | None:
-        return self.engine.origin
+        return self.stream.origin
 
     def __iter__(self) -> Iterator[Event]:
-        engine = self.engine
-        pending: list[tuple[tuple[int, int, int], Event]] = []
+        stream = self.stream
 
-        def ready(final: bool) -> Iterator[Event]:
-            admitted = engine.admitted
-            assert admitted is not None
-            for event in admitted:
-                numbered = event.renumbered(self.count)
+        def malformed(detail: str, line: str) -> None:
+            self.dead(DeadLetter("malformed", detail, None, line))
+
+        def numbered(events: list[Event]) -> Iterator[Event]:
+            for event in events:
+                yield event.renumbered(self.count)
                 self.count += 1
-                heapq.heappush(pending, (numbered.key, numbered))
-            admitted.clear()
-            head = None if final else engine.next_instant()
-            while pending and (head is None or pending[0][0][0] < head):
-                yield heapq.heappop(pending)[1]
 
-        for event in _read(engine, self.lines, self.keep):
-            engine.push(event)
-            yield from ready(False)
-        engine.close(self.end)
-        yield from ready(True)
+        for event in _read(malformed, self.lines, self.keep):
+            yield from numbered(stream.push(event))
+        yield from numbered(stream.close(self.end))
 
 
 def replay_plain(doc: ast.Document, wanted: list[str] | None, lines: Lines,
@@ -206,10 +246,10 @@ def replay_plain(doc: ast.Document, wanted: list[str] | None, lines: Lines,
     """The composites of the profiles (``wanted``: only these) over the trace, by the
     incremental engine, to ``out`` as CloudEvents JSON lines (or ``emit``, a sink of another
     shape); the count per profile."""
-    engine = Engine(config, dead)
+    engine = Engine(evaluating(config), dead)
     engine.add_document(doc, wanted)
     emit = emit or Composites(out)
-    _admit(engine, lines, end, emit, emit.events)
+    _admit(engine, Stream(admission_rules(config), dead), lines, end, emit, emit.events)
     return emit.counts
 
 
@@ -264,7 +304,7 @@ def replay_spark(source: str, wanted: list[str] | None, lines: Lines, config: En
         # The horizon is an admission rule: Spark's engines, one per bucket, evaluate what was
         # admitted and must not apply it again to their own, partial, newest event time.
         for composite in replay(build_session(master), source, events,
-                                config=replace(config, horizon=None), origin=admitted.origin,
+                                config=evaluating(config), origin=admitted.origin,
                                 end=end, profiles=wanted):
             body = json.loads(composite)
             counts[body["subject"]] += 1

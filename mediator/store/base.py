@@ -27,6 +27,7 @@ class ClientRecord:
     token_hash: str      # sha256 of the bearer token (mediator/security.py), never the token
     created_us: int
     revoked: bool = False
+    operator: bool = False  # sees every dead letter, republishes any (not only its own)
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,32 @@ class LoggedNotification:
     position: int
     composite_id: str
     payload: bytes       # the Notification message's fields as JSON (mediator/delivery.py)
+
+
+@dataclass(frozen=True)
+class DeadLetterRecord:
+    """A refused input, kept in the dead-letter log (mediator/dead_letters.py writes it).
+    ``source``: where it came in — ``publish``, a ``[[sources]]`` name, ``mediator`` (the
+    event log's reader) or the service that reported it; ``client``: who published it (Publish,
+    a republish); ``where``: the broker's topic or stream entry, the index in a Publish call,
+    an event-log position; ``raw``: the input as it came, at most the configured bound
+    (``size``: its whole size); ``kind``: what ``raw`` is — ``cloudevent`` (a CloudEvents
+    line), ``payload`` (a broker's message payload, mapped by the source's rules) or
+    ``report`` (a service's detection: not republishable). ``position`` is 0 until appended;
+    ``republished_us``: when it was published again (0: never)."""
+
+    reason: str
+    source: str
+    detail: str
+    time_us: int
+    client: str = ""
+    where: str = ""
+    event_id: str = ""
+    raw: bytes = b""
+    size: int = 0
+    kind: str = "cloudevent"
+    position: int = 0
+    republished_us: int = 0
 
 
 class RetentionError(LookupError):
@@ -209,6 +236,24 @@ class Store(Protocol):
         ...
     def checkpoints(self) -> list[tuple[int, bytes]]:
         """The kept checkpoints, newest first."""
+        ...
+    # -- the dead-letter log (every refused input, with its reason: mediator/dead_letters.py)
+    def append_dead_letters(self, records: Sequence[DeadLetterRecord]) -> int:
+        """Append in order, durably; returns the head (positions from 1, never reused)."""
+        ...
+    def read_dead_letters(self, after: int, limit: int = 1000, *, reason: str = "",
+                          source: str = "", client: str = "") -> list[DeadLetterRecord]:
+        """The letters after position ``after``, oldest first, at most ``limit``; only those of
+        ``reason``, ``source``, ``client`` where given."""
+        ...
+    def dead_letter_bounds(self) -> tuple[int, int]:
+        """(first position kept, head); (0, 0) when none was ever appended."""
+        ...
+    def mark_republished(self, position: int, time_us: int) -> bool:
+        """Note that the letter at ``position`` was published again; False if it is not kept."""
+        ...
+    def trim_dead_letters(self, keep: int) -> int:
+        """Keep the newest ``keep`` letters; returns how many were dropped."""
         ...
 
     # -- key-value settings the service keeps (e.g. the pipeline's newest event time)

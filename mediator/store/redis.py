@@ -22,6 +22,10 @@ client or subscription name cannot run into the next part):
   the position of the event's line, kept with the stream (trimmed with it).
 * ``checkpoints`` — a hash of the kept checkpoints by number; ``checkpoints:number`` its
   counter.
+* ``deadletters`` — the dead-letter log, a stream with ids ``<position>-0`` (fields
+  ``reason``, ``source``, ``detail``, ``time``, ``client``, ``where``, ``id``, ``raw``,
+  ``size``, ``kind``); ``deadletters:head`` its counter; ``deadletters:republished`` — a hash
+  position → when it was published again.
 * ``log:<owner>:<name>`` — the notification log, a stream with ids ``<position>-0``;
   ``ids:<owner>:<name>`` — the set of its composite ids (the dedupe; not trimmed with the log).
 
@@ -46,6 +50,7 @@ from mediator.store.base import (
     SCHEMA_VERSION,
     ClientRecord,
     ComposerLine,
+    DeadLetterRecord,
     LoggedEvent,
     LoggedMessage,
     LoggedNotification,
@@ -121,6 +126,22 @@ for _, entry in ipairs(gone) do
 end
 redis.call('XTRIM', KEYS[1], 'MINID', ARGV[1] .. '-0')
 return #gone
+"""
+
+# KEYS: deadletters:head, deadletters. ARGV: per letter 10 values (the record's fields).
+# Returns the head.
+_APPEND_DEAD = """
+local n = #ARGV / 10
+local head = redis.call('INCRBY', KEYS[1], n)
+local first = head - n
+for i = 0, n - 1 do
+  local a = i * 10
+  redis.call('XADD', KEYS[2], string.format('%d-0', first + i + 1), 'reason', ARGV[a + 1],
+             'source', ARGV[a + 2], 'detail', ARGV[a + 3], 'time', ARGV[a + 4],
+             'client', ARGV[a + 5], 'where', ARGV[a + 6], 'id', ARGV[a + 7], 'raw', ARGV[a + 8],
+             'size', ARGV[a + 9], 'kind', ARGV[a + 10])
+end
+return head
 """
 
 # KEYS: sub, log, ids. ARGV: id, payload, id, payload, ... Returns, per appended item, its index
@@ -276,6 +297,7 @@ class RedisStore:
         self._append_link = self._redis.register_script(_APPEND_LINK)
         self._append_composer = self._redis.register_script(_APPEND_COMPOSER)
         self._trim_composer = self._redis.register_script(_TRIM_COMPOSER)
+        self._append_dead = self._redis.register_script(_APPEND_DEAD)
         try:
             self._redis.register_script(_INDEX_OWNERS)(
                 keys=[self._k("meta"), self._k("subs")], args=[OWNERS_INDEXED, self._k("owned:")])
@@ -298,7 +320,8 @@ class RedisStore:
                 tx.hdel(self._k("tokens"), old)
             tx.hset(key, mapping={"token_hash": record.token_hash,
                                   "created_us": record.created_us,
-                                  "revoked": int(record.revoked)})
+                                  "revoked": int(record.revoked),
+                                  "operator": int(record.operator)})
             tx.sadd(self._k("clients"), record.name)
             tx.hset(self._k("tokens"), record.token_hash, record.name)
             tx.execute()
@@ -309,7 +332,7 @@ class RedisStore:
         if not fields:
             return None
         return ClientRecord(name, _text(fields[b"token_hash"]), int(fields[b"created_us"]),
-                            fields[b"revoked"] == b"1")
+                            fields[b"revoked"] == b"1", fields.get(b"operator") == b"1")
 
     @_failures
     def client_by_token_hash(self, token_hash: str) -> ClientRecord | None:
@@ -543,6 +566,75 @@ class RedisStore:
         found = self._redis.hgetall(self._k("checkpoints"))
         return sorted(((int(k), v if isinstance(v, bytes) else v.encode())
                        for k, v in found.items()), reverse=True)
+
+    # -- the dead-letter log
+
+    @_failures
+    def append_dead_letters(self, records: Sequence[DeadLetterRecord]) -> int:
+        if not records:
+            return self.dead_letter_bounds()[1]
+        args: list[str | int | bytes] = []
+        for r in records:
+            args += [r.reason, r.source, r.detail, r.time_us, r.client, r.where, r.event_id,
+                     r.raw, r.size, r.kind]
+        return int(self._append_dead(keys=[self._k("deadletters:head"),
+                                           self._k("deadletters")], args=args))
+
+    @_failures
+    def read_dead_letters(self, after: int, limit: int = 1000, *, reason: str = "",
+                          source: str = "", client: str = "") -> list[DeadLetterRecord]:
+        check_read(after, limit)
+        wanted = {b"reason": reason, b"source": source, b"client": client}
+        out: list[DeadLetterRecord] = []
+        stream = self._k("deadletters")
+        while len(out) < limit:
+            entries = _entries(self._redis.xrange(stream, f"{after + 1}-0", "+",
+                                                  count=max(limit, 500)))
+            if not entries:
+                break
+            positions = [p for p, _ in entries]
+            again = self._redis.hmget(self._k("deadletters:republished"), positions)
+            for (position, fields), republished in zip(entries, again, strict=True):
+                if all(not v or _text(fields[k]) == v for k, v in wanted.items()):
+                    out.append(DeadLetterRecord(
+                        _text(fields[b"reason"]), _text(fields[b"source"]),
+                        _text(fields[b"detail"]), int(fields[b"time"]),
+                        _text(fields[b"client"]), _text(fields[b"where"]),
+                        _text(fields[b"id"]), bytes(fields[b"raw"]), int(fields[b"size"]),
+                        _text(fields[b"kind"]), position, int(republished or 0)))
+                    if len(out) == limit:
+                        break
+            after = entries[-1][0]
+        return out
+
+    @_failures
+    def dead_letter_bounds(self) -> tuple[int, int]:
+        with self._redis.pipeline() as tx:
+            tx.get(self._k("deadletters:head"))
+            tx.xrange(self._k("deadletters"), "-", "+", count=1)
+            head, oldest = tx.execute()
+        return (_entries(oldest)[0][0] if oldest else 0), int(head or 0)
+
+    @_failures
+    def mark_republished(self, position: int, time_us: int) -> bool:
+        if not self._redis.xrange(self._k("deadletters"), f"{position}-0", f"{position}-0"):
+            return False
+        self._redis.hset(self._k("deadletters:republished"), str(position), time_us)
+        return True
+
+    @_failures
+    def trim_dead_letters(self, keep: int) -> int:
+        if keep < 0:
+            raise ValueError(f"a retention is 0 or more entries, got {keep}")
+        head = int(self._redis.get(self._k("deadletters:head")) or 0)
+        dropped = int(self._redis.xtrim(self._k("deadletters"), minid=f"{head - keep + 1}-0",
+                                        approximate=False)) if head > keep else 0
+        if dropped:
+            again = self._k("deadletters:republished")
+            gone = [f for f in self._redis.hkeys(again) if int(f) <= head - keep]
+            if gone:
+                self._redis.hdel(again, *gone)
+        return dropped
 
     # -- meta
 

@@ -26,6 +26,7 @@ from mediator.store.base import (
     SCHEMA_VERSION,
     ClientRecord,
     ComposerLine,
+    DeadLetterRecord,
     LoggedEvent,
     LoggedMessage,
     LoggedNotification,
@@ -44,7 +45,7 @@ CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS clients (
     name TEXT PRIMARY KEY, token_hash TEXT NOT NULL, created_us INTEGER NOT NULL,
-    revoked INTEGER NOT NULL DEFAULT 0);
+    revoked INTEGER NOT NULL DEFAULT 0, operator INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS clients_by_token ON clients (token_hash);
 CREATE TABLE IF NOT EXISTS subscriptions (
     owner TEXT NOT NULL, name TEXT NOT NULL, text TEXT NOT NULL, created_us INTEGER NOT NULL,
@@ -72,6 +73,13 @@ CREATE TABLE IF NOT EXISTS composer_log (
     source TEXT NOT NULL, id TEXT NOT NULL, type TEXT NOT NULL, via TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS composer_by_id ON composer_log (id, source);
 INSERT OR IGNORE INTO counters VALUES ('composer_log', 0);
+CREATE TABLE IF NOT EXISTS dead_letters (
+    position INTEGER PRIMARY KEY, time_us INTEGER NOT NULL, reason TEXT NOT NULL,
+    source TEXT NOT NULL, client TEXT NOT NULL, place TEXT NOT NULL, event_id TEXT NOT NULL,
+    detail TEXT NOT NULL, raw BLOB NOT NULL, size INTEGER NOT NULL, kind TEXT NOT NULL,
+    republished_us INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS dead_letters_by_client ON dead_letters (client, position);
+INSERT OR IGNORE INTO counters VALUES ('dead_letters', 0);
 """
 
 # Each owner's count of subscriptions (the limit per client), kept by triggers, so any writer
@@ -90,6 +98,14 @@ _SUBSCRIPTION = "owner, name, text, created_us, start_position, start_time, plan
 
 
 _COMPOSER = "line, time, source, id, type, via, position"
+_DEAD = ("reason, source, detail, time_us, client, place, event_id, raw, size, kind, position, "
+         "republished_us")
+
+
+def _dead_letter(row: tuple) -> DeadLetterRecord:
+    reason, source, detail, time_us, client, place, ident, raw, size, kind, at, again = row
+    return DeadLetterRecord(reason, source, detail, int(time_us), client, place, ident,
+                            bytes(raw), int(size), kind, int(at), int(again))
 
 
 def _composer_line(row: tuple[str, int, str, str, str, str, int]) -> ComposerLine:
@@ -98,8 +114,11 @@ def _composer_line(row: tuple[str, int, str, str, str, str, int]) -> ComposerLin
                         tuple((str(s), str(h)) for s, h in json.loads(via)), int(position))
 
 
-def _client(row: tuple[str, str, int, int]) -> ClientRecord:
-    return ClientRecord(row[0], row[1], row[2], bool(row[3]))
+_CLIENT = "name, token_hash, created_us, revoked, operator"
+
+
+def _client(row: tuple[str, str, int, int, int]) -> ClientRecord:
+    return ClientRecord(row[0], row[1], row[2], bool(row[3]), bool(row[4]))
 
 
 class SqliteStore:
@@ -130,6 +149,9 @@ class SqliteStore:
                 if "links" not in columns:  # a file written before link logs existed
                     db.execute("ALTER TABLE subscriptions ADD COLUMN links TEXT NOT NULL "
                                "DEFAULT ''")
+                if "operator" not in {row[1] for row in db.execute("PRAGMA table_info(clients)")}:
+                    db.execute("ALTER TABLE clients ADD COLUMN operator INTEGER NOT NULL "
+                               "DEFAULT 0")  # a file written before operators existed
                 row = db.execute("SELECT version FROM schema_version").fetchone()
                 if row is None:
                     db.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
@@ -171,19 +193,20 @@ class SqliteStore:
 
     def put_client(self, record: ClientRecord) -> None:
         with self._write() as db:
-            db.execute("INSERT OR REPLACE INTO clients VALUES (?, ?, ?, ?)",
-                       (record.name, record.token_hash, record.created_us, int(record.revoked)))
+            db.execute(f"INSERT OR REPLACE INTO clients ({_CLIENT}) VALUES (?, ?, ?, ?, ?)",
+                       (record.name, record.token_hash, record.created_us, int(record.revoked),
+                        int(record.operator)))
 
     def client(self, name: str) -> ClientRecord | None:
-        rows = self._read("SELECT * FROM clients WHERE name = ?", (name,))
+        rows = self._read(f"SELECT {_CLIENT} FROM clients WHERE name = ?", (name,))
         return _client(rows[0]) if rows else None
 
     def client_by_token_hash(self, token_hash: str) -> ClientRecord | None:
-        rows = self._read("SELECT * FROM clients WHERE token_hash = ?", (token_hash,))
+        rows = self._read(f"SELECT {_CLIENT} FROM clients WHERE token_hash = ?", (token_hash,))
         return _client(rows[0]) if rows else None
 
     def clients(self) -> list[ClientRecord]:
-        return [_client(row) for row in self._read("SELECT * FROM clients ORDER BY name")]
+        return [_client(row) for row in self._read(f"SELECT {_CLIENT} FROM clients ORDER BY name")]
 
     # -- subscriptions
 
@@ -401,6 +424,49 @@ class SqliteStore:
     def checkpoints(self) -> list[tuple[int, bytes]]:
         return [(int(n), bytes(d)) for n, d in self._read(
             "SELECT number, data FROM checkpoints ORDER BY number DESC")]
+
+    # -- the dead-letter log
+
+    def append_dead_letters(self, records: Sequence[DeadLetterRecord]) -> int:
+        with self._write() as db:
+            (head,) = db.execute("UPDATE counters SET head = head + ? WHERE log = "
+                                 "'dead_letters' RETURNING head", (len(records),)).fetchone()
+            first = head - len(records) + 1
+            db.executemany(
+                f"INSERT INTO dead_letters ({_DEAD}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(r.reason, r.source, r.detail, r.time_us, r.client, r.where, r.event_id, r.raw,
+                  r.size, r.kind, first + i, r.republished_us) for i, r in enumerate(records)])
+        return int(head)
+
+    def read_dead_letters(self, after: int, limit: int = 1000, *, reason: str = "",
+                          source: str = "", client: str = "") -> list[DeadLetterRecord]:
+        check_read(after, limit)
+        where, args = ["position > ?"], [after]
+        for column, value in (("reason", reason), ("source", source), ("client", client)):
+            if value:
+                where.append(f"{column} = ?")
+                args.append(value)  # type: ignore[arg-type]
+        return [_dead_letter(row) for row in self._read(
+            f"SELECT {_DEAD} FROM dead_letters WHERE {' AND '.join(where)} ORDER BY position "
+            "LIMIT ?", (*args, limit))]
+
+    def dead_letter_bounds(self) -> tuple[int, int]:
+        row = self._read("SELECT (SELECT MIN(position) FROM dead_letters), head FROM counters "
+                         "WHERE log = 'dead_letters'")[0]
+        return int(row[0] or 0), int(row[1])
+
+    def mark_republished(self, position: int, time_us: int) -> bool:
+        with self._write() as db:
+            return db.execute("UPDATE dead_letters SET republished_us = ? WHERE position = ?",
+                              (time_us, position)).rowcount > 0
+
+    def trim_dead_letters(self, keep: int) -> int:
+        if keep < 0:
+            raise ValueError(f"a retention is 0 or more entries, got {keep}")
+        with self._write() as db:
+            (head,) = db.execute("SELECT head FROM counters WHERE log = 'dead_letters'").fetchone()
+            return db.execute("DELETE FROM dead_letters WHERE position <= ?",
+                              (int(head) - keep,)).rowcount
 
     # -- meta
 

@@ -1,0 +1,536 @@
+"""Admission: which events enter the trace, and in which order — one set of rules for every
+path that takes events in (``evamed replay``, ``Publish``, the brokers' sources, the own feed's
+reader). Pure: no I/O and no clock of its own (a caller that has one passes it).
+
+The rules (docs/semantics.md §1 and §17 pin each with its test):
+
+* **size** — a line (or a broker's payload) longer than ``max_bytes`` is ``too_large``;
+* **duplicate** — an event whose ``(source, id)`` was admitted already (:class:`Ids`: two
+  generations, rotated when the watermark passes the window, or when one is full);
+* **late** — behind the watermark: older than the newest admitted time minus the lateness of
+  its lane (a configured ingestion source; one lane in replay), at or before an explicit
+  advance, or before an event already given out in time order;
+* **future** — more than the horizon ahead of the reference: the newest admitted time, or the
+  caller's clock when it has one (whichever is later). With a clock nothing later can be
+  confirmed, so it is refused at once; without one (replay), it is held and the next event
+  decides (:class:`Stream`);
+* **admitted** events are handed on in time order (arrival order within an instant) once the
+  watermark passes them: :class:`Reorder`, a bounded buffer.
+
+Every refusal is a :class:`Refused` with one of :class:`Reason`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Generic, TypeVar
+
+from eva.events import DeadLetter, Event, brief_repr, format_time
+from eva.units import format_span
+
+
+class Reason(StrEnum):
+    """Why an input was refused: every dead letter of the project carries one of these."""
+
+    MALFORMED = "malformed"
+    """Not a CloudEvent (what was wrong, with the decoder's position)."""
+    TOO_LARGE = "too_large"
+    """Longer than the size limit (the limit is named)."""
+    DUPLICATE = "duplicate"
+    """Its source and id were admitted already."""
+    LATE = "late"
+    """Behind the watermark (or, from a service, behind an instant decided already)."""
+    FUTURE = "future"
+    """More than the horizon ahead of the newest event time (or the clock)."""
+    MISROUTED = "misrouted"
+    """Produced at an autonomous service's coverage: publish it there."""
+    STATE_CAP = "state_cap"
+    """The engine's state cap evicted stored occurrences (answers that needed them are lost)."""
+    PAYLOAD = "payload"
+    """A broker's payload the mapping cannot take (not JSON where JSON is required, …)."""
+    TIME = "time"
+    """A broker message's time field is missing or unreadable."""
+    ID = "id"
+    """A broker message's id field is missing or unreadable."""
+    TOPIC = "topic"
+    """A broker's topic (or stream) no rule can map, or one that is not UTF-8."""
+    ATTRIBUTE = "attribute"
+    """A mapped attribute rendered empty."""
+    DELETED = "deleted"
+    """A Redis stream entry deleted before it was taken in."""
+
+
+NEVER = 2**62
+REMEMBERED = 100_000
+"""Ids per generation of the duplicate memory (two generations)."""
+CAPACITY = 50_000
+"""Events the reorder buffer holds at most; beyond, the oldest is given out early (and an event
+older than it is then late)."""
+DEFAULT_LATENESS = 2_000_000
+"""The mediator's allowed lateness when the configuration names none: 2 s."""
+DEFAULT_HORIZON = 86_400_000_000
+"""How far ahead of the newest event time (or the clock) an event may lie: 1 day."""
+DEFAULT_MAX_BYTES = 1 << 20
+"""The longest event (a CloudEvents line, or a broker's payload) the mediator takes: 1 MiB."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A refusal: the reason and what the sender needs to fix it."""
+
+    reason: Reason
+    detail: str
+
+    def letter(self, event: Event | None = None, raw: str | None = None) -> DeadLetter:
+        return DeadLetter(str(self.reason), self.detail, event, raw)
+
+
+HOLD = Refused(Reason.FUTURE, "held")
+""":meth:`Admission.judge`'s answer for an event beyond the horizon with no clock to refute it:
+held until the next event decides (:class:`Stream`)."""
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The admission settings. ``lateness``: µs an event may be behind the newest (the default
+    lane's); ``lanes``: per lane (a configured source) where it differs; ``horizon``: µs ahead
+    (None: no limit); ``remember``: µs of event time an id is remembered at least (None: as
+    long as the count allows); ``capacity``: the reorder buffer's size; ``max_bytes``: the
+    longest event (None: no limit), ``sizes`` per lane where it differs."""
+
+    lateness: int = 0
+    lanes: Mapping[str, int] = field(default_factory=dict)
+    horizon: int | None = None
+    remember: int | None = 0
+    capacity: int = CAPACITY
+    max_bytes: int | None = None
+    sizes: Mapping[str, int] = field(default_factory=dict)
+    remembered: int = REMEMBERED
+
+    def lateness_of(self, lane: str) -> int:
+        return self.lanes.get(lane, self.lateness)
+
+    def max_bytes_of(self, lane: str) -> int | None:
+        return self.sizes.get(lane, self.max_bytes)
+
+    @property
+    def longest(self) -> int:
+        """The longest lateness of any lane: how long the reorder buffer holds an event."""
+        return max([self.lateness, *self.lanes.values()])
+
+    @property
+    def window(self) -> int | None:
+        """How long (event time) an id is remembered at least."""
+        return None if self.remember is None else max(self.longest, self.remember)
+
+
+def too_large(size: int, limit: int | None, what: str = "the event") -> Refused | None:
+    """The size rule: ``what`` of ``size`` bytes against the limit."""
+    if limit is None or size <= limit:
+        return None
+    return Refused(Reason.TOO_LARGE, f"{what} is {size:,} bytes, the limit is {limit:,} "
+                   "(max_event_bytes)")
+
+
+class Ids:
+    """The (source, id) pairs of admitted events, in two generations: the older is dropped when
+    the watermark passes the newest event time at which it stopped being the newer, plus the
+    window (so an id is kept at least the window and at most about twice), or when the newer
+    holds ``size`` ids. Two set look-ups per event."""
+
+    __slots__ = ("_new", "_old", "_rotate_at", "size", "window")
+
+    def __init__(self, window: int | None, size: int = REMEMBERED) -> None:
+        self.window = window
+        self.size = size
+        self._new: set[tuple[str, str]] = set()
+        self._old: set[tuple[str, str]] = set()
+        self._rotate_at = NEVER if window is None else -NEVER
+
+    def __contains__(self, pair: tuple[str, str]) -> bool:
+        return pair in self._new or pair in self._old
+
+    def __len__(self) -> int:
+        return len(self._new) + len(self._old)
+
+    def rotate(self, done: int | None, newest: int | None, t: int) -> None:
+        """Before an admission at ``t``: drop the older generation if the watermark ``done``
+        passed its bound or the newer one is full."""
+        if (done is not None and done > self._rotate_at) or len(self._new) >= self.size:
+            self._old, self._new = self._new, set()
+            window = self.window
+            self._rotate_at = NEVER if window is None else (
+                t if newest is None else newest) + window
+
+    def add(self, pair: tuple[str, str]) -> None:
+        self._new.add(pair)
+
+
+T = TypeVar("T")
+
+
+class Reorder(Generic[T]):
+    """Admitted items given out in time order (arrival order within an instant) once the
+    watermark passes them: the newest time taken minus ``lateness``, or an advance, whichever
+    is later. At most ``capacity`` are held; beyond, the oldest is given out early."""
+
+    def __init__(self, lateness: int = 0, capacity: int = CAPACITY) -> None:
+        if lateness < 0 or capacity < 1:
+            raise ValueError(f"lateness {lateness} and capacity {capacity}: expected ≥ 0 and ≥ 1")
+        self.lateness = lateness
+        self.capacity = capacity
+        self.newest: int | None = None
+        """The newest time taken."""
+        self.released: int | None = None
+        """The newest time given out."""
+        self.advanced: int | None = None
+        """Nothing at or before it comes any more (an advance)."""
+        self.forced = 0
+        """Items given out early because the buffer was full."""
+        self._heap: list[tuple[int, int, T]] = []
+        self._arrivals = 0
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def behind(self, t: int) -> str:
+        """Why an item at ``t`` can no longer be taken in order ("": it can)."""
+        if self.advanced is not None and t <= self.advanced:
+            return f"at or before the advance to {format_time(self.advanced)}"
+        if self.released is not None and t < self.released:
+            return (f"before {format_time(self.released)}, the newest event given out in time "
+                    "order" + (f" (the reorder buffer was full: {self.capacity:,} events)"
+                               if self.forced else ""))
+        return ""
+
+    def put(self, t: int, item: T) -> list[T]:
+        """Take an item (the caller checked :meth:`behind`); what is now due, in order."""
+        if self.newest is None or t > self.newest:
+            self.newest = t
+        if not self._heap and t <= self._bound():
+            self._arrivals += 1
+            if self.released is None or t > self.released:
+                self.released = t
+            return [item]
+        heapq.heappush(self._heap, (t, self._arrivals, item))
+        self._arrivals += 1
+        return self._due()
+
+    def advance(self, t: int) -> list[T]:
+        """Nothing at or before ``t`` comes any more: what is due, in order."""
+        if self.advanced is None or t > self.advanced:
+            self.advanced = t
+        return self._due()
+
+    def drain(self) -> list[T]:
+        """Everything held, in order (the end of the input)."""
+        out = self._pop(NEVER)
+        return out
+
+    def _bound(self) -> int:
+        bound = -NEVER if self.newest is None else self.newest - self.lateness
+        return bound if self.advanced is None or self.advanced < bound else self.advanced
+
+    def _due(self) -> list[T]:
+        out = self._pop(self._bound())
+        while len(self._heap) > self.capacity:
+            t, _, item = heapq.heappop(self._heap)
+            self.forced += 1
+            self.released = t if self.released is None or t > self.released else self.released
+            out.append(item)
+        return out
+
+    def _pop(self, bound: int) -> list[T]:
+        heap = self._heap
+        out: list[T] = []
+        while heap and heap[0][0] <= bound:
+            t, _, item = heapq.heappop(heap)
+            if self.released is None or t > self.released:
+                self.released = t
+            out.append(item)
+        return out
+
+    @property
+    def watermark(self) -> int | None:
+        """Every instant at or before it is complete: given out whole (None: nothing yet)."""
+        newest = self.newest
+        mark = None if newest is None else newest - self.lateness - 1
+        advanced = self.advanced
+        if advanced is not None and (mark is None or advanced > mark):
+            mark = advanced
+        released = self.released
+        if released is not None and (mark is None or released - 1 > mark):
+            mark = released - 1
+        return mark
+
+    def held(self) -> Iterator[T]:
+        """The items held, in no particular order."""
+        return (item for _, _, item in self._heap)
+
+    def oldest(self) -> tuple[int, T] | None:
+        """(time, item) of the first item due (None: none held)."""
+        return (self._heap[0][0], self._heap[0][2]) if self._heap else None
+
+
+class Admission:
+    """The decision for one event at a time (dup, late, future) and the state it needs: the
+    ids admitted, the newest admitted time per the rules, an advance. ``clock``: now, in µs
+    (the mediator's wall clock; None in replay: an event beyond the horizon is then held)."""
+
+    def __init__(self, rules: Rules, clock: Callable[[], int] | None = None) -> None:
+        self.rules = rules
+        self.clock = clock
+        self.ids = Ids(rules.window, rules.remembered)
+        self.newest: int | None = None
+        """The newest admitted event time."""
+        self.advanced: int | None = None
+        """The newest advance: nothing at or before it is taken any more."""
+        self.released: int | None = None
+        """The newest time a reorder buffer gave out, when one follows (:class:`Stream`)."""
+
+    def reference(self) -> int | None:
+        """What the horizon is measured from: the newest time, or the clock if later."""
+        now = self.clock() if self.clock is not None else None
+        if now is None:
+            return self.newest
+        return now if self.newest is None or now > self.newest else self.newest
+
+    def judge(self, event: Event, lane: str = "", done: int | None = None,
+              newest: int | None = None, seen: set[tuple[str, str]] | None = None
+              ) -> Refused | None:
+        """Why ``event`` is refused (:data:`HOLD`: held until the next event decides), or None.
+        ``done``: the watermark (for the duplicate memory's rotation); ``newest`` and ``seen``:
+        a :class:`Trial`'s view of what it took so far."""
+        t = event.time
+        if newest is None:
+            newest = self.newest
+        self.ids.rotate(done, self.newest, t)
+        pair = (event.source, event.id)
+        if pair in self.ids or (seen is not None and pair in seen):
+            return Refused(Reason.DUPLICATE, f"an event with source {brief_repr(event.source)} "
+                           f"and id {brief_repr(event.id)} was already admitted (CloudEvents: "
+                           "source and id identify an event)")
+        why = self.behind(t, lane, newest)
+        if why:
+            return Refused(Reason.LATE, f"event time {format_time(t)} is behind the watermark: "
+                           f"{why}")
+        horizon = self.rules.horizon
+        if horizon is not None:
+            now = self.clock() if self.clock is not None else None
+            ref = newest if now is None else now if newest is None or now > newest else newest
+            if ref is not None and t > ref + horizon:
+                if now is None:
+                    return HOLD
+                return Refused(Reason.FUTURE, f"event time {format_time(t)} is more than "
+                               f"{format_span(horizon)} ahead of the mediator's clock "
+                               f"({format_time(ref)}): taken, it would make every later event "
+                               "late (raise `future` if such times are real)")
+        return None
+
+    def behind(self, t: int, lane: str = "", newest: int | None = None) -> str:
+        """Why a time is behind the watermark ("": it is not)."""
+        if self.advanced is not None and t <= self.advanced:
+            return f"at or before the advance to {format_time(self.advanced)}"
+        if newest is None:
+            newest = self.newest
+        late = self.rules.lateness_of(lane)
+        if newest is not None and t < newest - late:
+            return (f"the newest event time {format_time(newest)}"
+                    + (f" minus the allowed lateness {format_span(late)}" if late else
+                       " (no lateness allowed: events are taken in time order, those of one "
+                       "instant in any order)"))
+        if self.released is not None and t < self.released:
+            return f"before {format_time(self.released)}, an event already given out in order"
+        return ""
+
+    def take(self, event: Event) -> None:
+        """Record an admitted event."""
+        self.ids.add((event.source, event.id))
+        if self.newest is None or event.time > self.newest:
+            self.newest = event.time
+
+    def check_advance(self, t: int) -> str:
+        """Why an advance to ``t`` is refused ("": it is taken): beyond the horizon."""
+        horizon = self.rules.horizon
+        ref = self.reference()
+        if horizon is not None and self.clock is not None and ref is not None and (
+                t > ref + horizon):
+            return (f"advance_to_us {format_time(t)} is more than {format_span(horizon)} ahead "
+                    f"of the mediator's clock (config `future`): no later event could be taken")
+        return ""
+
+    def advance(self, t: int) -> None:
+        if self.advanced is None or t > self.advanced:
+            self.advanced = t
+
+
+class Trial:
+    """One batch judged against an :class:`Admission` without changing it until
+    :meth:`commit` (the door: a message is decided, appended durably, then committed — a batch
+    that could not be appended leaves no trace)."""
+
+    def __init__(self, admission: Admission) -> None:
+        self.admission = admission
+        self.seen: set[tuple[str, str]] = set()
+        self.taken: list[Event] = []
+        self.newest = admission.newest
+
+    def judge(self, event: Event, lane: str = "") -> Refused | None:
+        refused = self.admission.judge(event, lane, None, self.newest, self.seen)
+        if refused is None:
+            self.seen.add((event.source, event.id))
+            self.taken.append(event)
+            if self.newest is None or event.time > self.newest:
+                self.newest = event.time
+        return refused
+
+    def commit(self) -> None:
+        for event in self.taken:
+            self.admission.take(event)
+        self.taken = []
+
+
+class Stream:
+    """The whole admission of a trace (``evamed replay``): each event judged, an event beyond
+    the horizon held until the next event decides, the admitted given out in time order as
+    the watermark passes them. Dead letters go to ``dead_letter``."""
+
+    def __init__(self, rules: Rules, dead_letter: Callable[[DeadLetter], None]) -> None:
+        self.rules = rules
+        self.admission = Admission(rules)
+        self.reorder: Reorder[Event] = Reorder(rules.longest, rules.capacity)
+        self.dead_letter = dead_letter
+        self._lateness = rules.lateness  # the fast path's settings, read once
+        self._horizon = NEVER if rules.horizon is None else rules.horizon
+        self.origin: int | None = None
+        """Just before the earliest time an admitted event can have: the first admitted time
+        minus the longest lateness, less one (None before the first)."""
+        self._held: Event | None = None
+
+    @property
+    def watermark(self) -> int | None:
+        return self.reorder.watermark
+
+    def push(self, event: Event) -> list[Event]:
+        """One event; what is now due, in time order."""
+        if self._held is not None:
+            return self._after_held(event)
+        # The common case first, inline (a replay takes millions): no advance, a copy or a
+        # late or far-ahead event is left to the general path below.
+        admission = self.admission
+        newest = admission.newest
+        t = event.time
+        if (newest is not None and newest - self._lateness <= t <= newest + self._horizon
+                and admission.advanced is None):
+            ids = admission.ids
+            done = newest - self._lateness - 1  # the watermark, as nothing was forced out
+            if (done > ids._rotate_at or len(ids._new) >= ids.size) and not self.reorder.forced:
+                ids.rotate(done, newest, t)
+            fresh = ids._new
+            pair = (event.source, event.id)
+            if (pair not in fresh and pair not in ids._old and len(fresh) < ids.size
+                    and done <= ids._rotate_at):
+                reorder = self.reorder
+                released = reorder.released
+                if released is None or t >= released:
+                    fresh.add(pair)
+                    top = t if t > newest else newest
+                    admission.newest = reorder.newest = top
+                    if not reorder._heap and t <= top - reorder.lateness:
+                        reorder._arrivals += 1
+                        if released is None or t > released:
+                            reorder.released = admission.released = t
+                        return [event]
+                    out = reorder.put(t, event)
+                    admission.released = reorder.released
+                    return out
+        refused = admission.judge(event, "", self.reorder.watermark)
+        if refused is HOLD:
+            self._held = event  # a typo'd year or a real gap: only what comes next can tell
+            return []
+        if refused is not None:
+            self.dead_letter(refused.letter(event))
+            return []
+        return self._admit(event)
+
+    def _admit(self, event: Event) -> list[Event]:
+        if self.origin is None:
+            self.origin = event.time - self.rules.longest - 1
+        self.admission.take(event)
+        out = self.reorder.put(event.time, event)
+        self.admission.released = self.reorder.released
+        return out
+
+    def _after_held(self, event: Event) -> list[Event]:
+        """The event after one held beyond the horizon decides it: at most the horizon before
+        it or later, the stream moved there and the held event is admitted (first: it arrived
+        first); else it was a typo, a ``future`` dead letter. Then the event is taken as any
+        other. A copy of the held event decides the same way, except a copy at the held one's
+        very time — a redelivery — which decides nothing."""
+        held = self._held
+        assert held is not None
+        horizon = self.rules.horizon or 0
+        copy = event.source == held.source and event.id == held.id
+        if copy and event.time == held.time:
+            self.dead_letter(DeadLetter(
+                str(Reason.DUPLICATE), f"an event with source {brief_repr(event.source)} and id "
+                f"{brief_repr(event.id)} is held (beyond the horizon) already", event))
+            return []
+        self._held = None
+        if event.time >= held.time - horizon:
+            out = self._admit(held)
+            if copy:
+                self.dead_letter(DeadLetter(
+                    str(Reason.DUPLICATE), f"an event with source {brief_repr(event.source)} and "
+                    f"id {brief_repr(event.id)} was already admitted", event))
+                return out
+        else:
+            self._future(held, f"and the next event ({brief_repr(event.id)} at "
+                         f"{format_time(event.time)}{', a copy of it' if copy else ''}) is not "
+                         f"within {format_span(horizon)} before it or later: a jump nothing "
+                         "confirms (the horizon; raise it if the gap is real)")
+            out = []
+        return out + self.push(event)
+
+    def _future(self, event: Event, why: str) -> None:
+        self.dead_letter(DeadLetter(
+            str(Reason.FUTURE), f"event time {format_time(event.time)} is more than "
+            f"{format_span(self.rules.horizon or 0)} ahead of the newest event time "
+            f"{format_time(self.admission.newest or 0)}, {why}", event))
+
+    def advance(self, t: int) -> list[Event]:
+        """No event at or before ``t`` will come; a clock within the horizon before a held
+        event confirms it."""
+        out = self._release_held(t, False)
+        self.admission.advance(t)
+        out += self.reorder.advance(t)
+        self.admission.released = self.reorder.released
+        return out
+
+    def close(self, until: int | None = None) -> list[Event]:
+        """The end of the input: a held event admitted if ``until`` confirms it (else
+        ``future``), then everything held, in order."""
+        out = self._release_held(until, True)
+        return out + self.reorder.drain()
+
+    def _release_held(self, until: int | None, final: bool) -> list[Event]:
+        held = self._held
+        if held is None:
+            return []
+        if until is not None and until >= held.time - (self.rules.horizon or 0):
+            self._held = None
+            return self._admit(held)
+        if final:
+            self._held = None
+            self._future(held, "and no event came after it to confirm the jump before the end "
+                         "of the input (raise the horizon, or end the trace at or after its "
+                         "time, if the gap is real)")
+        return []
+
+
+__all__ = ["CAPACITY", "DEFAULT_HORIZON", "DEFAULT_LATENESS", "DEFAULT_MAX_BYTES", "HOLD",
+           "REMEMBERED", "Admission", "Ids", "Reason", "Refused", "Reorder", "Rules", "Stream",
+           "Trial", "too_large"]
