@@ -3,12 +3,14 @@
 Events of types A/B/C, one per second, each with a ``data.key`` of 10⁴ keys (benchmarks/engine.py's
 ``keyed_trace``), written as a JSON-lines file; then `python -m mediator replay` timed as a
 subprocess (start-up, parsing, reading, admission, engine, composite output to a file) for each
-profile: median (min–max) of ``--repeat`` runs, wall and CPU time (the CPU time is what a
-loaded machine hardly moves). Then where the time of one row goes, in process, through the
-functions `replay` runs: reading the lines (``events.read_lines``), the engine's pushes over the
-decoded events, writing the composites (``notify.composite_line``). Run it with another
-checkout on PYTHONPATH to compare versions: the command line is the only interface the table
-uses.
+profile, and the *parse floor* — a fresh interpreter that only reads the file and parses each
+line with orjson — in interleaved rounds: median (min–max) of ``--repeat`` rounds, wall and CPU
+time (the CPU time is what a loaded machine hardly moves), and each row's CPU time as a multiple
+of the floor's. Then where the time of one row goes, per event and per composite, in process,
+through the functions `replay` runs: reading the lines (``events.read_lines``), admission and
+engine (``engine.push_admitted``), writing the composites (``notify.composite_lines``), against
+start-up and the whole command. The subprocess rows use only the command line: run it with
+another checkout on PYTHONPATH to compare versions (``--split ''`` then).
 
     .venv/bin/python benchmarks/replay.py [--events 200000] [--repeat 5] [--split "seq 5s all_pairs"]
 """
@@ -24,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -33,6 +36,10 @@ from benchmarks.engine import PER_PROFILE, keyed_trace, spread
 CLASSES = 'class A = type == "A"\nclass B = type == "B"\nclass Z = type == "Z"\n'
 PROFILES = {
     "seq 5s all_pairs": f"profile P0 = {PER_PROFILE}\n",
+    "seq 4s all_pairs (= Flink followedByAny within 5s)":
+        "profile P0 = ((all_dup(A); all_dup(B))_4s)_all_pairs\n",
+    "seq 4s unique_pairs (= Flink followedBy within 5s)":
+        "profile P0 = ((all_dup(A); all_dup(B))_4s)_unique_pairs\n",
     "per data.key (10⁴ keys)": f"profile P0 per data.key = {PER_PROFILE}\n",
     "seq 500s unique_pairs": "profile P0 = ((all_dup(A); all_dup(B))_500s)_unique_pairs\n",
     "no match (type Z)": "profile P0 = ((all_dup(Z); all_dup(B))_5s)_all_pairs\n",
@@ -55,11 +62,24 @@ def decimals(samples: list[float]) -> str:
 
 def run(profiles: Path, events: Path, out: Path) -> tuple[float, float]:
     """(wall, CPU) seconds of one `python -m mediator replay`."""
+    return timed_child([sys.executable, "-m", "mediator", "replay", "--profiles", str(profiles),
+                        "--events", str(events)], out)
+
+
+FLOOR = ("import sys, orjson\n"
+         "with open(sys.argv[1], 'rb') as f:\n"
+         "    for line in f:\n"
+         "        orjson.loads(line)\n")
+"""The parse floor: a fresh interpreter reading the file and parsing each line with orjson —
+what any reader of the same input pays, and nothing else."""
+
+
+def timed_child(command: list[str], out: Path) -> tuple[float, float]:
+    """(wall, CPU) seconds of a child process, its output to ``out``."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     with out.open("wb") as sink:
-        subprocess.run([sys.executable, "-m", "mediator", "replay", "--profiles", str(profiles),
-                        "--events", str(events)], stdout=sink, check=True,
+        subprocess.run(command, stdout=sink, check=True,
                        env={**os.environ, "PYTHONHASHSEED": "0"})
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -67,37 +87,51 @@ def run(profiles: Path, events: Path, out: Path) -> tuple[float, float]:
 
 
 def split(text: str, events: Path, repeat: int) -> None:
-    """Where one row's time goes: reading, the engine, writing (CPU seconds, medians), timed
-    a batch at a time as `replay` streams them (holding every decoded event at once would
-    time the garbage collector walking them)."""
-    from eva.engine import Engine
+    """Where one row's time goes, per event and per composite: the parse floor (orjson alone),
+    reading (``events.read_lines``), admission and engine (``engine.push_admitted``), writing
+    (``notify.composite_lines``) — CPU seconds, medians, timed a batch at a time as `replay`
+    streams them (holding every decoded event at once would time the collector walking
+    them); then a whole `replay` of the same row and of an empty file (start-up), whose
+    difference to the parts is the rest (the command's loop, the output file)."""
+    from eva.admission import Stream
+    from eva.engine import Engine, EngineConfig, push_admitted
     from eva.events import EventError, read_lines
-    from eva.notify import composite_line
+    from eva.notify import composite_lines
     from eva.parser import parse
-    from mediator.cli.runs import BATCH
+    from mediator.cli.runs import BATCH, admission_rules, evaluating
     from mediator.cli.serve import tune_gc
 
     tune_gc()  # as `replay` does
     lines = list(enumerate(events.read_bytes().splitlines(), start=1))
     doc = parse(text)
-    reads, pushes, writes = [], [], []
+    floors, reads, pushes, writes = [], [], [], []
     composites = 0
     clock = time.process_time
+    loads = orjson.loads
     for _ in range(repeat):
-        engine = Engine()
+        t0 = clock()
+        for _number, line in lines:
+            loads(line)
+        floors.append(clock() - t0)
+        config = EngineConfig()
+        engine = Engine(evaluating(config))
         engine.add_document(doc)
+        stream = Stream(admission_rules(config), lambda letter: None)
         read = push = write = 0.0
         composites = 0
-        for i in range(0, len(lines) + 1, BATCH):
+        for i in range(0, len(lines), BATCH):
             t0 = clock()
             decoded = read_lines(lines[i:i + BATCH])
             t1 = clock()
-            notes = [n for e in decoded if not isinstance(e, EventError) for n in engine.push(e)]
-            if i + BATCH > len(lines):
+            notes: list[Any] = []
+            push_admitted(engine, stream, [e for e in decoded if not isinstance(e, EventError)],
+                          notes)
+            if i + BATCH >= len(lines):
+                for one in stream.close(None):
+                    notes += engine.push(one)
                 notes += engine.close()
             t2 = clock()
-            for note in notes:
-                composite_line(note)
+            composite_lines(notes, {})
             t3 = clock()
             read += t1 - t0
             push += t2 - t1
@@ -106,16 +140,38 @@ def split(text: str, events: Path, repeat: int) -> None:
         reads.append(read)
         pushes.append(push)
         writes.append(write)
+    with tempfile.TemporaryDirectory() as tmp:
+        profiles, empty, out = Path(tmp, "p.eva"), Path(tmp, "empty.jsonl"), Path(tmp, "out")
+        profiles.write_text(text)
+        empty.write_bytes(b"")
+        wholes, starts = [], []
+        for _ in range(repeat):
+            wholes.append(run(profiles, events, out)[1])
+            starts.append(run(profiles, empty, out)[1])
     n = len(lines)
-    print(f"\nwhere the time goes (in process, a batch of {BATCH:,} at a time, CPU, median of "
-          f"{repeat}; {n:,} events, {composites:,} composites):\n")
-    print("| part | seconds | per item |\n|---|---:|---:|")
-    for label, times, items, unit in (("reading (read_lines)", reads, n, "line"),
-                                      ("engine (push)", pushes, n, "event"),
-                                      ("writing (composite_line)", writes, composites,
-                                       "composite")):
+    whole, start = statistics.median(wholes), statistics.median(starts)
+    parts = [statistics.median(t) for t in (reads, pushes, writes)]
+    floor = statistics.median(floors)
+    print(f"\nwhere the time goes (a batch of {BATCH:,} at a time, CPU, median (min–max) of "
+          f"{repeat}; {n:,} events, {composites:,} composites, "
+          f"{composites / n:.2f} an event):\n")
+    print("| part | seconds | µs per event | µs per composite |\n|---|---:|---:|---:|")
+
+    def row(label: str, times: list[float], per_composite: bool = False) -> None:
         median = statistics.median(times)
-        print(f"| {label} | {median:.2f} | {median / max(items, 1) * 1e6:.2f} µs per {unit} |")
+        each = f"{median / max(composites, 1) * 1e6:.2f}" if per_composite else ""
+        print(f"| {label} | {decimals(times)} | {median / n * 1e6:.2f} | {each} |")
+
+    row("parse floor (orjson.loads per line, in process)", floors)
+    row("reading (read_lines)", reads)
+    row("admission and engine (push_admitted)", pushes)
+    row("writing (composite_lines)", writes, per_composite=True)
+    row("start-up (`replay` of an empty file)", starts)
+    row("the rest (loop, output file: whole − parts − start-up)",
+        [whole - sum(parts) - start])
+    row("whole `replay` (subprocess)", wholes)
+    print(f"\nwhole ÷ parse floor: {whole / floor:.1f}; without start-up "
+          f"{(whole - start) / floor:.1f}")
 
 
 def main() -> None:
@@ -134,20 +190,34 @@ def main() -> None:
         print(f"`evamed replay`, {args.events:,} events ({events.stat().st_size / 1e6:.1f} MB of "
               f"JSON lines), engine {engine}, median (min–max) of {args.repeat}:\n")
         print("| profile | wall s | events/s (wall) | CPU s | events/s (median CPU) | "
-              "composites |")
-        print("|---|---:|---:|---:|---:|---:|")
+              "× parse floor (CPU) | composites |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        # Interleaved: each round runs the floor and every row once, so a change in the
+        # machine's load falls on all of them alike.
+        files: dict[str, Path] = {}
         for label, profile in PROFILES.items():
-            profiles = Path(tmp, "p.eva")
-            profiles.write_text(CLASSES + profile)
-            out = Path(tmp, "out.jsonl")
-            runs = [run(profiles, events, out) for _ in range(args.repeat)]
-            walls = [w for w, _ in runs]
-            cpus = [c for _, c in runs]
-            composites = sum(1 for _ in out.open("rb"))
+            files[label] = Path(tmp, f"p{len(files)}.eva")
+            files[label].write_text(CLASSES + profile)
+        out = Path(tmp, "out.jsonl")
+        floor: list[tuple[float, float]] = []
+        runs: dict[str, list[tuple[float, float]]] = {label: [] for label in PROFILES}
+        counts: dict[str, int] = {}
+        for _ in range(args.repeat):
+            floor.append(timed_child([sys.executable, "-c", FLOOR, str(events)], out))
+            for label in PROFILES:
+                runs[label].append(run(files[label], events, out))
+                counts[label] = sum(1 for _ in out.open("rb"))
+        floor_cpu = statistics.median([c for _, c in floor])
+        print(f"| parse floor (orjson.loads per line) | {decimals([w for w, _ in floor])} "
+              f"| {spread([args.events / w for w, _ in floor])} "
+              f"| {decimals([c for _, c in floor])} | {args.events / floor_cpu:,.0f} | 1.0 | – |")
+        for label in PROFILES:
+            walls = [w for w, _ in runs[label]]
+            cpus = [c for _, c in runs[label]]
             print(f"| {label} | {decimals(walls)} "
                   f"| {spread([args.events / w for w in walls])} "
                   f"| {decimals(cpus)} | {args.events / statistics.median(cpus):,.0f} "
-                  f"| {composites:,} |")
+                  f"| {statistics.median(cpus) / floor_cpu:.1f} | {counts[label]:,} |")
         if args.split:
             split(CLASSES + PROFILES[args.split], events, args.repeat)
 

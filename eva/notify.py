@@ -20,9 +20,52 @@ def composite_id(n: Notification) -> str:
 
 
 def _id(prefix: str, ident: Any) -> str:
-    """The digest of ``repr((profile, partition, ident))``, its first two items' part given."""
-    digest = hashlib.blake2b((prefix + repr(ident) + ")").encode(), digest_size=12)
-    return digest.hexdigest()
+    """The digest of ``repr((profile, partition, ident))``, its first two items' part given.
+    The one place a composite's id is computed (``_repr`` is ``repr``, to the character)."""
+    return _blake2b((prefix + _repr(ident) + ")").encode(), digest_size=12).hexdigest()
+
+
+_blake2b = hashlib.blake2b
+
+
+def _repr(value: Any) -> str:
+    """``repr(value)``, to the character (tests/test_notify.py), spelt directly for the
+    identity of a binary composite of primitive events, ``(tag, (source, id), (source, id))``,
+    whose text needs no escape — the tag's ``repr`` (the node's expression) kept — and by
+    ``repr`` for anything else. A composite's id is a digest of it, and ``repr`` spells the
+    same long tag again for every composite."""
+    if type(value) is tuple and len(value) == 3:
+        tag = value[0]
+        left = value[1]
+        right = value[2]
+        if (type(tag) is str and type(left) is tuple and type(right) is tuple
+                and len(left) == 2 and len(right) == 2):
+            a = left[0]
+            b = left[1]
+            c = right[0]
+            d = right[1]
+            if type(a) is str and type(b) is str and type(c) is str and type(d) is str:
+                # Printable ASCII without a quote or a backslash: what ``repr`` writes between
+                # single quotes as is; checked once over the four.
+                body: str = a + b + c + d
+                if (body.isascii() and body.isprintable() and "'" not in body
+                        and "\\" not in body):
+                    return ("(" + _text(tag) + ", ('" + a + "', '" + b + "'), ('" + c + "', '"
+                            + d + "'))")
+    return repr(value)
+
+
+_TEXTS: dict[str, str] = {}
+
+
+def _text(text: str) -> str:
+    """``repr`` of a node's tag, kept: a profile has few nodes, each with many composites."""
+    found = _TEXTS.get(text)
+    if found is None:
+        if len(_TEXTS) >= _CACHED:
+            _TEXTS.clear()
+        found = _TEXTS[text] = repr(text)
+    return found
 
 
 def to_cloudevent(n: Notification) -> dict[str, Any]:
@@ -93,6 +136,43 @@ def composite_line(n: Notification) -> tuple[str, str]:
     ident = _id(prefix, occ.ident)
     return ident, ('{"specversion": "1.0", "id": "' + ident + head + format_time(occ.time)
                    + middle + _ids_json(occ.events) + tail)
+
+
+_START = '{"specversion": "1.0", "id": "'
+
+
+def composite_lines(notes: list[Notification], counts: dict[str, int]) -> str:
+    """The lines of :func:`composite_line` for ``notes``, each ended by a newline, as one
+    text, and each counted in ``counts`` by profile: the pieces of every line go into one
+    list joined once (no tuple, no line object per composite), and consecutive composites
+    of one profile and partition — every one, in a replay of unpartitioned profiles — share
+    one look-up of their fragments."""
+    parts: list[str] = []
+    append = parts.append
+    profile: str | None = None
+    partition: Any = None
+    prefix = head = middle = tail = ""
+    last = -1  # composites of one step share their time: its text is made once
+    stamp = ""
+    for n in notes:
+        counts[n.profile] = counts.get(n.profile, 0) + 1
+        if n.profile is not profile or n.partition is not partition:
+            profile = n.profile
+            partition = n.partition
+            prefix, head, middle, tail = _fragments(profile, partition)
+        occ = n.occ
+        if occ.time != last or not stamp:
+            last = occ.time
+            stamp = format_time(last)
+        append(_START)
+        append(_id(prefix, occ.ident))
+        append(head)
+        append(stamp)
+        append(middle)
+        append(_ids_json(occ.events))
+        append(tail)
+        append("\n")
+    return "".join(parts)
 
 
 def dead_letter_record(letter: DeadLetter) -> dict[str, Any]:

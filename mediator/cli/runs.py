@@ -18,9 +18,9 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any, TextIO
 
 from eva.admission import Rules, Stream
-from eva.engine import DeadLetter, Engine, EngineConfig
+from eva.engine import DeadLetter, Engine, EngineConfig, push_admitted
 from eva.events import Event, EventError, format_time, from_json_line, read_lines
-from eva.notify import composite_line, dead_letter_record, to_cloudevent
+from eva.notify import composite_lines, dead_letter_record, to_cloudevent
 from eva.semantics import Notification
 
 if TYPE_CHECKING:
@@ -112,17 +112,20 @@ class Composites:
                 self.flush()
 
     def flush(self) -> None:
-        counts = self.counts
-        lines = []
-        plain = self.shape == "json" and self.events is None
-        for n in self.pending:
-            counts[n.profile] += 1
-            lines.append(composite_line(n)[1] if plain else self.formatted(to_cloudevent(n)))
+        pending = self.pending
         if self.notes is not None:
-            self.notes += self.pending
-        if lines:
+            self.notes += pending
+        if pending:
             self.head()
-            self.out.write("\n".join(lines) + "\n")
+            if self.shape == "json" and self.events is None:
+                # The batch written by compiled code, counted there too (eva/notify.py).
+                self.out.write(composite_lines(pending, self.counts))
+            else:
+                counts = self.counts
+                for n in pending:
+                    counts[n.profile] += 1
+                self.out.write("\n".join([self.formatted(to_cloudevent(n)) for n in pending])
+                               + "\n")
         self.pending = []
 
     def head(self) -> None:
@@ -163,44 +166,40 @@ def _admit(engine: Engine, stream: Stream, lines: Lines, end: int | None, emit: 
            keep: dict[str, Event] | None = None) -> None:
     """Every line through the admission ``stream`` (a malformed one is a dead letter), what it
     gives out — in time order — pushed to ``engine``, whose clock starts at the admission's
-    origin and follows its watermark; then both closed."""
-    push = engine.push
-    admit = stream.push
-    started = False
+    origin and follows its watermark; then both closed. A batch of lines at a time: decoded
+    by one call, admitted and evaluated by another (``push_admitted``, compiled)."""
     watermark: int | None = None
-
-    def follow() -> None:
-        """The engine's clock to the admission's watermark: what it holds (several sources,
-        clock-driven profiles) is decided there. Once per batch of lines: the answers are
-        the same whenever it is done, it only must not lag by more than a batch."""
-        nonlocal watermark
-        moved = stream.watermark
-        if moved is not None and (watermark is None or moved > watermark) and started:
-            watermark = moved
-            emit(engine.advance(moved))
-
-    def malformed(detail: str, line: str) -> None:
-        engine.malformed(detail, line)
-
-    def evaluate(due: list[Event]) -> None:
-        nonlocal started
-        if not started and stream.origin is not None:
-            engine.begin(stream.origin)  # the first admitted event set it
-            started = True
-        for one in due:
-            emit(push(one))
-
+    source = iter(lines)
     try:
-        for count, event in enumerate(_read(malformed, lines, keep), start=1):
-            due = admit(event)
-            if due:
-                if started and len(due) == 1:
-                    emit(push(due[0]))
+        while batch := list(islice(source, BATCH)):
+            found: list[Notification] = []
+            events: list[Event] = []
+            for (number, line), event in zip(batch, read_lines(batch), strict=True):
+                if isinstance(event, EventError):
+                    # The events before it first: dead letters keep the order of the trace.
+                    push_admitted(engine, stream, events, found)
+                    events = []
+                    engine.malformed(f"line {number}: {event}", raw(line))
                 else:
-                    evaluate(due)
-            if not count % BATCH:
-                follow()
-        evaluate(stream.close(end))
+                    if keep is not None:
+                        keep[event.id] = event
+                    events.append(event)
+            push_admitted(engine, stream, events, found)
+            emit(found)
+            # The engine's clock to the admission's watermark: what it holds (several
+            # sources, clock-driven profiles) is decided there. Once per batch of lines: the
+            # answers are the same whenever it is done, it only must not lag by more than a
+            # batch.
+            moved = stream.watermark
+            if (moved is not None and (watermark is None or moved > watermark)
+                    and engine.origin is not None):
+                watermark = moved
+                emit(engine.advance(moved))
+        due = stream.close(end)
+        if due and engine.origin is None and stream.origin is not None:
+            engine.begin(stream.origin)
+        for one in due:
+            emit(engine.push(one))
         emit(engine.close(end))
     finally:
         emit.flush()  # what was found before an interruption is written too
