@@ -25,14 +25,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
 from eva.admission import Admission, Reason, Refused, Trial, too_large
-from eva.events import Event, EventError, brief_repr, from_json_line
+from eva.events import Event, EventError, brief_repr, from_json_line, read_texts
 from mediator.config import PUBLISH_LANE, Config
 from mediator.dead_letters import DeadLetterLog, Letter
 from mediator.metrics import Metrics
@@ -73,9 +73,9 @@ class Tally:
     """(index in the call, event id, refusal), in order."""
 
 
-@dataclass(frozen=True)
-class Judged:
-    """One line's fate: the event, or why it was refused."""
+class Judged(NamedTuple):
+    """One line's fate: the event, or why it was refused. (A tuple: one is made per event,
+    and a frozen dataclass's constructor cost more than judging it.)"""
 
     line: str
     event: Event | None
@@ -96,6 +96,10 @@ class Door:
         self.autonomous = list(autonomous)
         self.order = asyncio.Lock()
         """Held while a batch is decided and appended (and by ``advance``)."""
+        self.appended: Callable[[int, list[str], list[Event]], None] | None = None
+        """Told after each durable append: the log's head, the lines appended and their
+        events (the pipeline's own feed takes the events instead of decoding the lines
+        again; it still reads the lines from the log)."""
 
     @property
     def newest(self) -> int | None:
@@ -133,12 +137,17 @@ class Door:
         found are kept all the same)."""
         trial = Trial(self.admission)
         accepted: list[str] = []
+        events: list[Event] = []
         letters: list[Letter] = []
         start = tally.index
-        for line in lines:
-            judged = self._judge(line, trial, lane)
+        lines = list(lines)
+        limit = self.rules.max_bytes_of(lane)
+        for line, decoded in zip(lines, _decode(lines, limit), strict=True):
+            judged = self._judge(line, trial, lane, decoded)
             if judged.refused is None:
                 accepted.append(judged.line)
+                assert judged.event is not None
+                events.append(judged.event)
             else:
                 ident = judged.event.id if judged.event is not None else _loose_id(line)
                 tally.dead += 1
@@ -150,7 +159,7 @@ class Door:
         try:
             if accepted:
                 try:
-                    await asyncio.to_thread(append, accepted)
+                    head = await asyncio.to_thread(append, accepted)
                 except Exception as exc:
                     log.exception("appending %d events failed", len(accepted))
                     raise LogWriteError(len(accepted), f"the event log could not be written "
@@ -158,6 +167,8 @@ class Door:
                 trial.commit()
                 self.metrics.events_in.labels(lane).inc(len(accepted))
                 tally.accepted += len(accepted)
+                if self.appended is not None and isinstance(head, int):
+                    self.appended(head, accepted, events)
         finally:
             if letters:
                 await asyncio.to_thread(self.letters.record, letters, tally.index - start)
@@ -169,13 +180,20 @@ class Door:
             return topic
         return f"event {index}"
 
-    def _judge(self, line: str, trial: Trial, lane: str) -> Judged:
-        size = len(line.encode("utf-8", "surrogatepass"))
-        refused = too_large(size, self.rules.max_bytes_of(lane))
+    def _judge(self, line: str, trial: Trial, lane: str,
+               decoded: Event | EventError | None = None) -> Judged:
+        """``decoded``: the line's event or error when :func:`_decode` read it (None: read
+        it here, after the size rule)."""
+        limit = self.rules.max_bytes_of(lane)
+        # A code point is at most 4 bytes: most lines pass without being encoded.
+        refused = (None if limit is None or len(line) * 4 <= limit
+                   else too_large(_size(line), limit))
         if refused is not None:
             return Judged(line, None, refused)
+        if isinstance(decoded, EventError):
+            return Judged(line, None, Refused(Reason.MALFORMED, str(decoded)))
         try:
-            event = from_json_line(line)
+            event = decoded if decoded is not None else from_json_line(line)
         except EventError as exc:
             return Judged(line, None, Refused(Reason.MALFORMED, str(exc)))
         except Exception as exc:  # whatever the line holds, only this event is refused
@@ -212,6 +230,25 @@ class Door:
             self.store.set_meta(ADVANCE_KEY, str(mark))
         except Exception as exc:  # the advance holds in this process all the same
             log.warning("the advance to %d could not be kept in the store: %s", mark, exc)
+
+
+def _size(line: str) -> int:
+    """The line's size in UTF-8 bytes (a lone surrogate as its 3 bytes)."""
+    return len(line.encode("utf-8", "surrogatepass"))
+
+
+def _decode(lines: list[str], limit: int | None) -> list[Event | EventError | None]:
+    """The lines that pass the size rule decoded in one compiled loop (events.read_texts),
+    None for the others (too large: never read) — or None for all if the batch could not be
+    read so (each line is then read alone, and only its own event refused)."""
+    # A code point is at most 4 bytes: most lines pass without being encoded.
+    small = [limit is None or len(line) * 4 <= limit or _size(line) <= limit for line in lines]
+    try:
+        read = iter(read_texts([line for line, ok in zip(lines, small, strict=True) if ok]))
+    except Exception:
+        log.exception("a batch of events could not be read at once")
+        return [None] * len(lines)
+    return [next(read) if ok else None for ok in small]
 
 
 def _loose_id(line: str) -> str:

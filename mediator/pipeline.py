@@ -390,6 +390,11 @@ class Pipeline:
         """An input grew."""
         self._wakeup.set()
 
+    def handed(self, head: int, lines: list[str], events: list[Event]) -> None:
+        """The door appended ``lines`` up to ``head``, decoded as ``events``
+        (OwnFeed.hand)."""
+        self._own.hand(head, lines, events)
+
     def newest(self) -> int | None:
         """The newest event time in the event log as far as the pipeline knows (evaluated, or
         there at start)."""

@@ -44,7 +44,7 @@ from grpc_status import rpc_status
 
 from adapters.remote_link import EMBEDDED
 from eva import ast
-from eva.events import brief_repr
+from eva.events import Event, brief_repr
 from eva.parser import ProfileError
 from eva.units import format_span
 from mediator.config import PUBLISH_LANE, RESERVED_SERVICE, Config, Limits
@@ -80,6 +80,7 @@ class Pipeline(Protocol):
     def add(self, record: SubscriptionRecord, doc: ast.Document | None = None) -> list[Plan]: ...
     def remove(self, owner: str, name: str) -> bool: ...
     def wake(self) -> None: ...
+    def handed(self, head: int, lines: list[str], events: list[Event]) -> None: ...
     def advance(self, time: int) -> None: ...
     def explain(self, doc: ast.Document) -> tuple[str, str]: ...
     def newest(self) -> int | None: ...
@@ -163,6 +164,7 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
         self.letters = letters or DeadLetterLog(store, metrics, config.dead_letters)
         self.door = Door(store, config, metrics, self.letters,
                          [s.info() for s in config.services if s.autonomous])
+        self.door.appended = pipeline.handed  # the feed takes the door's decoded events
         self._registry = asyncio.Lock()  # one registration at a time (names, limits)
         self.readers = Readers(config.limits.read_time / 1e6)  # documents read off the loop
         self.started_us = wall_clock()

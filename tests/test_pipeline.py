@@ -316,6 +316,27 @@ def test_the_own_feed_is_idle_only_when_its_reorder_buffer_is_empty(store: Store
     assert feed.state().idle
 
 
+def test_the_own_feed_takes_the_door_s_events_only_where_the_log_holds_their_lines(
+        store: Store) -> None:
+    """The door hands the feed the events it decoded (OwnFeed.hand) so that they are not
+    decoded twice: the feed reads what it would have decoded from the log — each event
+    numbered by its position — and where the log holds another line at a handed position
+    (another writer), the log's line wins."""
+    from eva.events import from_json_line
+    from mediator.ingestion import OwnFeed
+
+    feed = OwnFeed(store)
+    texts = lines(DAY[:6])
+    head = store.append_events(texts)
+    decoded = [from_json_line(t) for t in texts]
+    feed.hand(head, [*texts[:3], "{}", *texts[4:]], [*decoded[:3], decoded[5], *decoded[4:]])
+    logged, handed = feed.read(10)
+    feed.position = logged[-1].position
+    assert handed == [from_json_line(item.line, item.position) for item in logged]
+    assert [e.seq for e in handed] == [item.position for item in logged]
+    assert feed._decoded == {}
+
+
 def test_subscriptions_see_only_the_events_after_their_registration(store: Store) -> None:
     """Subscriptions added while events stream in (another thread appending), one removed
     later: each sees the events after its registration — where the pipeline set its start —

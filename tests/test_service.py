@@ -86,6 +86,9 @@ class Pipeline:
     def wake(self) -> None:
         self.wakes += 1
 
+    def handed(self, head: int, lines: list[str], events: list[Any]) -> None:
+        """The door's decoded events: the double reads nothing."""
+
     def advance(self, time: int) -> None:
         self.advanced.append(time)
 
