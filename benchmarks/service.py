@@ -13,9 +13,15 @@ a temporary directory unless --store, embedded services):
   composer of ``--composers`` (``spark``: the live Spark job over the event log, its trigger
   ``--trigger``; warmed up first: the first micro-batch plans the query);
 * **publish**: sustained events/s through Publish, by batch size: accepted (durably in the
-  event log) and evaluated (the pipeline done with the last one: its composite received).
+  event log) and evaluated (the pipeline done with the last one: its composite received),
+  each the median (min–max) of ``--repeat`` runs;
+* **where**: where a published event's time goes — the CPU time of each thread of the process
+  (the server's event loop: gRPC handlers and the door; its worker threads: the durable
+  appends; the pipeline; the client) per event while ``--events`` events are published in
+  batches of 2,000 and evaluated, median (min–max) of ``--repeat`` runs. CPU time is what the
+  machine's other load hardly moves.
 
-    .venv/bin/python benchmarks/service.py [--part subscribe|latency|publish|all] [--quick]
+    .venv/bin/python benchmarks/service.py [--part subscribe|latency|publish|where|all] [--quick]
         [--profiles 10,100,1000,10000] [--services 1,3,6] [--per-client 100] [--concurrency 1]
         [--rates 1000,10000] [--store URL] [--composers inprocess,spark] [--trigger "200 milliseconds"]
 """
@@ -24,14 +30,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
 
@@ -220,17 +228,92 @@ def latency_at(rate: int, seconds: float, store: str | None, composer: str = "in
     return sent_rate, delays, settings
 
 
-def publish(count: int, batches: list[int], store: str | None) -> None:
-    print(f"Publish throughput: {count:,} events in one call per row, one subscription")
-    print(f"{'batch':>7} {'accepted/s':>11} {'evaluated/s':>12}")
+def publish(count: int, batches: list[int], store: str | None, repeat: int = 1) -> None:
+    print(f"Publish throughput: {count:,} events in one call per row, one subscription, "
+          f"median (min–max) of {repeat}")
+    print("| batch | accepted/s | evaluated/s |\n|---:|---:|---:|")
     for size in batches:
-        accepted, evaluated = publish_at(count, size, store)
-        print(f"{size:>7,} {count / accepted:>11,.0f} {count / evaluated:>12,.0f}", flush=True)
+        runs = [publish_at(count, size, store) for _ in range(repeat)]
+        print(f"| {size:,} | {spread([count / a for a, _ in runs])} "
+              f"| {spread([count / e for _, e in runs])} |", flush=True)
 
 
-def publish_at(count: int, size: int, store: str | None) -> tuple[float, float]:
+def spread(samples: list[float]) -> str:
+    """Median and range, e.g. ``12,345 (11,900–12,800)``."""
+    ordered = sorted(samples)
+    return f"{statistics.median(ordered):,.0f} ({ordered[0]:,.0f}–{ordered[-1]:,.0f})"
+
+
+def thread_times() -> dict[str, float]:
+    """CPU seconds of each Python thread of the process so far, by a name that groups them."""
+    times: dict[str, float] = {}
+    for thread in threading.enumerate():
+        if thread.ident is None:
+            continue
+        try:
+            used = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        except (OSError, AttributeError):
+            continue
+        name = thread.name
+        group = ("server event loop (gRPC handlers, the door)" if name == "evamed-mediator"
+                 else "server workers (durable appends, dead letters)"
+                 if name.startswith("asyncio_") else "pipeline (feed, runners, notification "
+                 "appends)" if name == "evamed-pipeline" else "client and benchmark")
+        times[group] = times.get(group, 0.0) + used
+    return times
+
+
+class Clocks:
+    """The process's and each thread group's CPU time between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self) -> None:
+        self.threads: dict[str, float] = {}
+        self.cpu = self.wall = 0.0
+        self._usage: Any = None
+        self._t0 = 0.0
+
+    def start(self) -> None:
+        self.threads = {group: -used for group, used in thread_times().items()}
+        self._usage = resource.getrusage(resource.RUSAGE_SELF)
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        self.wall = time.perf_counter() - self._t0
+        self.cpu = ((usage.ru_utime - self._usage.ru_utime)
+                    + (usage.ru_stime - self._usage.ru_stime))
+        for group, used in thread_times().items():
+            self.threads[group] = self.threads.get(group, 0.0) + used
+
+
+def where(count: int, store: str | None, repeat: int) -> None:
+    """Per event, the CPU time of each thread group while ``count`` events are published in
+    batches of 2,000 and evaluated; the rest of the process's CPU time is gRPC's C core (its
+    own threads: the messages' transport and protobuf) and threads that ended."""
+    per: dict[str, list[float]] = {}
+    for _ in range(repeat):
+        clocks = Clocks()
+        publish_at(count, 2000, store, clocks.start, clocks.stop)
+        for group, used in sorted(clocks.threads.items()):
+            per.setdefault(group, []).append(used / count * 1e6)
+        per.setdefault("rest (gRPC's C core, ended threads)", []).append(
+            (clocks.cpu - sum(clocks.threads.values())) / count * 1e6)
+        per.setdefault("process CPU", []).append(clocks.cpu / count * 1e6)
+        per.setdefault("wall, publish to evaluated", []).append(clocks.wall / count * 1e6)
+    print(f"where a published event's time goes: {count:,} events in batches of 2,000, one "
+          f"subscription, µs per event, median (min–max) of {repeat}")
+    print("| part | µs per event |\n|---|---:|")
+    for group, values in per.items():
+        ordered = sorted(values)
+        print(f"| {group} | {statistics.median(ordered):.2f} ({ordered[0]:.2f}–{ordered[-1]:.2f}) |")
+
+
+def publish_at(count: int, size: int, store: str | None,
+               start: Callable[[], None] | None = None,
+               stop: Callable[[], None] | None = None) -> tuple[float, float]:
     """Seconds until Publish returned (every event durably logged), and until the pipeline
-    had evaluated the last event (its composite received)."""
+    had evaluated the last event (its composite received); ``start`` and ``stop`` are called
+    just before the call and once the last event was evaluated."""
     base = 1_767_225_600_000_000  # 2026-01-01
     lines = [event(i, base + i * 1000, "b") for i in range(count)]
     lines.append(event(count, base + count * 1000, "end"))
@@ -245,18 +328,22 @@ def publish_at(count: int, size: int, store: str | None) -> tuple[float, float]:
 
         threading.Thread(target=read, daemon=True).start()
         time.sleep(0.2)
+        if start is not None:
+            start()
         started = time.perf_counter()
         result = client.publish(lines, batch=size, advance_to=base + (count + 1) * 1000)
         accepted = time.perf_counter() - started
         done.wait(600)
         evaluated = time.perf_counter() - started
+        if stop is not None:
+            stop()
     assert result.accepted == count + 1, result
     return accepted, evaluated
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("subscribe", "latency", "publish", "all"),
+    parser.add_argument("--part", choices=("subscribe", "latency", "publish", "where", "all"),
                         default="all")
     parser.add_argument("--quick", action="store_true", help="Small sizes (a smoke run).")
     parser.add_argument("--profiles", default="10,100,1000,10000")
@@ -269,6 +356,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--batches", default="100,500,2000")
+    parser.add_argument("--repeat", type=int, default=3, help="Runs per row (publish, where).")
     parser.add_argument("--store", default=None, help="A store URL (default: SQLite in a "
                                                       "temporary directory).")
     parser.add_argument("--composers", default="inprocess,spark",
@@ -287,7 +375,9 @@ def main() -> None:
     if args.part in ("latency", "all"):
         latency(rates, args.seconds, args.store, args.composers.split(","), args.trigger)
     if args.part in ("publish", "all"):
-        publish(args.events, [int(n) for n in args.batches.split(",")], args.store)
+        publish(args.events, [int(n) for n in args.batches.split(",")], args.store, args.repeat)
+    if args.part in ("where", "all"):
+        where(args.events, args.store, args.repeat)
 
 
 if __name__ == "__main__":

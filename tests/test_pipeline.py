@@ -316,25 +316,28 @@ def test_the_own_feed_is_idle_only_when_its_reorder_buffer_is_empty(store: Store
     assert feed.state().idle
 
 
-def test_the_own_feed_takes_the_door_s_events_only_where_the_log_holds_their_lines(
-        store: Store) -> None:
-    """The door hands the feed the events it decoded (OwnFeed.hand) so that they are not
-    decoded twice: the feed reads what it would have decoded from the log — each event
-    numbered by its position — and where the log holds another line at a handed position
-    (another writer), the log's line wins."""
+def test_the_own_feed_takes_the_door_s_events_as_the_log_would_give_them(store: Store) -> None:
+    """The door hands the feed what it appended, decoded (OwnFeed.hand), so that the feed
+    neither reads the log back nor decodes a line twice: it gives out what it would have read
+    from the log — each event numbered by its position, in batches of the size asked; past
+    what was handed (a line another writer appended, say) it reads the log again."""
     from eva.events import from_json_line
     from mediator.ingestion import OwnFeed
 
     feed = OwnFeed(store)
-    texts = lines(DAY[:6])
-    head = store.append_events(texts)
-    decoded = [from_json_line(t) for t in texts]
-    feed.hand(head, [*texts[:3], "{}", *texts[4:]], [*decoded[:3], decoded[5], *decoded[4:]])
-    logged, handed = feed.read(10)
-    feed.position = logged[-1].position
-    assert handed == [from_json_line(item.line, item.position) for item in logged]
-    assert [e.seq for e in handed] == [item.position for item in logged]
-    assert feed._decoded == {}
+    texts = lines(DAY[:9])
+    store.append_events(texts[:2])  # not through the door
+    head = store.append_events(texts[2:6])
+    feed.hand(head, texts[2:6], [from_json_line(t) for t in texts[2:6]])
+    store.append_events(texts[6:])
+    given: list[Any] = []
+    while (read := feed.read(3))[0]:
+        feed.position = read[0][-1].position
+        given += read[1]
+    assert feed.position == 9 and feed._decoded == {}
+    assert given == [from_json_line(item.line, item.position)
+                     for item in store.read_events(0, 100)]
+    assert [e.seq for e in given] == list(range(1, 10))
 
 
 def test_subscriptions_see_only_the_events_after_their_registration(store: Store) -> None:
