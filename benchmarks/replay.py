@@ -95,7 +95,7 @@ def split(text: str, events: Path, repeat: int) -> None:
     difference to the parts is the rest (the command's loop, the output file)."""
     from eva.admission import Stream
     from eva.engine import Engine, EngineConfig, push_admitted
-    from eva.events import EventError, read_lines
+    from eva.events import read_lines
     from eva.notify import composite_lines
     from eva.parser import parse
     from mediator.cli.runs import BATCH, admission_rules, evaluating
@@ -124,8 +124,7 @@ def split(text: str, events: Path, repeat: int) -> None:
             decoded = read_lines(lines[i:i + BATCH])
             t1 = clock()
             notes: list[Any] = []
-            push_admitted(engine, stream, [e for e in decoded if not isinstance(e, EventError)],
-                          notes)
+            push_admitted(engine, stream, decoded, notes)
             if i + BATCH >= len(lines):
                 for one in stream.close(None):
                     notes += engine.push(one)

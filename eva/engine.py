@@ -26,7 +26,7 @@ from eva import semantics as sem
 from eva.admission import Stream
 from eva.classes import ClassIndex, TypePlan, label, next_tick
 from eva.compiler import ProfileSpec, compile_profile, external_id
-from eva.events import PRIMITIVE, DeadLetter, Event, brief_repr, field_path
+from eva.events import PRIMITIVE, DeadLetter, Event, EventError, brief_repr, field_path
 from eva.retention import longest, retention
 from eva.semantics import Key, Notification, Occ, partition_key
 from eva.state import Budget, SnapshotError
@@ -1159,16 +1159,23 @@ class Engine:
         return sum(p.budget.peak for p in self._profiles.values())
 
 
-def push_admitted(engine: Engine, stream: Stream, events: list[Event],
-                  out: list[Notification]) -> None:
+def push_admitted(engine: Engine, stream: Stream, events: list[Event | EventError],
+                  out: list[Notification],
+                  malformed: Callable[[int, EventError], None] | None = None) -> None:
     """Each of ``events`` through the admission ``stream``, and what it gives out — in time
     order — pushed to ``engine``, whose clock starts at the admission's origin (set by the
-    first event it takes); the composites appended to ``out``. `evamed replay`'s loop over a
-    batch of decoded lines, compiled with the engine: interpreted, its calls per event cost
-    about as much as the engine's push."""
+    first event it takes); the composites appended to ``out``; a line that was not an event
+    (an :class:`EventError`) given to ``malformed`` with its index, in its place in the
+    trace. `evamed replay`'s loop over a batch of decoded lines (``events.read_lines``),
+    compiled with the engine: interpreted, its calls per event cost about as much as the
+    engine's push."""
     push = engine.push
     admit = stream.push
-    for event in events:
+    for i, event in enumerate(events):
+        if isinstance(event, EventError):
+            if malformed is not None:
+                malformed(i, event)
+            continue
         due = admit(event)
         if due:
             if engine.origin is None and stream.origin is not None:

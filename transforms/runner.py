@@ -51,7 +51,7 @@ import base64
 import bisect
 import heapq
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import astuple, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
 from eva import ast
@@ -179,7 +179,13 @@ class RunnerStats:
     engines: int = 0     # their outer and re-run engines
 
     def __add__(self, other: RunnerStats) -> RunnerStats:
-        return RunnerStats(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+        # By the field names, read once: the pipeline sums one per subscription after every
+        # round, and astuple (a deep copy of each) made that a third of its time while
+        # 10,000 profiles were registered.
+        return RunnerStats(*[getattr(self, name) + getattr(other, name) for name in _STATS])
+
+
+_STATS = tuple(f.name for f in fields(RunnerStats))
 
 
 class _Verdicts:

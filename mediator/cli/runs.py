@@ -173,18 +173,17 @@ def _admit(engine: Engine, stream: Stream, lines: Lines, end: int | None, emit: 
     try:
         while batch := list(islice(source, BATCH)):
             found: list[Notification] = []
-            events: list[Event] = []
-            for (number, line), event in zip(batch, read_lines(batch), strict=True):
-                if isinstance(event, EventError):
-                    # The events before it first: dead letters keep the order of the trace.
-                    push_admitted(engine, stream, events, found)
-                    events = []
-                    engine.malformed(f"line {number}: {event}", raw(line))
-                else:
-                    if keep is not None:
-                        keep[event.id] = event
-                    events.append(event)
-            push_admitted(engine, stream, events, found)
+            decoded = read_lines(batch)
+            if keep is not None:
+                keep.update((e.id, e) for e in decoded if not isinstance(e, EventError))
+
+            def malformed(index: int, error: EventError,
+                          batch: list[tuple[int, bytes]] = batch) -> None:
+                # In its place among the events: dead letters keep the order of the trace.
+                number, line = batch[index]
+                engine.malformed(f"line {number}: {error}", raw(line))
+
+            push_admitted(engine, stream, decoded, found, malformed)
             emit(found)
             # The engine's clock to the admission's watermark: what it holds (several
             # sources, clock-driven profiles) is decided there. Once per batch of lines: the
