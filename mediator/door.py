@@ -142,8 +142,19 @@ class Door:
         start = tally.index
         lines = list(lines)
         limit = self.rules.max_bytes_of(lane)
+        judge = trial.judge
+        plain = not self.autonomous  # no coverage to check: the common case, inline
         for line, decoded in zip(lines, _decode(lines, limit), strict=True):
-            judged = self._judge(line, trial, lane, decoded)
+            if plain and isinstance(decoded, Event):  # decoded: within the size limit
+                refused = judge(decoded, lane)
+                if refused is None:
+                    accepted.append(line.rstrip("\r\n"))
+                    events.append(decoded)
+                    tally.index += 1
+                    continue
+                judged = Judged(line.rstrip("\r\n"), decoded, refused)
+            else:
+                judged = self._judge(line, trial, lane, decoded)
             if judged.refused is None:
                 accepted.append(judged.line)
                 assert judged.event is not None
