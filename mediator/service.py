@@ -301,8 +301,8 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
             composer=self.config.composer, started_us=self.started_us,
             event_log_head=self.store.event_head(), inputs=inputs, services=self._services(),
             subscriptions=subscriptions, subscriptions_total=len(self.store.subscriptions()),
-            events_in=_counts(self.metrics.events_in), dead_letters=_counts(
-                self.metrics.dead_letters),
+            events_in=_counts(self.metrics.events_in, "source"),
+            dead_letters=_counts(self.metrics.dead_letters, "reason"),
             composites_out=int(sum(_samples(self.metrics.composites_out, ()).values())))
 
     async def _own(self, owner: str, name: str) -> Owned:
@@ -641,9 +641,13 @@ def _samples(metric: Any, labels: tuple[str, ...]) -> dict[Any, float]:
     return out
 
 
-def _counts(metric: Any) -> list[Any]:
-    """A one-label counter as (name, count) pairs, largest first."""
-    found = _samples(metric, tuple(metric._labelnames))
+def _counts(metric: Any, label: str) -> list[Any]:
+    """A counter summed by one of its labels, as (value, count) pairs, largest first."""
+    labels = tuple(metric._labelnames)
+    found: dict[str, float] = {}
+    for key, count in _samples(metric, labels).items():
+        value = key if len(labels) == 1 else key[labels.index(label)]
+        found[value] = found.get(value, 0.0) + count
     return [mediator_pb2.Count(name=str(name), count=int(count))
             for name, count in sorted(found.items(), key=lambda item: (-item[1], str(item[0])))
             if count]
