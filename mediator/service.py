@@ -85,6 +85,7 @@ class Pipeline(Protocol):
     def newest(self) -> int | None: ...
     def services(self) -> list[ServiceStatus]: ...
     def failure(self, owner: str, name: str) -> str | None: ...
+    def suspended(self, owner: str, name: str) -> str | None: ...
     def inputs(self) -> list[tuple[str, State, int, int]]: ...
     def placement(self, owner: str, name: str) -> dict[str, str]: ...
     @property
@@ -184,6 +185,13 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
                 record, bounds = await self._own(owner, request.name)
             after = self._resume_at(record, request.resume_token, bounds)
             failed = self.pipeline.failure(owner, record.name)
+            limit = self.pipeline.suspended(owner, record.name)
+            if failed and limit:
+                # Its output (or state) reached a limit: the client's profile is the cause.
+                raise Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"subscription {_brief_name(record.name)} is {failed} (the "
+                              f"limit: {self._limit_of(limit)})",
+                              reason(limit.upper(), self._limit_of(limit), "reached"))
             if failed:
                 raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
                               f"subscription {_brief_name(record.name)} is not evaluated: "
@@ -206,6 +214,12 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
             raise
         except Exception as exc:
             await context.abort_with_status(_internal("Subscribe", exc))
+
+    def _limit_of(self, reason_: str) -> str:
+        """The configured value of a limit a subscription was suspended at, for ErrorInfo."""
+        if reason_ == "composite_limit":
+            return f"{self.limits.composites} composites per step (limits.composites)"
+        return "the engine's state cap (stored occurrences per profile)"
 
     @_answering
     async def AddProfile(self, request: Any, context: grpc.aio.ServicerContext) -> Any:

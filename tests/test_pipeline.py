@@ -713,3 +713,39 @@ def test_sources_are_told_apart_when_two_sources_use_the_same_id(store: Store) -
     pipeline.stop()
     (only,) = store.read_notifications("alice", "s", 0)
     assert json.loads(only.payload)["sources"] == ["urn:s1", "urn:s2"]
+
+
+def test_a_subscription_beyond_the_composite_limit_is_suspended_and_the_others_go_on(
+        store: Store) -> None:
+    """Issue 28 item 4: nested untimed all_pairs whose composites would explode reach the
+    limit; that subscription is suspended — its status says why, it is evaluated no more, a
+    dead letter names the limit — while another one over the same events stays exact."""
+    expr = "A"
+    for _ in range(8):
+        expr = f"((all_dup({expr}), all_dup(A))_inf)_all_pairs"
+    deep = f'class A = type == "a"\nprofile Deep = {expr}\n'
+    exact = ('class A = type == "a"\nclass B = type == "b"\n'
+             'profile Pairs = ((last_dup(A); first_dup(B))_10s)_all_pairs\n')
+    events = [{"specversion": "1.0", "id": f"e{i}", "source": "s", "type": "ab"[i % 2],
+               "time": format_time(1_000_000 * (i + 1))} for i in range(60)] + [
+        {**SENTINEL, "time": format_time(1_000_000 * 100)}]
+    want = replayed(exact, events)
+    assert len(want) == 140
+    letters = DeadLetterLog(store)
+    pipeline = Pipeline(store, {}, composites=50, letters=letters)
+    pipeline.start()
+    subscribe(pipeline, store, "deep", deep)
+    subscribe(pipeline, store, "exact", exact, owner="bob")
+    publish(store, pipeline, events)
+    settle(pipeline, store)
+    pipeline.stop()
+    failure = pipeline.failure("alice", "deep")
+    assert failure is not None and failure.startswith(
+        "suspended: profile 'Deep' reached its limit of 50 composites per step")
+    assert pipeline.suspended("alice", "deep") == "composite_limit"
+    assert pipeline.failure("bob", "exact") is None and pipeline.suspended("bob", "exact") is None
+    assert logged(store, "bob", "exact") == want
+    # What the deep one logged was decided before the limit: at most 50 a step.
+    assert 0 < len(logged(store, "alice", "deep")) <= 50 * 60
+    kept = store.read_dead_letters(0)
+    assert [(k.reason, k.where) for k in kept] == [("composite_limit", "subscription alice/deep")]
