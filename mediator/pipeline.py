@@ -636,6 +636,10 @@ class Pipeline:
                 self.letters.record([Letter(first.reason, RESERVED_SERVICE, first.detail,
                                             where=f"subscription {key[0]}/{key[1]}",
                                             kind="report")])
+            try:  # its open streams end, with the status, once they have sent its log
+                self.on_append(*key, self.store.notification_bounds(*key)[1])
+            except Exception:
+                log.exception("waking the streams of %s/%s failed", *key)
 
     def _retarget(self) -> None:
         """What the origins index keeps: the types and horizons of the live documents."""
