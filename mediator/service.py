@@ -49,7 +49,14 @@ from eva.parser import ProfileError
 from eva.units import format_span
 from mediator.config import PUBLISH_LANE, RESERVED_SERVICE, Config, Limits
 from mediator.dead_letters import DeadLetterLog
-from mediator.delivery import Closing, Dispatcher, Revoked, TokenError, token_position
+from mediator.delivery import (
+    Closing,
+    Dispatcher,
+    Revoked,
+    Suspended,
+    TokenError,
+    token_position,
+)
 from mediator.door import Door, LogWriteError, Tally, wall_clock
 from mediator.metrics import Metrics
 from mediator.reading import ReaderBug, ReaderFailed, Readers, ReadersBusy, ReadTimeout
@@ -85,6 +92,7 @@ class Pipeline(Protocol):
     def newest(self) -> int | None: ...
     def services(self) -> list[ServiceStatus]: ...
     def failure(self, owner: str, name: str) -> str | None: ...
+    def suspended(self, owner: str, name: str) -> str | None: ...
     def inputs(self) -> list[tuple[str, State, int, int]]: ...
     def placement(self, owner: str, name: str) -> dict[str, str]: ...
     @property
@@ -184,6 +192,9 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
                 record, bounds = await self._own(owner, request.name)
             after = self._resume_at(record, request.resume_token, bounds)
             failed = self.pipeline.failure(owner, record.name)
+            refused = self._suspension(owner, record.name)
+            if refused is not None:
+                raise refused
             if failed:
                 raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
                               f"subscription {_brief_name(record.name)} is not evaluated: "
@@ -191,10 +202,16 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
                               "that is mended")
             yield mediator_pb2.Notification(subscription=record.name, ready=True)
             log.info("%s subscribed to %s from position %d", owner, record.name, after)
-            async for message in self.dispatcher.stream(record, after):
+            # A suspension while it streams ends it, with the same status, once the log is sent.
+            async for message in self.dispatcher.stream(
+                    record, after, lambda: self.pipeline.suspended(owner, record.name)):
                 yield message
         except Refusal as refusal:
             await context.abort_with_status(refusal.status)
+        except Suspended:
+            refused = self._suspension(owner, record.name)
+            assert refused is not None  # (a suspension is never lifted but by a removal)
+            await context.abort_with_status(refused.status)
         except RetentionError as exc:
             await context.abort(grpc.StatusCode.OUT_OF_RANGE, f"{exc}; the client fell behind "
                                 "the log's retention")
@@ -206,6 +223,24 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
             raise
         except Exception as exc:
             await context.abort_with_status(_internal("Subscribe", exc))
+
+    def _suspension(self, owner: str, name: str) -> Refusal | None:
+        """RESOURCE_EXHAUSTED naming the limit a subscription was suspended at (None: it was
+        not): its output (or state) reached it, so the client's profile is the cause."""
+        limit = self.pipeline.suspended(owner, name)
+        failed = self.pipeline.failure(owner, name)
+        if limit is None or failed is None:
+            return None
+        return Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                       f"subscription {_brief_name(name)} is {failed} (the limit: "
+                       f"{self._limit_of(limit)})",
+                       reason(limit.upper(), self._limit_of(limit), "reached"))
+
+    def _limit_of(self, reason_: str) -> str:
+        """The configured value of a limit a subscription was suspended at, for ErrorInfo."""
+        if reason_ == "composite_limit":
+            return f"{self.limits.composites} composites per step (limits.composites)"
+        return "the engine's state cap (stored occurrences per profile)"
 
     @_answering
     async def AddProfile(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
