@@ -8,7 +8,7 @@ NATIVE := $(addprefix eva/,events.py semantics.py classes.py state.py nodes.py c
 	notify.py admission.py)
 NATIVE_STAMP := build/.native
 
-.PHONY: demo test test-pure install native pure proto wheel lint typecheck bench clean servers
+.PHONY: demo test test-pure fuzz install native pure proto wheel lint typecheck bench clean servers
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -76,6 +76,17 @@ test-pure: $(STAMP)
 	cd build/pure && PYTHONPATH=. ../../$(BIN)/pytest -n 2 -p no:cacheprovider \
 		tests/test_paper_examples.py tests/test_engine_equivalence.py tests/test_snapshot.py \
 		-k "paper or fig or tv or p1 or p2 or p5 or random_profiles_of_depth_3 or restored"
+
+# The standing fuzz campaign, not part of `make test` (docs/operations.md, "Fuzzing"): every
+# reader coverage-guided for FUZZ_SECONDS each (its corpus kept in build/fuzz/corpus, so the
+# next run goes on from there), then FUZZ_CALLS fuzzed calls of each gRPC API against real
+# servers. Exit 1 on any finding (build/fuzz/findings/, build/fuzz/calls.json).
+FUZZ_SECONDS ?= 120
+FUZZ_CALLS ?= 10000
+fuzz: native
+	$(BIN)/pip install --quiet -e ".[fuzz]"
+	$(BIN)/python -m fuzz.run --seconds $(FUZZ_SECONDS)
+	$(BIN)/python -m fuzz.calls --calls $(FUZZ_CALLS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -134,17 +134,20 @@ class Federation:
 
     def __init__(self, doc: ast.Document, plans: Sequence[Plan], links: Mapping[str, Link], *,
                  tick: int = 1_000_000, start: int | None = None,
-                 end: int | None = None, owner: str = "") -> None:
+                 end: int | None = None, owner: str = "", limit: int | None = None) -> None:
         """``start``: profiles see events after it (default: just before the first event);
         ``end``: and none after it; ``owner``: the federation's durable identity (its
-        subscription), in the names of its handles at autonomous services."""
+        subscription), in the names of its handles at autonomous services; ``limit``: the
+        composite limit of the runner's engines (None: none; ``Runner.limited`` says when one
+        was reached)."""
         self.doc = doc
         self.plans = list(plans)
         self.links = links
         self.end = end
         self.owner = owner
         dialects = {name: dialect(link.info.group) for name, link in links.items()}
-        self.runner = Runner(self.plans, doc, dialects, tick=tick, start=start, end=end)
+        self.runner = Runner(self.plans, doc, dialects, tick=tick, start=start, end=end,
+                             limit=limit)
         self.queries: dict[tuple[str, str], _Query] = {}
         """(service, native text) → its subscription: each distinct query subscribed once."""
         self.selective: dict[tuple[str, str], list[ast.Predicate]] = {}

@@ -49,6 +49,9 @@ class Reason(StrEnum):
     """Produced at an autonomous service's coverage: publish it there."""
     STATE_CAP = "state_cap"
     """The engine's state cap evicted stored occurrences (answers that needed them are lost)."""
+    COMPOSITE_LIMIT = "composite_limit"
+    """An operator of a profile reached the limit on composites per event (those beyond it are
+    never made; the mediator suspends the subscription)."""
     PAYLOAD = "payload"
     """A broker's payload the mapping cannot take (not JSON where JSON is required, …)."""
     TIME = "time"

@@ -46,16 +46,18 @@ class ProfileSpec:
 
 def compile_profile(profile: ast.Profile, classes: dict[str, ast.ClassDef],
                     index: ClassIndex | None = None, *, doc_id: int = 0, tick: int = 1_000_000,
-                    gc: bool = True) -> ProfileSpec:
+                    gc: bool = True, limit: int | None = None) -> ProfileSpec:
     """The node specs of ``profile`` (its classes in ``classes``, e.g. ``doc.class_map()``),
     its predicates added to ``index`` (the engine's shared one; a new one if not given);
     ``doc_id`` tells its time classes from another document's, ``tick`` is the default clock's
-    granularity (µs), ``gc`` whether stored occurrences past their horizon go."""
+    granularity (µs), ``gc`` whether stored occurrences past their horizon go, ``limit`` how
+    many composites each operator reports per step at most (None: no limit)."""
     if index is None:
         index = ClassIndex()
     preds: set[int] = set()
     ticks: set[str] = set()
     externals: set[str] = set()
+    most = nd.NO_LIMIT if limit is None else limit
 
     def make(expr: ast.Expr, eoi: bool) -> nd.Node:
         if isinstance(expr, ast.Prim):
@@ -82,8 +84,8 @@ def compile_profile(profile: ast.Profile, classes: dict[str, ast.ClassDef],
         else:
             right = make(expr.right.expr, False)
         if expr.pairs is ast.Pairs.REPEATED and not isinstance(expr, ast.Disjunction):
-            return nd.RepeatedNode(left, right, expr, tag, gc)
-        return nd.BinaryNode(left, right, expr, tag, gc, eoi)
+            return nd.RepeatedNode(left, right, expr, tag, gc, most)
+        return nd.BinaryNode(left, right, expr, tag, gc, eoi, most)
 
     eoi = profile.evaluation is ast.Evaluation.END_OF_INTERVAL
     root = make(profile.expr, eoi)

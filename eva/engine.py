@@ -12,6 +12,9 @@
 * Stored state is bounded by the retention horizons of :mod:`eva.retention`; a
   profile whose state cannot be bounded is held under ``state_cap`` and an overflow is reported
   as a dead letter with reason ``state_cap``.
+* Each operator reports at most ``composite_limit`` composites per step (the number can grow
+  exponentially with nesting under EVA's own semantics): a step that reaches it is reported as
+  a dead letter with reason ``composite_limit``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,15 @@ from eva import semantics as sem
 from eva.admission import Stream
 from eva.classes import ClassIndex, TypePlan, label, next_tick
 from eva.compiler import ProfileSpec, compile_profile, external_id
-from eva.events import PRIMITIVE, DeadLetter, Event, EventError, brief_repr, field_path
+from eva.events import (
+    PRIMITIVE,
+    DeadLetter,
+    Event,
+    EventError,
+    brief_repr,
+    field_path,
+    format_time,
+)
 from eva.retention import longest, retention
 from eva.semantics import Key, Notification, Occ, partition_key
 from eva.state import Budget, SnapshotError
@@ -35,6 +46,9 @@ from eva.units import format_span
 NEVER = 2**62
 _CANONICAL = frozenset((str, int, bool))
 """Types of ``per`` values equal to every other value of their partition key."""
+COMPOSITE_LIMIT = 10_000
+"""The default limit on composites an operator reports per step (docs/semantics.md, "The limit
+on composites": 10 s of a client's stream at the default ``limits.rate``)."""
 COMPACT_OPENED = 4096
 """Entries of a profile's list of partitions not kept (``_Profile.opened``) at which it is
 first compacted."""
@@ -76,13 +90,18 @@ class EngineConfig:
     remembers at least the allowed lateness and the longest retention horizon of its profiles
     anyway: an engine that only admits events for evaluation elsewhere (``replay --via``) is
     told the profiles' here."""
+    composite_limit: int | None = COMPOSITE_LIMIT
+    """Composites each operator of a profile reports per step (an event, a tick, a clock step)
+    of a partition at most: the first ones in report order; the rest are never made, and the
+    step is reported as a dead letter with reason ``composite_limit``. None: no limit."""
 
     def to_json(self) -> dict[str, Any]:
         """The configuration as a JSON object (field name → value; ``sources`` a list): what a
         checkpoint keeps, and compares, to resume with the same configuration."""
         return {"tick": self.tick, "allowed_lateness": self.allowed_lateness, "gc": self.gc,
                 "state_cap": self.state_cap, "sources": list(self.sources),
-                "sweep": self.sweep, "horizon": self.horizon, "remember": self.remember}
+                "sweep": self.sweep, "horizon": self.horizon, "remember": self.remember,
+                "composite_limit": self.composite_limit}
 
     @classmethod
     def from_json(cls, data: Any) -> EngineConfig:
@@ -92,11 +111,13 @@ class EngineConfig:
             raise ValueError(f"engine configuration: expected a JSON object, found "
                              f"{type(data).__name__}")
         expected = set(cls().to_json())
+        if "composite_limit" not in data:  # written before the limit existed: the default
+            data = {**data, "composite_limit": COMPOSITE_LIMIT}
         if set(data) != expected:
             raise ValueError(f"engine configuration: fields {sorted(data)}, expected "
                              f"{sorted(expected)}")
         counts = ("tick", "allowed_lateness", "state_cap", "sweep")
-        for name in (*counts, "horizon", "remember"):
+        for name in (*counts, "horizon", "remember", "composite_limit"):
             value = data[name]
             if not (type(value) is int or (value is None and name not in counts)):
                 raise ValueError(f"engine configuration: {name} is {brief_repr(value)}, "
@@ -109,7 +130,8 @@ class EngineConfig:
             raise ValueError(f"engine configuration: sources is {brief_repr(sources)}, "
                              "expected a list of strings")
         return cls(data["tick"], data["allowed_lateness"], data["gc"], data["state_cap"],
-                   tuple(sources), data["sweep"], data["horizon"], data["remember"])
+                   tuple(sources), data["sweep"], data["horizon"], data["remember"],
+                   data["composite_limit"])
 
 
 EXTERNAL_SOURCE = "eva.external"
@@ -283,7 +305,8 @@ class Engine:
         """Compile a profile of a registered document, once, and index it for dispatch."""
         doc = self._docs[doc_id]
         spec = compile_profile(profile, self._class_maps[doc_id], self.index, doc_id=doc_id,
-                               tick=self.config.tick, gc=self.config.gc)
+                               tick=self.config.tick, gc=self.config.gc,
+                               limit=self.config.composite_limit)
         ticks = frozenset(self._add_time_class(doc_id, doc, name) for name in spec.ticks)
         entry = _Profile(index, profile, doc_id, start, spec, ticks, Budget(self.config.state_cap),
                          self.config.gc)
@@ -830,8 +853,8 @@ class Engine:
         partition = self._new_partition(p, value, part_key, key)
         root = p.spec.root
         occs = root.step(partition.state, key, occ, hits, tick)
-        if occs or not p.droppable or type(value) not in _CANONICAL or not root.at_rest(
-                partition.state):
+        if occs or p.budget.limited or not p.droppable or type(value) not in _CANONICAL or (
+                not root.at_rest(partition.state)):
             p.partitions[part_key] = partition
             self._stepped(p, partition, key, occs)
         else:
@@ -850,7 +873,7 @@ class Engine:
         touched = p.touched
         if touched is not None:
             touched.add(partition.key)
-        if occs:
+        if occs or p.budget.limited:
             self._emit(p, partition, key, occs)
         if p.timed:
             self._schedule(p, partition)
@@ -936,8 +959,24 @@ class Engine:
             heapq.heappush(self._timers, (due, p.index, partition.order, partition.key))
 
     def _emit(self, p: _Profile, partition: _Partition, key: Key, occs: list[Occ]) -> None:
+        """A step's reports (every step of a partition ends here, or in ``_stepped``)."""
         for occ in occs:
             self._out.append(Notification(p.profile.name, partition.value, occ, key))
+        if p.budget.limited:
+            self._limited(p, partition, key)
+
+    def _limited(self, p: _Profile, partition: _Partition, key: Key) -> None:
+        """A step at which operators reached the composite limit: one dead letter."""
+        operators = p.budget.limited
+        p.budget.limited = 0
+        where = "" if p.profile.per is None else f" of partition {brief_repr(partition.value)}"
+        self.dead_letter(DeadLetter(
+            "composite_limit", f"profile {p.profile.name!r} reached its limit of "
+            f"{self.config.composite_limit:,} composites per step (composite_limit) at "
+            f"{format_time(key[0])}{where}: {operators} operator"
+            f"{'' if operators == 1 else 's'} made no more; its composites can grow "
+            "exponentially (see evamed check): bound its spans or duplicates, or raise the "
+            "limit"))
 
     def _check_cap(self, p: _Profile) -> None:
         budget = p.budget

@@ -200,7 +200,7 @@ def field_path(path: str) -> tuple[str, tuple[str, ...]]:
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
     """An input the engine could not use, and why: ``malformed``, ``late``, ``future``,
-    ``duplicate`` or ``state_cap``."""
+    ``duplicate``, ``state_cap`` or ``composite_limit``."""
 
     reason: str
     detail: str

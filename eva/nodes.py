@@ -32,6 +32,8 @@ from eva.state import (
 )
 
 NO_DUE: Key = (2**62, 9, 0)
+NO_LIMIT = 2**62
+"""The limit on composites per step of an operator when none is set."""
 
 
 class Node:
@@ -342,12 +344,16 @@ class BinaryNode(Node):
     """
 
     __slots__ = ("all_dups", "anchor", "any_last", "eoi", "gc", "is_disj", "is_seq", "ldup",
-                 "leafy", "left", "lkind", "ln", "lpred", "pairs", "rdup", "right", "rkind", "rn",
-                 "rpred", "span", "tag", "unique")
+                 "leafy", "left", "limit", "lkind", "ln", "lpred", "pairs", "rdup", "right",
+                 "rkind", "rn", "rpred", "span", "tag", "unique")
 
     def __init__(self, left: Node, right: Node, expr: ast.Binary, tag: str, gc: bool,
-                 eoi: bool) -> None:
+                 eoi: bool, limit: int = NO_LIMIT) -> None:
         self.left = left
+        # Composites reported per step at most: the first ``limit`` in report order; the rest
+        # are never made, so one event cannot make exponentially many (docs/semantics.md,
+        # "The limit on composites").
+        self.limit = limit
         self.right = right
         self.is_disj = isinstance(expr, ast.Disjunction)
         self.is_seq = isinstance(expr, ast.Sequence)
@@ -394,8 +400,12 @@ class BinaryNode(Node):
             if not (inl or inr):
                 return []
             st.now = key[0]
-            found = self._element(st, key, current, LR if inl and inr else (L if inl else R))
-            return self._finish_eoi(st, key) if self.eoi else found
+            found = self._element(st, key, current, LR if inl and inr else (L if inl else R),
+                                  self.limit)
+            if self.eoi:
+                self._stage(st, found, key)
+                return self._limited(st, self._finish_eoi(st, key))
+            return [f[0] for f in found]
         lo = self.left.step(st.left, key, current, hits, tick)
         if self.anchor is not None:
             self.anchor.anchor(st.right, key, lo)
@@ -412,6 +422,7 @@ class BinaryNode(Node):
         out = self._feed(st, key, lo, ro) if lo or ro else []
         if self.eoi and key[1] == sem.CLOSE:
             out.extend(self._close_frames(st, key))
+            out = self._limited(st, out)  # what one close releases, with the step's own
         return out
 
     def due(self, st: BinaryState) -> Key:
@@ -497,27 +508,50 @@ class BinaryNode(Node):
         if not lo and not ro:
             return []
         st.now = key[0]
-        out: list[Occ] = []
+        found: list[_Found] = []
+        room = self.limit  # composites this step may still make (every element is taken)
         if ro and lo:
             # An occurrence both operands report in one step is one element with both roles.
             rids = {o.ident for o in ro}
             both = [o for o in lo if o.ident in rids]
             bids = {o.ident for o in both}
             for occ in lo:
-                out.extend(self._element(st, key, occ, LR if occ.ident in bids else L))
+                room = self._take(st, key, occ, LR if occ.ident in bids else L, room, found)
             for occ in ro:
                 if occ.ident not in bids:
-                    out.extend(self._element(st, key, occ, R))
+                    room = self._take(st, key, occ, R, room, found)
         else:
             for occ in lo:
-                out.extend(self._element(st, key, occ, L))
+                room = self._take(st, key, occ, L, room, found)
             for occ in ro:
-                out.extend(self._element(st, key, occ, R))
+                room = self._take(st, key, occ, R, room, found)
         if self.eoi:
-            return self._finish_eoi(st, key)
+            return self._limited(st, self._finish_eoi(st, key))
+        return [f[0] for f in found]
+
+    def _take(self, st: BinaryState, key: Key, occ: Occ, role: int, room: int,
+              found: list[_Found]) -> int:
+        """One element of a step: its results added to ``found`` (staged, at the end of the
+        interval, before the next element can overwrite them); the room left."""
+        made = self._element(st, key, occ, role, room)
+        if self.eoi:
+            self._stage(st, made, key)
+        else:
+            found.extend(made)
+        return room - len(made)
+
+    def _limited(self, st: BinaryState, out: list[Occ]) -> list[Occ]:
+        """``out`` cut to the limit; a cut is counted in the profile's budget (the engine
+        reports it)."""
+        if len(out) > self.limit:
+            st.budget.limited += 1
+            del out[self.limit:]
         return out
 
-    def _element(self, st: BinaryState, key: Key, occ: Occ, role: int) -> list[Occ]:
+    def _element(self, st: BinaryState, key: Key, occ: Occ, role: int,
+                 room: int) -> list[_Found]:
+        """Take one view element; the results it adds, at most ``room`` of them (the first in
+        report order: a step that would make more counts in ``st.budget.limited``)."""
         pos = st.position
         st.position = pos + 1
         lists = st.lists
@@ -546,17 +580,18 @@ class BinaryNode(Node):
         if self.is_disj:
             found = self._disjunction(st, dl, index, occ, pos)
         elif self.is_seq:
-            found = self._sequence(st, dl, index, occ, pos) if role & R else []
+            found = self._sequence(st, dl, index, occ, pos, room) if role & R else []
         else:
-            found = self._conjunction(st, dl, index, occ, pos, role)
+            found = self._conjunction(st, dl, index, occ, pos, role, room)
+        if len(found) > room:
+            # Made one beyond the room to know the limit was reached: the rest never are.
+            st.budget.limited += 1
+            del found[max(room, 0):]
         self._keep(st, dl, index, pos, occ)
         span = self.span
         if span is not None and self.gc:
             self._gc(st, st.now, span)
-        if self.eoi:
-            self._stage(st, found, key)
-            return []
-        return [f[0] for f in found]
+        return found
 
     # ---- the operators (same rules as semantics.binary_results)
 
@@ -566,7 +601,8 @@ class BinaryNode(Node):
             return [(occ, pos, pos, dl, dl)]
         return []
 
-    def _sequence(self, st: BinaryState, dl: DList, index: int, e2: Occ, pos: int) -> list[_Found]:
+    def _sequence(self, st: BinaryState, dl: DList, index: int, e2: Occ, pos: int,
+                  room: int) -> list[_Found]:
         rkind = self.rkind
         # Fig. 6 for the newest posterior element: first and <i> are positions; all and last
         # select it exactly when it lies inside the frame, which the time test checks.
@@ -595,11 +631,13 @@ class BinaryNode(Node):
                     continue
                 if anchored and e2.anchor != e1.ident:
                     continue
+                if len(out) > room:
+                    return out  # (made in report order: the rest lie beyond the limit)
                 out.append((sem.composite(tag, e1, e2, key2), p1, pos, x, dl))
         return out
 
     def _conjunction(self, st: BinaryState, dl: DList, index: int, occ: Occ, pos: int,
-                     role: int) -> list[_Found]:
+                     role: int, room: int) -> list[_Found]:
         span = self.span
         lists = st.lists
         if self.unique:
@@ -614,23 +652,32 @@ class BinaryNode(Node):
         selected_as_ante = index in sem.select_anterior(self.ldup, dl.count)
         t = occ.time
         found: list[_Found] = []
+        # In report order, (anterior position, posterior position): first the results with the
+        # new element posterior (an earlier anterior), by partner; then those with it anterior
+        # (its position is the newest), by partner — so the making can stop at the limit.
         for other in partners:
-            as_post = role & R and other.role & L and newest_selected_as_post
-            as_ante = role & L and other.role & R and not (role == LR and other.role == LR)
-            if self.unique and other.role & L and role & R:
-                as_ante = False  # in a block the earlier list is anterior when it can be
-            if as_post:
-                for p1, e1 in _selected(other, self.lkind, self.ln):
-                    if span is not None and abs(t - e1.time) > span:
-                        continue
-                    found.append((sem.composite(self.tag, e1, occ, max(e1.key, occ.key)),
-                                  p1, pos, other, dl))
-            if as_ante and selected_as_ante:
+            if not (role & R and other.role & L and newest_selected_as_post):
+                continue
+            for p1, e1 in _selected(other, self.lkind, self.ln):
+                if span is not None and abs(t - e1.time) > span:
+                    continue
+                if len(found) > room:
+                    return found
+                found.append((sem.composite(self.tag, e1, occ, max(e1.key, occ.key)),
+                              p1, pos, other, dl))
+        if role & L and selected_as_ante:
+            for other in partners:
+                if not other.role & R or (role == LR and other.role == LR):
+                    continue
+                if self.unique and other.role & L and role & R:
+                    continue  # in a block the earlier list is anterior when it can be
                 # The other (earlier, closed) list is posterior: all of it lies before the
                 # frame's upper bound, so m is its whole length.
                 for p2, e2 in _selected(other, rkind, self.rn):
                     if span is not None and abs(e2.time - t) > span:
                         continue
+                    if len(found) > room:
+                        return found
                     found.append((sem.composite(self.tag, occ, e2, max(occ.key, e2.key)),
                                   pos, p2, dl, other))
         if len(found) > 1:
@@ -823,11 +870,14 @@ class RepeatedNode(Node):
     boundary, and the pairing of conjunction blocks keeps its parity.
     """
 
-    __slots__ = ("anchor", "expr", "gc", "left", "right", "tag")
+    __slots__ = ("anchor", "expr", "gc", "left", "limit", "right", "tag")
 
     def __init__(self, left: Node, right: Node, expr: ast.Conjunction | ast.Sequence, tag: str,
-                 gc: bool) -> None:
+                 gc: bool, limit: int = NO_LIMIT) -> None:
         self.left = left
+        # Composites reported per step at most (BinaryNode.limit). What is matched beyond it
+        # is still consumed: the limit cuts the report, not the definition's consumption.
+        self.limit = limit
         self.right = right
         self.expr = expr
         self.tag = tag
@@ -895,6 +945,10 @@ class RepeatedNode(Node):
                 if not found:
                     break
                 used = {i for r in found for i in (r[1], r[2])}
+                room = self.limit - len(out)
+                if len(found) > room:
+                    st.budget.limited += 1
+                    del found[room:]
                 out.extend(r[0] for r in found)
                 st.remaining = [e for i, e in enumerate(st.remaining) if i not in used]
                 st.budget.stored -= len(used)

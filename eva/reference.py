@@ -7,6 +7,11 @@ the view up to and including that element that it has not reported before (so a 
 ``repeated_pairs`` is defined operationally, as DESIGN §3 pins it: after each element, match
 unique pairs on the unconsumed view, remove the matched occurrences, and match again.
 
+The limit on composites (``limit``; docs/semantics.md, "The limit on composites") is defined
+here on the streams: a binary operator reports, at one emit key, the first ``limit`` results in
+report order; the rest are never reported (nor later, as fresh), and at the end of the interval
+only the results reported so are candidates — the first ``limit`` of them per closing key.
+
 A stream is the list of ``(emit key, occurrence)`` a node reports, in the order it reports
 them; a parent's trace view merges its operands' streams in that order.
 """
@@ -53,10 +58,14 @@ class Context:
     partition: Any = None
     externals: Mapping[str, Stream] = field(default_factory=dict)
     """The streams of the profile's :class:`~eva.ast.External` leaves, by name."""
+    limit: int | None = None
+    """Composites a binary operator reports per emit key at most (None: no limit)."""
+    limited: set[Key] = field(default_factory=set)
+    """The emit keys at which an operator reached the limit (filled in as it evaluates)."""
 
     def with_events(self, events: list[Event]) -> Context:
         return Context(events, self.doc, self.admit, self.start, self.end, self.tick,
-                       self.matchers, self.partition, self.externals)
+                       self.matchers, self.partition, self.externals, self.limit, self.limited)
 
 
 # ------------------------------------------------------------------ nodes
@@ -147,14 +156,35 @@ def operands(node: ast.Binary, ctx: Context) -> tuple[Stream, Stream]:
 
 
 def eval_binary(node: ast.Binary, ctx: Context) -> tuple[Stream, list[Element]]:
-    return combine(node, *operands(node, ctx))
+    return combine(node, *operands(node, ctx), ctx.limit, ctx.limited)
 
 
-def combine(node: ast.Binary, left: Stream, right: Stream) -> tuple[Stream, list[Element]]:
-    """Defs. 4.4–4.6 over the operands' streams: the node's stream and its trace view."""
+class _Limit:
+    """Counts reports per emit key against the limit; notes the keys where it was reached."""
+
+    def __init__(self, limit: int | None, limited: set[Key] | None) -> None:
+        self.limit = limit
+        self.limited = limited if limited is not None else set()
+        self.counts: dict[Key, int] = {}
+
+    def admits(self, emitted: Key) -> bool:
+        """Whether one more report at ``emitted`` is within the limit (counted if so)."""
+        count = self.counts.get(emitted, 0)
+        if self.limit is not None and count >= self.limit:
+            self.limited.add(emitted)
+            return False
+        self.counts[emitted] = count + 1
+        return True
+
+
+def combine(node: ast.Binary, left: Stream, right: Stream, limit: int | None = None,
+            limited: set[Key] | None = None) -> tuple[Stream, list[Element]]:
+    """Defs. 4.4–4.6 over the operands' streams: the node's stream and its trace view; with
+    ``limit``, at most that many reports per emit key (the keys cut are added to ``limited``)."""
     tag = expr_text(node)
     view = merge(left, right)
     out: Stream = []
+    cap = _Limit(limit, limited)
     if node.pairs is ast.Pairs.REPEATED and not isinstance(node, ast.Disjunction):
         remaining: list[Element] = []
         for element in view:
@@ -164,29 +194,35 @@ def combine(node: ast.Binary, left: Stream, right: Stream) -> tuple[Stream, list
                 if not found:
                     break
                 used = {i for r in found for i in (r[1], r[2])}
-                out.extend((element.emitted, r[0]) for r in found)
+                # Beyond the limit a result is not reported, but its events are consumed.
+                out.extend((element.emitted, r[0]) for r in found if cap.admits(element.emitted))
                 remaining = [e for i, e in enumerate(remaining) if i not in used]
         return out, view
     seen: set[Hashable] = set()
     for k in range(len(view)):
         fresh = [r for r in binary_results(node, view[: k + 1], tag) if r[0].ident not in seen]
         for r in sorted(fresh, key=sem.result_order):
-            seen.add(r[0].ident)
-            out.append((view[k].emitted, r[0]))
+            seen.add(r[0].ident)  # reported, or cut by the limit: never fresh again
+            if cap.admits(view[k].emitted):
+                out.append((view[k].emitted, r[0]))
     return out, view
 
 
 def eval_end_of_interval(node: ast.Binary, ctx: Context) -> Stream:
-    return end_of_interval(node, *operands(node, ctx), ctx.end)
+    return end_of_interval(node, *operands(node, ctx), ctx.end, ctx.limit, ctx.limited)
 
 
-def end_of_interval(node: ast.Binary, left: Stream, right: Stream, end: int) -> Stream:
+def end_of_interval(node: ast.Binary, left: Stream, right: Stream, end: int,
+                    limit: int | None = None, limited: set[Key] | None = None) -> Stream:
     """Root results evaluated at the closing of their interval (EVA §4.4): the definition on
     the whole view, each result reported once nothing later can overwrite it — its ``last``
-    lists closed and, for a posterior ``last``, its frame over. Unclosed ones are withheld."""
-    stream, view = combine(node, left, right)
+    lists closed and, for a posterior ``last``, its frame over. Unclosed ones are withheld.
+    With ``limit``: only results the continuous evaluation reported within the limit, and at
+    most ``limit`` per closing key."""
+    stream, view = combine(node, left, right, limit, limited)
     if node.pairs is ast.Pairs.REPEATED and not isinstance(node, ast.Disjunction):
         return stream
+    made = {occ.ident for _, occ in stream} if limit is not None else None
     lists = cut(view)
     tag = expr_text(node)
 
@@ -196,6 +232,8 @@ def end_of_interval(node: ast.Binary, left: Stream, right: Stream, end: int) -> 
 
     out: list[tuple[Key, int, int, Occ]] = []
     for occ, i, j, x, y in binary_results(node, view, tag):
+        if made is not None and occ.ident not in made:
+            continue  # cut by the limit when it was made
         close = max(view[i].emitted, view[j].emitted)
         if isinstance(node, ast.Disjunction):
             a, b = lists[x]
@@ -212,7 +250,8 @@ def end_of_interval(node: ast.Binary, left: Stream, right: Stream, end: int) -> 
         if close[0] <= end:
             out.append((close, i, j, occ))
     out.sort(key=lambda r: (r[0], r[1], r[2]))
-    return [(close, occ) for close, _, _, occ in out]
+    cap = _Limit(limit, limited)
+    return [(close, occ) for close, _, _, occ in out if cap.admits(close)]
 
 
 # ------------------------------------------------------------------ profiles
@@ -233,11 +272,13 @@ def profile_stream(profile: ast.Profile, ctx: Context) -> Stream:
 def evaluate_profile(profile: ast.Profile, doc: ast.Document, events: list[Event], *,
                      start: int, end: int, tick: int,
                      root: RootStream = profile_stream,
-                     externals: Mapping[str, Stream] | None = None) -> list[Notification]:
+                     externals: Mapping[str, Stream] | None = None, limit: int | None = None,
+                     limited: list[tuple[Any, Key]] | None = None) -> list[Notification]:
     """One profile over a trace, partition by partition; ``root`` computes the partition's
     stream (the definition by default; the transformation planner substitutes a plan).
     ``externals`` are the streams of the profile's external operands (unpartitioned profiles
-    only: a stream names no partition)."""
+    only: a stream names no partition). ``limit``: composites per operator and emit key at
+    most; ``limited`` gets (partition value, key) of each step where one reached it."""
     if externals and profile.per is not None:
         raise ValueError(f"profile {profile.name!r} is partitioned (per {profile.per}): "
                          "external streams are given for unpartitioned profiles only")
@@ -268,21 +309,27 @@ def evaluate_profile(profile: ast.Profile, doc: ast.Document, events: list[Event
         def admit(key: Key, created: Key | None = created) -> bool:
             return key[0] > start and (created is None or key >= created)
 
-        ctx = Context(group, doc, admit, start, end, tick, matchers, value, externals or {})
+        ctx = Context(group, doc, admit, start, end, tick, matchers, value, externals or {},
+                      limit)
         stream = root(profile, ctx)
+        if limited is not None:
+            limited.extend((value, key) for key in sorted(ctx.limited))
         out.extend(Notification(profile.name, value, occ, emit) for emit, occ in stream)
     return out
 
 
 def evaluate(doc: ast.Document, events: Iterable[Event], *, profiles: Iterable[str] | None = None,
              start: int | None = None, end: int | None = None,
-             tick: int = 1_000_000) -> list[Notification]:
+             tick: int = 1_000_000, limit: int | None = None,
+             limited: list[tuple[Any, Key]] | None = None) -> list[Notification]:
     """Every profile's composites over a finite trace, in detection order.
 
     ``events`` carry their arrival order in ``seq``. Profiles are registered at ``start``
     (default: just before the first event) and see events with time > start (Def. 3.5); the
     trace ends at ``end`` (default: the last event's time). ``tick`` is the granularity (µs) of
-    the default clock at which free-standing negations are evaluated.
+    the default clock at which free-standing negations are evaluated. ``limit``: composites
+    an operator reports per step at most (None: no limit); ``limited`` gets (partition value,
+    key) of each step at which one reached it.
     """
     trace = list(events)
     if start is None:
@@ -293,7 +340,8 @@ def evaluate(doc: ast.Document, events: Iterable[Event], *, profiles: Iterable[s
     out: list[Notification] = []
     for profile in doc.profiles:
         if wanted is None or profile.name in wanted:
-            out.extend(evaluate_profile(profile, doc, trace, start=start, end=end, tick=tick))
+            out.extend(evaluate_profile(profile, doc, trace, start=start, end=end, tick=tick,
+                                        limit=limit, limited=limited))
     # Stable: profiles in document order, partitions in order of creation, at equal report keys.
     out.sort(key=lambda n: n.emitted)
     return out

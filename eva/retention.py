@@ -94,3 +94,37 @@ def reach(expr: ast.Expr) -> int | None:
                 return None
             total += node.span
     return total
+
+
+def fans_out(expr: ast.Expr) -> bool:
+    """Whether the operator pairs a new occurrence of an operand with a number of stored ones
+    that nothing bounds: no span, and every list paired (all_pairs) or every element of a list
+    (all_dup) — repeated_pairs consumes what it pairs."""
+    return (isinstance(expr, (ast.Conjunction, ast.Sequence)) and expr.span is None
+            and expr.pairs is not ast.Pairs.REPEATED
+            and (expr.pairs is ast.Pairs.ALL
+                 or ast.DupKind.ALL in (expr.left.dup.kind, expr.right.dup.kind)))
+
+
+def growth(expr: ast.Expr) -> int:
+    """How many operators that fan out (:func:`fans_out`) lie nested along one path of the
+    tree: each multiplies the composites one event makes by the occurrences it has stored, so
+    with two or more those grow exponentially in the nesting (after k events, about k^n per
+    event) — what the engine's composite limit cuts (docs/semantics.md, "The limit on
+    composites"). A negation, or a selection of unique_pairs (one occurrence in all), reports
+    at most one occurrence per step whatever it is given: nesting restarts below it."""
+    return _growth(expr)[1]
+
+
+def _growth(expr: ast.Expr) -> tuple[int, int]:
+    """(fanning operators along the path that ends at ``expr``'s output, most anywhere)."""
+    if isinstance(expr, (ast.Prim, ast.External)):
+        return 0, 0
+    if isinstance(expr, (ast.Negation, ast.Selection)):
+        chain, most = _growth(expr.expr)
+        barrier = isinstance(expr, ast.Negation) or expr.pairs is ast.Pairs.UNIQUE
+        return (0 if barrier else chain), most
+    assert isinstance(expr, ast.Binary)
+    left, right = _growth(expr.left.expr), _growth(expr.right.expr)
+    chain = max(left[0], right[0]) + (1 if fans_out(expr) else 0)
+    return chain, max(left[1], right[1], chain)

@@ -28,15 +28,19 @@ class SnapshotError(ValueError):
 
 class Budget:
     """Counts stored occurrences of one profile against its cap (DESIGN §3: bounded state);
-    shared by all partitions of the profile."""
+    shared by all partitions of the profile. ``limited``: operators that reached the limit on
+    composites per step (docs/semantics.md, "The limit on composites") in the step now
+    running — the engine reads and clears it after each step, so it is 0 between steps and
+    no snapshot writes it."""
 
-    __slots__ = ("cap", "overflowed", "peak", "stored")
+    __slots__ = ("cap", "limited", "overflowed", "peak", "stored")
 
     def __init__(self, cap: int, stored: int = 0, peak: int = 0, overflowed: int = 0) -> None:
         self.cap = cap
         self.stored = stored
         self.peak = peak
         self.overflowed = overflowed
+        self.limited = 0
 
     def add(self, n: int = 1) -> None:
         self.stored += n

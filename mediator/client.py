@@ -134,6 +134,7 @@ class ProfileInfo:
     log_first: int               # the oldest position kept in its log (0: empty)
     log_head: int                # the newest position appended (0: none)
     plans: tuple[str, ...]       # per profile: "NAME: kind, services …"
+    status: str = ""             # why it is not evaluated (suspended at a limit, …); "": it is
 
 
 @dataclass(frozen=True)
@@ -257,7 +258,7 @@ def _notification(message: Any) -> Notification:
 def _profile_info(message: Any) -> ProfileInfo:
     return ProfileInfo(message.name, message.text, tuple(message.profiles), message.owner,
                        message.created_us, message.log_first, message.log_head,
-                       tuple(message.plans))
+                       tuple(message.plans), message.status)
 
 
 def _line(item: str | bytes | dict[str, Any] | Event) -> str:

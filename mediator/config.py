@@ -54,6 +54,8 @@ class Limits:
     rate: float = 1000.0           # notifications per second sent to the client (0: no limit)
     profile_bytes: int = 1 << 20   # a profile document's size in UTF-8
     read_time: int = 10_000_000    # µs: reading a profile document (in a worker; then refused)
+    composites: int = 10_000       # per operator and event of a profile (0: no limit): beyond
+    # it the subscription is suspended (eva.engine.COMPOSITE_LIMIT, docs/operations.md)
 
 
 @dataclass(frozen=True)
@@ -344,7 +346,8 @@ _TOP: dict[str, Convert] = {
 _SECTIONS: dict[str, tuple[type, dict[str, Convert]]] = {
     "limits": (Limits, {"profiles": _whole(1), "depth": _whole(0),
                         "time_frame": _span(0, unbounded=True), "rate": _rate,
-                        "profile_bytes": _whole(1), "read_time": _span(1)}),
+                        "profile_bytes": _whole(1), "read_time": _span(1),
+                        "composites": _whole(0)}),
     "tls": (Tls, {"cert": _text, "key": _text, "client_ca": _text}),
     "dead_letters": (DeadLetters, {"retention": _whole(1), "raw_bytes": _whole(0)}),
 }

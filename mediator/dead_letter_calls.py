@@ -68,6 +68,9 @@ async def list_letters(service: MediatorService, request: Any, caller: str
     ``follow``, then each one as it is kept (until the caller goes away)."""
     from mediator.service import Refusal
 
+    if request.after < 0 or request.last < 0:  # (found by `make fuzz`: was INTERNAL)
+        raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "after and last are 0 or more, got "
+                      f"after={request.after}, last={request.last}")
     operator = await is_operator(service, caller)
     if request.client and request.client != caller and not operator:
         raise Refusal(grpc.StatusCode.PERMISSION_DENIED, "only an operator sees another "

@@ -26,7 +26,7 @@ import binascii
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,11 @@ class TokenError(ValueError):
 class Closing(Exception):
     """The mediator is shutting down: the stream ends (UNAVAILABLE) and its client resumes
     elsewhere or later with its last token."""
+
+
+class Suspended(Exception):
+    """The subscription was suspended at a limit (the message says why): its stream ends once
+    what its log holds is delivered."""
 
 
 class Revoked(Exception):
@@ -187,10 +192,14 @@ class Dispatcher:
             for event in events:
                 event.set()
 
-    async def stream(self, record: SubscriptionRecord, after: int) -> AsyncIterator[Any]:
+    async def stream(self, record: SubscriptionRecord, after: int,
+                     suspended: Callable[[], str | None] = lambda: None
+                     ) -> AsyncIterator[Any]:
         """The subscription's log after position ``after``, as Notification messages, forever:
         ends when the subscription is removed; raises RetentionError when the reader fell
-        behind what the log keeps, :class:`Closing` at shutdown."""
+        behind what the log keeps, :class:`Closing` at shutdown, :class:`Suspended` once the
+        log is delivered and ``suspended()`` says why the subscription was (the pipeline wakes
+        its streams when it suspends one)."""
         owner, name = key = (record.owner, record.name)
         wake = asyncio.Event()
         self._waiters.setdefault(key, set()).add(wake)
@@ -214,6 +223,9 @@ class Dispatcher:
                 if not batch:
                     if await asyncio.to_thread(self.store.subscription, owner, name) is None:
                         return  # unsubscribed
+                    why = suspended()
+                    if why is not None:
+                        raise Suspended(why)
                     await wake.wait()
                     continue
                 for item in batch:

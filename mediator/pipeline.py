@@ -57,6 +57,7 @@ from adapters.links import Handle, Link
 from adapters.service_link import AutonomousLink
 from eva import ast
 from eva.admission import CAPACITY, Reason
+from eva.engine import COMPOSITE_LIMIT
 from eva.events import Event
 from eva.notify import composite_line
 from eva.parser import parse
@@ -174,7 +175,9 @@ class Pipeline:
     feed's). ``spark``: the SparkSession of the ``"spark"`` composer (default: local mode,
     started by :meth:`start`); ``spark_dir``: where its jobs keep their tables and checkpoints;
     ``trigger``: their processing-time trigger; ``batch``: events per batch; ``trim_every``:
-    batches between trims of the logs."""
+    batches between trims of the logs; ``composites``: the composite limit of each profile's
+    engines (``limits.composites``; None: none) — a subscription that reaches it, or the
+    engines' state cap, is suspended (:meth:`suspended`)."""
 
     def __init__(self, store: Store, links: Mapping[str, Link], *, tick: int = 1_000_000,
                  composer: str = "inprocess", metrics: Metrics | None = None,
@@ -183,7 +186,8 @@ class Pipeline:
                  batch: int = 500, trim_every: int = 100, idle: Mapping[str, float] | None = None,
                  idle_default: float = 5.0, checkpoint_interval: float = 30.0,
                  checkpoint_events: int = 100_000, lateness: int = 0, reorder: int = CAPACITY,
-                 letters: DeadLetterLog | None = None) -> None:
+                 letters: DeadLetterLog | None = None,
+                 composites: int | None = COMPOSITE_LIMIT) -> None:
         if composer not in COMPOSERS:
             raise ValueError(f"composer {composer!r}: expected one of {', '.join(COMPOSERS)}")
         if batch < 1 or trim_every < 1:
@@ -202,6 +206,7 @@ class Pipeline:
         self.trim_every = trim_every
         self.checkpoint_interval = checkpoint_interval
         self.checkpoint_events = checkpoint_events
+        self.composites = composites
         self._subs: dict[Key, _Subscription] = {}
         self._handles: dict[str, int] = dict.fromkeys(self.links, 0)  # per link, all federations'
         self._origins = Origins()
@@ -227,6 +232,9 @@ class Pipeline:
             if isinstance(link, AutonomousLink):
                 link.on_refused = self._refusals(name)
         self._failed: dict[Key, str] = {}  # subscriptions not evaluated, and why
+        # Suspended at a limit (a subset of _failed): the letter's reason (composite_limit,
+        # state_cap) — its owner is answered RESOURCE_EXHAUSTED.
+        self._suspended: dict[Key, str] = {}
         known = store.get_meta(ORIGIN_KEY) if self._feeds else None
         self._origin: int | None = int(known) if known is not None else None
         self._batches = 0
@@ -302,6 +310,12 @@ class Pipeline:
     def failure(self, owner: str, name: str) -> str | None:
         """Why a stored subscription is not evaluated (None: it is)."""
         return self._failed.get((owner, name))
+
+    def suspended(self, owner: str, name: str) -> str | None:
+        """The limit a stored subscription was suspended at (``composite_limit`` or
+        ``state_cap``; None: it was not): it is not evaluated any more (:meth:`failure` says
+        why), until it is removed and registered again."""
+        return self._suspended.get((owner, name))
 
     def _refusals(self, link: str) -> Callable[[Handle, str], None]:
         return lambda handle, why: self._refused(link, handle, why)
@@ -460,7 +474,8 @@ class Pipeline:
                 for p in ran:
                     federation = Federation(doc, [p], self.links, tick=self.tick,
                                             start=record.start_time,
-                                            owner=f"{owner}/{p.profile.name}")
+                                            owner=f"{owner}/{p.profile.name}",
+                                            limit=self.composites)
                     federations.append(federation)
                     if record.start_time is None and self._origin is not None and self._feeds:
                         federation.set_origin(self._origin)
@@ -479,6 +494,7 @@ class Pipeline:
                 raise
             self._subs[key] = sub
             self._failed.pop(key, None)
+            self._suspended.pop(key, None)
             self._count(sub, 1)
             self._origins.widen(sub.types, sub.horizon)
             return plans
@@ -590,16 +606,45 @@ class Pipeline:
         """Unsubscribe a live subscription at its services and drop it."""
         with self._locked():
             self._failed.pop((owner, name), None)
-            sub = self._subs.pop((owner, name), None)
-            if sub is None:
-                return False
-            self._count(sub, -1)
-            for federation in sub.federations:
-                federation.unsubscribe()
-            if sub.composed and self._sparks is not None:
-                self._sparks.remove(sub.key)
-            self._retarget()
-            return True
+            self._suspended.pop((owner, name), None)
+            return self._drop((owner, name))
+
+    def _drop(self, key: Key) -> bool:
+        """Unsubscribe a live subscription at its services and drop it (under the lock)."""
+        sub = self._subs.pop(key, None)
+        if sub is None:
+            return False
+        self._count(sub, -1)
+        for federation in sub.federations:
+            federation.unsubscribe()
+        if sub.composed and self._sparks is not None:
+            self._sparks.remove(sub.key)
+        self._retarget()
+        return True
+
+    def _suspend_limited(self) -> None:
+        """Every subscription one of whose runners reached a limit (Runner.limited): its
+        answers from there on would be incomplete, and its output or state is what the limit
+        bounds — it is dropped, its status says why (GetProfile, Subscribe), and a dead letter
+        is kept. The others go on as before."""
+        for key, sub in list(self._subs.items()):
+            letters = [letter for f in sub.federations for letter in f.runner.limited]
+            if not letters:
+                continue
+            first = letters[0]
+            self._drop(key)
+            self._failed[key] = (f"suspended: {first.detail}; unsubscribe it and register it "
+                                 "again once the profile is bounded")
+            self._suspended[key] = first.reason
+            log.error("subscription %s/%s suspended: %s", *key, first.detail)
+            if self.letters is not None:
+                self.letters.record([Letter(first.reason, RESERVED_SERVICE, first.detail,
+                                            where=f"subscription {key[0]}/{key[1]}",
+                                            kind="report")])
+            try:  # its open streams end, with the status, once they have sent its log
+                self.on_append(*key, self.store.notification_bounds(*key)[1])
+            except Exception:
+                log.exception("waking the streams of %s/%s failed", *key)
 
     def _retarget(self) -> None:
         """What the origins index keeps: the types and horizons of the live documents."""
@@ -850,6 +895,7 @@ class Pipeline:
             self._measure(self.metrics)
         if slowest is not None:
             self._origins.forget(slowest)
+        self._suspend_limited()
         if self._sparks is not None and self._sparks.subs:
             used = ([own] if self._sparks.own_inputs else []) + [
                 states[name] for name in sorted(self._sparks.inputs)]

@@ -54,6 +54,12 @@ profiles: tens of milliseconds)."""
 FILENAME = "profile"
 """The name errors give the document (``profile:LINE:COLUMN: error: …``)."""
 _LENGTH = struct.Struct(">Q")
+_READY = b"ready\n"
+"""What a worker writes once it has started (before its first answer)."""
+START_TIME = 30.0
+"""Seconds a worker may take to start (an interpreter, lark, the parser's tables: about 0.12 s,
+seconds on a loaded machine) — not counted in a document's ``limits.read_time``, which is the
+document's own reading time: a start-up slowed by load must not refuse a small document."""
 _PATH = "EVAMED_READER_PATH"
 _BOOT = (f"import json, os, sys; sys.path[:] = json.loads(os.environ.pop({_PATH!r})); "
          f"from {__name__} import _serve; _serve()")
@@ -114,6 +120,8 @@ def _serve() -> None:
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # what else writes to stdout (a stray print) goes to stderr, not the answers
     parse("# the parser's tables built before the first document\n", FILENAME)
+    answers.write(_READY)  # started: the deadline of the first document counts from here
+    answers.flush()
     while True:
         head = given.read(_LENGTH.size)
         if len(head) < _LENGTH.size:
@@ -138,11 +146,22 @@ class _Worker:
 
     @classmethod
     async def start(cls) -> _Worker:
+        """A started worker, once it says it is ready (ReaderFailed if it does not, within
+        START_TIME)."""
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-c", _BOOT, stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, env={**os.environ, _PATH: json.dumps(sys.path)},
             start_new_session=True)
-        return cls(process)
+        worker = cls(process)
+        assert process.stdout is not None
+        try:
+            said = await asyncio.wait_for(process.stdout.readexactly(len(_READY)), START_TIME)
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
+            said = repr(exc).encode()
+        if said != _READY:
+            await worker.stop()
+            raise ReaderFailed(f"a worker to read the document did not start ({said!r})")
+        return worker
 
     async def ask(self, data: bytes) -> tuple[Any, ...]:
         """Send a document, wait for the answer."""

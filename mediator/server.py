@@ -298,7 +298,7 @@ async def start(config: Config, *, store: Store | None = None,
                            checkpoint_interval=config.checkpoint_interval / 1e6,
                            checkpoint_events=config.checkpoint_events,
                            lateness=config.admission().longest, reorder=config.reorder_buffer,
-                           letters=letters)
+                           letters=letters, composites=config.limits.composites or None)
         await asyncio.to_thread(running.start)
         service = MediatorService(opened, running, config, metrics, dispatcher, brokers,
                                   letters)

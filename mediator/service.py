@@ -49,7 +49,14 @@ from eva.parser import ProfileError
 from eva.units import format_span
 from mediator.config import PUBLISH_LANE, RESERVED_SERVICE, Config, Limits
 from mediator.dead_letters import DeadLetterLog
-from mediator.delivery import Closing, Dispatcher, Revoked, TokenError, token_position
+from mediator.delivery import (
+    Closing,
+    Dispatcher,
+    Revoked,
+    Suspended,
+    TokenError,
+    token_position,
+)
 from mediator.door import Door, LogWriteError, Tally, wall_clock
 from mediator.metrics import Metrics
 from mediator.reading import ReaderBug, ReaderFailed, Readers, ReadersBusy, ReadTimeout
@@ -86,6 +93,7 @@ class Pipeline(Protocol):
     def newest(self) -> int | None: ...
     def services(self) -> list[ServiceStatus]: ...
     def failure(self, owner: str, name: str) -> str | None: ...
+    def suspended(self, owner: str, name: str) -> str | None: ...
     def inputs(self) -> list[tuple[str, State, int, int]]: ...
     def placement(self, owner: str, name: str) -> dict[str, str]: ...
     @property
@@ -186,6 +194,9 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
                 record, bounds = await self._own(owner, request.name)
             after = self._resume_at(record, request.resume_token, bounds)
             failed = self.pipeline.failure(owner, record.name)
+            refused = self._suspension(owner, record.name)
+            if refused is not None:
+                raise refused
             if failed:
                 raise Refusal(grpc.StatusCode.FAILED_PRECONDITION,
                               f"subscription {_brief_name(record.name)} is not evaluated: "
@@ -193,10 +204,16 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
                               "that is mended")
             yield mediator_pb2.Notification(subscription=record.name, ready=True)
             log.info("%s subscribed to %s from position %d", owner, record.name, after)
-            async for message in self.dispatcher.stream(record, after):
+            # A suspension while it streams ends it, with the same status, once the log is sent.
+            async for message in self.dispatcher.stream(
+                    record, after, lambda: self.pipeline.suspended(owner, record.name)):
                 yield message
         except Refusal as refusal:
             await context.abort_with_status(refusal.status)
+        except Suspended:
+            refused = self._suspension(owner, record.name)
+            assert refused is not None  # (a suspension is never lifted but by a removal)
+            await context.abort_with_status(refused.status)
         except RetentionError as exc:
             await context.abort(grpc.StatusCode.OUT_OF_RANGE, f"{exc}; the client fell behind "
                                 "the log's retention")
@@ -208,6 +225,24 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
             raise
         except Exception as exc:
             await context.abort_with_status(_internal("Subscribe", exc))
+
+    def _suspension(self, owner: str, name: str) -> Refusal | None:
+        """RESOURCE_EXHAUSTED naming the limit a subscription was suspended at (None: it was
+        not): its output (or state) reached it, so the client's profile is the cause."""
+        limit = self.pipeline.suspended(owner, name)
+        failed = self.pipeline.failure(owner, name)
+        if limit is None or failed is None:
+            return None
+        return Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                       f"subscription {_brief_name(name)} is {failed} (the limit: "
+                       f"{self._limit_of(limit)})",
+                       reason(limit.upper(), self._limit_of(limit), "reached"))
+
+    def _limit_of(self, reason_: str) -> str:
+        """The configured value of a limit a subscription was suspended at, for ErrorInfo."""
+        if reason_ == "composite_limit":
+            return f"{self.limits.composites} composites per step (limits.composites)"
+        return "the engine's state cap (stored occurrences per profile)"
 
     @_answering
     async def AddProfile(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -303,8 +338,8 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
             composer=self.config.composer, started_us=self.started_us,
             event_log_head=self.store.event_head(), inputs=inputs, services=self._services(),
             subscriptions=subscriptions, subscriptions_total=len(self.store.subscriptions()),
-            events_in=_counts(self.metrics.events_in), dead_letters=_counts(
-                self.metrics.dead_letters),
+            events_in=_counts(self.metrics.events_in, "source"),
+            dead_letters=_counts(self.metrics.dead_letters, "reason"),
             composites_out=int(sum(_samples(self.metrics.composites_out, ()).values())))
 
     async def _own(self, owner: str, name: str) -> Owned:
@@ -643,9 +678,13 @@ def _samples(metric: Any, labels: tuple[str, ...]) -> dict[Any, float]:
     return out
 
 
-def _counts(metric: Any) -> list[Any]:
-    """A one-label counter as (name, count) pairs, largest first."""
-    found = _samples(metric, tuple(metric._labelnames))
+def _counts(metric: Any, label: str) -> list[Any]:
+    """A counter summed by one of its labels, as (value, count) pairs, largest first."""
+    labels = tuple(metric._labelnames)
+    found: dict[str, float] = {}
+    for key, count in _samples(metric, labels).items():
+        value = key if len(labels) == 1 else key[labels.index(label)]
+        found[value] = found.get(value, 0.0) + count
     return [mediator_pb2.Count(name=str(name), count=int(count))
             for name, count in sorted(found.items(), key=lambda item: (-item[1], str(item[0])))
             if count]

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import paho.mqtt.client as mqtt
 import pytest
 import redis
@@ -308,5 +309,19 @@ def test_following_the_dead_letters_shows_each_as_it_is_kept(tmp_path: Path) -> 
         mediator.client.publish([cloud("b", NOW - 1_000_000)])
         wait_for(lambda: len(got) == 2, what="the new letter")
         assert [(x.reason, x.id) for x in got] == [("malformed", ""), ("late", "b")]
+    finally:
+        mediator.close()
+
+
+def test_a_negative_position_is_invalid_argument_not_internal(tmp_path: Path) -> None:
+    """ListDeadLetters with ``after`` or ``last`` below 0 (found by ``make fuzz``: the store's
+    check raised and the call ended INTERNAL with a traceback in the log)."""
+    mediator = Mediator(tmp_path, "")
+    try:
+        for after, last in ((-1, 0), (0, -3), (-(1 << 63), 0)):
+            with pytest.raises(MediatorError) as refused:
+                list(mediator.client.dead_letters(after=after, last=last))
+            assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT, refused.value
+            assert "0 or more" in str(refused.value)
     finally:
         mediator.close()

@@ -290,3 +290,40 @@ def test_a_feed_at_a_tick_or_clock_step_key_is_ordered_with_the_instants_own_ste
                             + engine.close(13))
     assert got[emit] == expected
     assert got[None] != expected  # what stepping it at phase 0 gave
+
+
+def assert_limited_engine_equals_reference(doc: ast.Document, trace: list[Event],
+                                           limit: int) -> None:
+    """Under a composite limit the engine reports the reference's composites — the first
+    ``limit`` per operator and step — and one ``composite_limit`` letter per step the
+    reference cut, with collection on and off."""
+    limited: list[tuple[object, sem.Key]] = []
+    expected = signature(evaluate(doc, trace, tick=1, limit=limit, limited=limited))
+    for config in (EngineConfig(tick=1, composite_limit=limit),
+                   EngineConfig(tick=1, composite_limit=limit, gc=False)):
+        letters: list[DeadLetter] = []
+        got = signature(replay(doc, trace, config=config, dead_letter=letters.append))
+        assert got == expected, f"{config}\n{doc}"
+        cut = [d for d in letters if d.reason == "composite_limit"]
+        assert len(cut) == len(limited), f"{config}\n{doc}\n{cut}\n{limited}"
+
+
+@settings(max_examples=600)
+@given(doc=class_sets.flatmap(lambda c: documents(3, classes=c)), trace=traces(max_size=30),
+       limit=st.sampled_from([1, 2, 3, 5]))
+def test_random_profiles_under_a_composite_limit_match_the_reference(
+        doc: ast.Document, trace: list[Event], limit: int) -> None:
+    assert_limited_engine_equals_reference(doc, trace, limit)
+
+
+@pytest.mark.parametrize(("op", "left", "right", "pairs", "evaluation"), BINARY,
+                         ids=lambda v: str(v).strip() or "continuous")
+@settings(max_examples=6)
+@given(a=expressions(2), b=expressions(2), span=st.sampled_from([3, None]),
+       trace=traces(), limit=st.sampled_from([1, 2, 4]))
+def test_binary_operator_under_a_composite_limit_matches_reference(
+        op: str, left: ast.Dup, right: ast.Dup, pairs: ast.Pairs, evaluation: str,
+        a: ast.Expr, b: ast.Expr, span: int | None, trace: list[Event], limit: int) -> None:
+    expr = _binary(op, left, right, pairs, a, b, span)
+    doc = parse(CLASSES + f"profile P{evaluation} = {expr_text(expr)}\n")
+    assert_limited_engine_equals_reference(doc, trace, limit)

@@ -737,3 +737,73 @@ def test_sources_are_told_apart_when_two_sources_use_the_same_id(store: Store) -
     pipeline.stop()
     (only,) = store.read_notifications("alice", "s", 0)
     assert json.loads(only.payload)["sources"] == ["urn:s1", "urn:s2"]
+
+
+def with_another(store: Store, pipeline: Pipeline, text: str, exact: str,
+                 name: str = "deep") -> list[Line]:
+    """Alice's subscription ``name`` of ``text`` and Bob's ``exact`` one over 60 events, a and
+    b in turn a second apart (and the sentinel), through ``pipeline`` (started, then stopped):
+    what replay gives for ``exact``."""
+    events = [{"specversion": "1.0", "id": f"e{i}", "source": "s", "type": "ab"[i % 2],
+               "time": format_time(1_000_000 * (i + 1))} for i in range(60)] + [
+        {**SENTINEL, "time": format_time(1_000_000 * 100)}]
+    pipeline.start()
+    subscribe(pipeline, store, name, text)
+    subscribe(pipeline, store, "exact", exact, owner="bob")
+    publish(store, pipeline, events)
+    settle(pipeline, store)
+    pipeline.stop()
+    return replayed(exact, events)
+
+
+def test_a_subscription_beyond_the_composite_limit_is_suspended_and_the_others_go_on(
+        store: Store) -> None:
+    """Issue 28 item 4: nested untimed all_pairs whose composites would explode reach the
+    limit; that subscription is suspended — its status says why, it is evaluated no more, a
+    dead letter names the limit — while another one over the same events stays exact."""
+    expr = "A"
+    for _ in range(8):
+        expr = f"((all_dup({expr}), all_dup(A))_inf)_all_pairs"
+    deep = f'class A = type == "a"\nprofile Deep = {expr}\n'
+    exact = ('class A = type == "a"\nclass B = type == "b"\n'
+             'profile Pairs = ((last_dup(A); first_dup(B))_10s)_all_pairs\n')
+    pipeline = Pipeline(store, {}, composites=50, letters=DeadLetterLog(store))
+    want = with_another(store, pipeline, deep, exact)
+    assert len(want) == 140
+    failure = pipeline.failure("alice", "deep")
+    assert failure is not None and failure.startswith(
+        "suspended: profile 'Deep' reached its limit of 50 composites per step")
+    assert pipeline.suspended("alice", "deep") == "composite_limit"
+    assert pipeline.failure("bob", "exact") is None and pipeline.suspended("bob", "exact") is None
+    assert logged(store, "bob", "exact") == want
+    # What the deep one logged was decided before the limit: at most 50 a step.
+    assert 0 < len(logged(store, "alice", "deep")) <= 50 * 60
+    kept = store.read_dead_letters(0)
+    assert [(k.reason, k.where) for k in kept] == [("composite_limit", "subscription alice/deep")]
+
+
+def test_a_subscription_over_its_state_cap_is_suspended_not_the_pipeline_stopped(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runner's engine over its state cap wrote a dead letter the runner took for a bug
+    (an AssertionError that stopped the whole pipeline). It is a limit reached: that
+    subscription is suspended (``state_cap``), the pipeline and the others go on. (The cap is
+    10⁶ stored occurrences; made 20 here.)"""
+    import functools
+
+    import transforms.runner
+
+    monkeypatch.setattr(transforms.runner, "EngineConfig",
+                        functools.partial(EngineConfig, state_cap=20))
+    unbounded = ('class A = type == "a"\nclass B = type == "b"\n'
+                 'profile U = ((all_dup(A), all_dup(B))_inf)_all_pairs\n')
+    exact = ('class A = type == "a"\nclass B = type == "b"\n'
+             'profile Pairs = ((last_dup(A); first_dup(B))_3s)_unique_pairs\n')
+    pipeline = Pipeline(store, {}, letters=DeadLetterLog(store))
+    want = with_another(store, pipeline, unbounded, exact, name="u")
+    assert len(want) == 30
+    assert pipeline.error is None
+    assert pipeline.suspended("alice", "u") == "state_cap"
+    failure = pipeline.failure("alice", "u")
+    assert failure is not None and "exceeded its cap of 20 stored occurrences" in failure
+    assert logged(store, "bob", "exact") == want
+    assert [k.reason for k in store.read_dead_letters(0)] == ["state_cap"]

@@ -38,7 +38,7 @@ from adapters.undecodable import Throttle
 from eva import ast
 from eva.parser import parse
 from mediator import logs
-from mediator.client import MediatorClient
+from mediator.client import MediatorClient, MediatorError
 from mediator.config import Config, Limits, Tls
 from mediator.delivery import RateLimit, TokenError, resume_token, token_position
 from mediator.security import add_client, revoke_client
@@ -68,6 +68,7 @@ class Pipeline:
         self.wakes = 0
         self.advanced: list[int] = []
         self.failed: dict[tuple[str, str], str] = {}  # what failure() says
+        self.limited: dict[tuple[str, str], str] = {}  # what suspended() says
         self.error: BaseException | None = None
 
     def start(self) -> None: ...
@@ -94,6 +95,9 @@ class Pipeline:
 
     def failure(self, owner: str, name: str) -> str | None:
         return self.failed.get((owner, name))
+
+    def suspended(self, owner: str, name: str) -> str | None:
+        return self.limited.get((owner, name))
 
     def explain(self, doc: ast.Document) -> tuple[str, str]:
         return f"{len(doc.profiles)} profiles", "[]"
@@ -967,3 +971,26 @@ def test_subscribe_with_any_text_is_ok_or_invalid_argument(shared: Mediator, tex
     finally:
         stream.cancel()
 
+
+
+def test_a_subscription_suspended_at_a_limit_says_so_and_refuses_a_stream_as_exhausted(
+        mediator: Mediator) -> None:
+    """Issue 28 item 4: a subscription the pipeline suspended at the composite limit shows
+    why in GetProfile, and Subscribe to it is RESOURCE_EXHAUSTED naming the limit (ErrorInfo
+    COMPOSITE_LIMIT with the configured value)."""
+    md = mediator.client("alice")
+    mediator.stub.AddProfile(mediator_pb2.AddProfileRequest(profile_text=PROFILE, name="s"),
+                             metadata=md, timeout=TIMEOUT)
+    why = ("suspended: profile 'P' reached its limit of 10,000 composites per step "
+           "(composite_limit) at 2026-03-02T10:00:00Z: 3 operators made no more")
+    mediator.pipeline.failed[("alice", "s")] = why
+    mediator.pipeline.limited[("alice", "s")] = "composite_limit"
+    info = mediator.stub.GetProfile(mediator_pb2.GetProfileRequest(name="s"), metadata=md,
+                                    timeout=TIMEOUT)
+    assert info.status == why
+    error = refusal(lambda: mediator.stub.Subscribe(mediator_pb2.SubscribeRequest(name="s"),
+                                                    metadata=md, timeout=TIMEOUT))
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert why in (error.details() or "") and "(limits.composites)" in (error.details() or "")
+    found = MediatorError.from_rpc(error, "here")
+    assert found.reason == "COMPOSITE_LIMIT"

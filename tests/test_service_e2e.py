@@ -405,3 +405,91 @@ rate = 0
     finally:
         alice.close()
         mediator.stop()
+
+
+def _rss_kib(pid: int) -> int:
+    """A process's resident set now (VmRSS, KiB)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for process {pid}")
+
+
+def nested_all_pairs(depth: int) -> str:
+    """``depth`` nested untimed all_pairs conjunctions over A: after k events, one event makes
+    about k^depth composites (issue 28's probe grew the mediator to 1.45 GB with these)."""
+    expr = "A"
+    for _ in range(depth):
+        expr = f"((all_dup({expr}), all_dup(A))_inf)_all_pairs"
+    return f'class A = type == "a"\nprofile Deep = {expr}\n'
+
+
+@pytest.mark.xdist_group("service")
+def test_a_subscription_whose_output_explodes_is_suspended_and_memory_stays_flat(
+        tmp_path: Path) -> None:
+    """Issue 28, item 4: with ``limits.composites`` a subscription of 12 nested untimed
+    all_pairs conjunctions — 200^12 composites over this trace without a bound — is suspended
+    when one event reaches the limit: GetProfile says why, Subscribe is RESOURCE_EXHAUSTED
+    naming the limit (a stream open then ends so, once it has what was decided before), the
+    mediator's resident memory stays within 10 % of what it was before
+    the trace, and another client's subscription over the same events is exact."""
+    config = tmp_path / "mediator.toml"
+    config.write_text(f'listen = "127.0.0.1:{free_port()}"\n'
+                      f'store = "sqlite:///{tmp_path / "m.db"}"\ncomposer = "inprocess"\n'
+                      'log_level = "WARNING"\n[limits]\nrate = 0\ncomposites = 300\n')
+    tokens = {name: cli("clients", "add", name, "--config", str(config)).strip()
+              for name in ("mallory", "bob")}
+    exact = tmp_path / "exact.eva"
+    exact.write_text('class A = type == "a"\nclass B = type == "b"\n'
+                     'profile Pairs = ((last_dup(A); first_dup(B))_10s)_all_pairs\n')
+    start = _us("2026-03-02T00:00:00Z")
+
+    def events(first: int, count: int) -> list[dict[str, Any]]:
+        return [{"specversion": "1.0", "id": f"e{n}", "source": "s", "type": "ab"[n % 2],
+                 "time": format_time(start + n * 1_000_000)} for n in range(first, first + count)]
+
+    warm, trace = events(0, 100), events(100, 200)
+    expected = replay(warm + trace, tmp_path, exact, "Pairs")
+    mediator = Process("serve", "--config", str(config))
+    mallory = MediatorClient(mediator.address, tokens["mallory"])
+    bob = MediatorClient(mediator.address, tokens["bob"])
+    try:
+        assert mediator.proc is not None
+        bob.add_profile(exact.read_text(), name="exact")
+        reader = Reader(bob.subscribe(name="exact"))
+        # The mediator warmed up (a subscription evaluated, the store and the streams used)
+        # before the exploding one comes.
+        assert bob.publish(warm, advance_to=start + 99_500_000).accepted == len(warm)
+        done = replay(warm, tmp_path, exact, "Pairs")
+        reader.wait_for(len(done))
+        mallory.add_profile(nested_all_pairs(12), name="deep")
+        deep = Reader(mallory.subscribe(name="deep"))  # open when it is suspended
+        time.sleep(0.5)
+        before = _rss_kib(mediator.proc.pid)
+        assert bob.publish(trace, advance_to=start + 400 * 1_000_000).accepted == len(trace)
+        reader.wait_for(len(expected))
+        time.sleep(0.5)  # nothing more comes
+        after = _rss_kib(mediator.proc.pid)
+        assert composites(reader.got) == expected  # the other subscription is exact
+        status = mallory.profile("deep").status
+        assert status.startswith("suspended: profile 'Deep' reached its limit of 300 "
+                                 "composites per step"), status
+        with pytest.raises(MediatorError) as refused:
+            next(mallory.subscribe(name="deep"))
+        assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert refused.value.reason == "COMPOSITE_LIMIT"
+        assert "limit of 300 composites" in refused.value.message
+        assert "300 composites per step (limits.composites)" in refused.value.message
+        print(f"mediator RSS: {before} KiB before the trace, {after} KiB after")
+        assert after <= before * 1.1, (before, after)
+        # The open stream got what was decided before the suspension, then the same status.
+        deep.thread.join(30)
+        assert isinstance(deep.error, MediatorError), deep.error
+        assert deep.error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert deep.error.reason == "COMPOSITE_LIMIT"
+        head = mallory.profile("deep").log_head
+        assert 0 < len(deep.got) == head <= 300 * len(trace)
+    finally:
+        mallory.close()
+        bob.close()
+        mediator.stop()

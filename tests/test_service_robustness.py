@@ -239,6 +239,31 @@ def test_a_query_the_parser_chokes_on_is_invalid_argument_not_unknown(crash: Exc
         running.stop()
 
 
+@pytest.mark.parametrize("method,stream", [("Capabilities", False), ("Unsubscribe", False),
+                                           ("Publish", True)])
+def test_bytes_that_are_not_a_request_are_invalid_argument_in_one_line(
+        cg1: Running, method: str, stream: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """A request whose bytes do not decode (found by ``make fuzz``: UNKNOWN "Unexpected
+    DecodeError" with a traceback): INVALID_ARGUMENT naming the message, one log line per
+    client a minute, the service still serving — as at the mediator (adapters/undecodable.py)."""
+    path = f"/{SERVICE_NAME}/{method}"
+    corrupt = b"\x0a\xff\xff\xff\xff\x0f"  # a length beyond the message
+    with grpc.insecure_channel(f"127.0.0.1:{cg1.port}") as channel, \
+            caplog.at_level("WARNING", logger="evamed.requests"):
+        for _ in range(3):
+            with pytest.raises(grpc.RpcError) as refused:
+                if stream:
+                    channel.stream_unary(path)(iter([corrupt]), timeout=10)
+                else:
+                    channel.unary_unary(path)(corrupt, timeout=10)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
+            assert "is not a valid eva.base.v1." in str(refused.value.details())
+    assert "Traceback" not in caplog.text
+    assert len([r for r in caplog.records if "not a valid" in r.getMessage()]) <= 1
+    with BaseClient(f"127.0.0.1:{cg1.port}") as client:
+        assert client.health() == "SERVING"
+
+
 def test_a_long_query_line_is_cut_and_the_position_travels_in_bad_request(cg1: Running) -> None:
     """An 8 KB line with an error at its end, echoed whole with a caret, made the client see
     RESOURCE_EXHAUSTED (the message travels in metadata); now the line is cut around the

@@ -239,14 +239,20 @@ def _bug(letter: DeadLetter) -> None:
                          f"{letter.detail}")
 
 
+LIMITS = frozenset(("composite_limit", "state_cap"))
+"""Dead letters an engine of the runner writes about a profile's output or state (not about an
+input): the runner keeps them (``Runner.limited``) for its caller, which suspends the profile."""
+
+
 class _Keyed:
     """An engine over part of the trace whose reports carry the trace's keys: it numbers its
     own inputs, and each number is mapped back to the key of what was given."""
 
     def __init__(self, profiles: Iterable[ast.Profile], classes: tuple[ast.ClassDef, ...],
                  origin: int, tick: int, horizon: int | None,
-                 tags: dict[str, str] | None = None) -> None:
-        self.engine = Engine(EngineConfig(tick=tick), _bug)
+                 tags: dict[str, str] | None = None, limit: int | None = None,
+                 letter: Callable[[DeadLetter], None] = _bug) -> None:
+        self.engine = Engine(EngineConfig(tick=tick, composite_limit=limit), letter)
         self.engine.add_document(ast.Document(classes, tuple(profiles)))
         self.engine.begin(origin)
         # Input n's trace key is keys[n - first], given at the step time given[n - first];
@@ -419,14 +425,21 @@ class Runner:
 
     def __init__(self, plans: list[Plan], doc: ast.Document, dialects: Mapping[str, Dialect],
                  *, tick: int = 1_000_000, start: int | None = None,
-                 end: int | None = None) -> None:
+                 end: int | None = None, limit: int | None = None) -> None:
         """``dialects``: each service's, by the name the plans' nodes give it
         (``Remote.service``). A primitive leaf of a service without one — the mediator itself,
         :data:`~transforms.federated.MEDIATOR` — is the mediator's own feed: it takes the class
-        from the input (every event visible)."""
+        from the input (every event visible). ``limit``: the composite limit of its engines
+        (None: none); what they report of it, or of their state cap, is kept in ``limited``,
+        and from then on the runner settles nothing more (its answers would be incomplete: the
+        caller drops it — the mediator suspends the subscription)."""
         self.doc = doc
         self.dialects = dialects
         self.tick = tick
+        self.limit = limit
+        self.limited: list[DeadLetter] = []
+        """The engines' ``composite_limit`` and ``state_cap`` letters, oldest first: answers
+        beyond a limit are missing from then on, which only the caller can act on."""
         self.start = start
         self.end = end
         classes = doc.class_map()
@@ -700,8 +713,9 @@ class Runner:
             p.partitions = {}
             for value, key, order, outer, rerun, last, due, pending in data["partitions"]:
                 part = _Partition(value, key, order,
-                                  _keyed(outer, p.horizon, p.tags),
-                                  {i: _rerun(e, p.horizons[i]) for i, e in rerun.items()},
+                                  _keyed(outer, p.horizon, p.tags, self._letter),
+                                  {i: _rerun(e, p.horizons[i], self._letter)
+                                   for i, e in rerun.items()},
                                   last, due, list(pending))
                 p.partitions[key] = part
                 by_order[order] = (p, part)
@@ -710,6 +724,13 @@ class Runner:
         self._wake = [(t, order, n, *by_order[order]) for t, order, n in state["wake"]
                       if order in by_order]
         heapq.heapify(self._wake)
+
+    def _letter(self, letter: DeadLetter) -> None:
+        """An engine's dead letter: a limit reached is kept; any other is a bug (the runner
+        gives its engines only what was admitted)."""
+        if letter.reason not in LIMITS:
+            _bug(letter)
+        self.limited.append(letter)
 
     # ---------------------------------------------------------------- statistics
 
@@ -750,6 +771,8 @@ class Runner:
             self._take_over(p, bound)
         out: list[Notification] = []
         for p, partition in self._due(bound):
+            if self.limited:
+                break  # a limit was reached: answers are incomplete, the caller drops us
             out.extend(self._settle(p, partition, bound, final))
             if self._resting(p, partition, bound):
                 del p.partitions[partition.key]
@@ -857,7 +880,8 @@ class Runner:
     def _open(self, p: _Profile, value: Any, origin: int) -> _Partition:
         classes = self.doc.classes
         outer = None if p.root is not None else _Keyed([p.outer], classes, origin, self.tick,
-                                                        p.horizon, p.tags)
+                                                        p.horizon, p.tags, self.limit,
+                                                        self._letter)
         rerun = {}
         for leaf in p.leaves:
             if leaf.external and not leaf.taken:
@@ -866,7 +890,8 @@ class Runner:
                               else ast.Evaluation.CONTINUOUS)
                 profile = ast.Profile(leaf.external, rerun_target(leaf.node), None, evaluation)
                 rerun[leaf.index] = _Keyed([profile], classes, origin, self.tick,
-                                           p.horizons[leaf.index])
+                                           p.horizons[leaf.index], None, self.limit,
+                                           self._letter)
         made = _Partition(value, partition_key(value) if p.profile.per is not None else None,
                           (p.index, p.opened), outer, rerun, origin + 1)
         p.opened += 1
@@ -930,6 +955,10 @@ class Runner:
                     if isinstance(item[3], tuple)]
         out: list[Notification] = []
         for emit, _, _, given in pending:
+            if self.limited:
+                # A limit was reached: the answers from here on are incomplete and the caller
+                # drops the runner; going on would only make more of what the limit bounds.
+                return [Notification(name, value, n.occ, n.emitted) for n in out]
             if isinstance(given, Event):
                 out.extend(outer.push(given))
             else:
@@ -948,20 +977,22 @@ def _keyed_state(keyed: _Keyed | None) -> dict[str, Any] | None:
 
 
 def _keyed(data: dict[str, Any] | None, horizon: int | None,
-           tags: dict[str, str] | None = None) -> _Keyed | None:
+           tags: dict[str, str] | None = None,
+           letter: Callable[[DeadLetter], None] = _bug) -> _Keyed | None:
     """The engine :func:`_keyed_state` wrote (its horizon and tags are the profile's)."""
     if data is None:
         return None
     made = _Keyed.__new__(_Keyed)
-    made.engine = restore(base64.b64decode(data["engine"]), _bug)
+    made.engine = restore(base64.b64decode(data["engine"]), letter)
     made.keys, made.given = list(data["keys"]), list(data["given"])
     made.first, made.local = data["first"], dict(data["local"])
     made.horizon, made.tags = horizon, tags or {}
     return made
 
 
-def _rerun(data: dict[str, Any], horizon: int | None) -> _Keyed:
-    made = _keyed(data, horizon)
+def _rerun(data: dict[str, Any], horizon: int | None,
+           letter: Callable[[DeadLetter], None] = _bug) -> _Keyed:
+    made = _keyed(data, horizon, None, letter)
     assert made is not None
     return made
 

@@ -95,6 +95,7 @@ from adapters.backends.sessions import (
     Stream,
     dropped_reason,
 )
+from adapters.undecodable import RefuseUndecodable
 from adapters.wire import SERVICE_NAME, base_pb2, base_pb2_grpc
 from eva.events import Event, EventError, from_json_line, to_cloudevent
 from eva.units import format_span
@@ -1197,7 +1198,9 @@ async def start(group: str, listen: str, tick: int = 1_000_000, queue_size: int 
         store: Store = SqliteStore(data, group) if data is not None else MemoryStore()
     except LogError as exc:
         raise OSError(str(exc)) from None
-    server = grpc.aio.server(options=[
+    # A request whose bytes do not decode: INVALID_ARGUMENT in one throttled line, as at the
+    # mediator, not UNKNOWN with a traceback (issue 28, item 3; found by `make fuzz`).
+    server = grpc.aio.server(interceptors=[RefuseUndecodable()], options=[
         ("grpc.so_reuseport", 0),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ])

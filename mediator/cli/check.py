@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from mediator.cli.common import counted, load, out_console, print_table
+from mediator.cli.common import counted, err, load, out_console, print_table
 
 if TYPE_CHECKING:
     from eva import ast
@@ -28,6 +28,7 @@ def check(file: Annotated[Path, typer.Argument(help="A profile file.")],
               f"{TABLE_AT_MOST} profiles).")] = False) -> None:
     """Parse and validate a profile file; summarise what it holds (each profile with
     --verbose). An error names the line and column, what was found and what was expected.
+    A profile whose composites can grow exponentially is warned about on stderr.
 
     Example: evamed check examples/logistics/profiles.eva
     """
@@ -48,9 +49,31 @@ def check(file: Annotated[Path, typer.Argument(help="A profile file.")],
         for row in rows:
             table.add_row(*(escape(cell) for cell in row))
         print_table(table, console)
-        return
-    for line in _summary(rows):
-        console.print("  " + escape(line), highlight=False, soft_wrap=True)
+    else:
+        for line in _summary(rows):
+            console.print("  " + escape(line), highlight=False, soft_wrap=True)
+    for line in warnings(doc):
+        err.print(escape(line), highlight=False, soft_wrap=True)
+
+
+def warnings(doc: ast.Document) -> list[str]:
+    """A line for each profile whose composites can grow exponentially (eva.retention.growth):
+    nested operators that each pair a new occurrence with everything they stored."""
+    from eva.engine import COMPOSITE_LIMIT
+    from eva.retention import growth
+
+    out = []
+    for profile in doc.profiles:
+        nested = growth(profile.expr)
+        if nested >= 2:
+            out.append(f"warning: profile {profile.name}: its composites can grow exponentially: "
+                       f"{nested} nested operators pair each new occurrence with every one "
+                       "they stored (no span, all_pairs or all_dup), so after k events one "
+                       f"event can make about k^{nested} composites; evaluation makes at most "
+                       f"{COMPOSITE_LIMIT:,} per operator and event (the composite limit) and "
+                       "the mediator suspends the subscription beyond it — set a span, or "
+                       "select first_dup/last_dup with unique_pairs")
+    return out
 
 
 def _summary(rows: list[tuple[str, ...]]) -> list[str]:

@@ -63,6 +63,10 @@ def replay(
                        ] = "1d",
     until: Annotated[str | None, typer.Option(help="End of the trace (RFC 3339); default: the "
                                                    "last event's time.")] = None,
+    composite_limit: Annotated[int, typer.Option(
+        help="Composites each operator of a profile reports per event at most; beyond it no "
+             "more are made and the event is a dead letter (composite_limit). 0: no limit.")
+                               ] = 10_000,
     summary: Annotated[bool, typer.Option(help="Print a count per profile to stderr.")] = False,
     via: Annotated[str | None, typer.Option(
         help="Through the whole transformation path to group cg0 … cg5's base service: plan, "
@@ -130,7 +134,9 @@ def replay(
     doc = load(profiles)
     names = known_profiles(doc, profile, profiles)
     wanted = profile or None
-    config = _config(doc, wanted, tick_us, lateness, horizon)
+    if composite_limit < 0:
+        fail(f"--composite-limit {composite_limit}: expected 0 (no limit) or more")
+    config = _config(doc, wanted, tick_us, lateness, horizon, composite_limit or None)
 
     from mediator.cli import runs
     from mediator.cli.serve import tune_gc
@@ -169,7 +175,7 @@ def replay(
 
 
 def _config(doc: ast.Document, wanted: list[str] | None, tick: int, lateness: str,
-            horizon: str) -> EngineConfig:
+            horizon: str, composite_limit: int | None) -> EngineConfig:
     """The admitting engine's configuration; exit 2 if --horizon or --lateness is not a span."""
     from eva.engine import EngineConfig
     from eva.retention import longest, retention
@@ -182,7 +188,7 @@ def _config(doc: ast.Document, wanted: list[str] | None, tick: int, lateness: st
     return EngineConfig(tick=tick, allowed_lateness=span_option(lateness, "lateness") or 0,
                         remember=longest(retention(p.expr).horizon for p in doc.profiles
                                          if not wanted or p.name in wanted),
-                        horizon=horizon_us)
+                        horizon=horizon_us, composite_limit=composite_limit)
 
 
 def _summary(names: list[str], counts: Counter[str], letters: int) -> None:
