@@ -233,6 +233,8 @@ class MediatorError(Exception):
                 reason = info.reason
         if violations:
             message = "; ".join(description for _, description in violations)
+        elif code == grpc.StatusCode.UNAVAILABLE and reason == "STORE_UNAVAILABLE":
+            message = f"the mediator at {address} cannot reach its store: {details}"
         elif code == grpc.StatusCode.UNAVAILABLE:
             message = f"cannot reach the mediator at {address}: {details}"
         elif code == grpc.StatusCode.UNAUTHENTICATED:

@@ -16,7 +16,7 @@ import os
 import re
 import tomllib
 from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -183,6 +183,14 @@ class Config:
     sinks: tuple[SinkConfig, ...] = ()
     source_limits: Mapping[str, SourceLimits] = field(default_factory=dict)
     """Per ``[[sources]]`` name: its ``lateness`` and ``max_event_bytes`` when stated."""
+
+    def __repr__(self) -> str:
+        """The dataclass's repr with passwords redacted (the store URL's, a broker's): a
+        configuration is printed and logged (issue 29)."""
+        from mediator.logs import redact
+
+        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)
+        return redact(f"Config({shown})")
 
     def admission(self) -> Rules:
         """The door's rules (eva/admission.py): the lateness and size limit of each lane —

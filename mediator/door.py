@@ -31,11 +31,12 @@ from typing import Any
 
 import orjson
 
-from eva.admission import Admission, Reason, Refused, Trial, too_large
+from eva.admission import NEVER, Admission, Reason, Refused, Trial, too_large
 from eva.events import Event, EventError, brief_repr, from_json_line
 from mediator.config import PUBLISH_LANE, Config
 from mediator.dead_letters import DeadLetterLog, Letter
 from mediator.metrics import Metrics
+from mediator.security import may_publish
 from mediator.store.base import Store
 from transforms.federated import ServiceInfo
 
@@ -108,6 +109,9 @@ class Door:
         head = self.store.event_head()
         after = max(0, head - SEEDED)
         admission = self.admission
+        # What lies before the tail is not remembered: an unseeded event is no later than the
+        # newest at the first seeded one's arrival — at most its time plus the lateness.
+        first: int | None = None if after == 0 else NEVER
         while after < head:
             batch = self.store.read_events(after, 1000)
             if not batch:
@@ -118,15 +122,21 @@ class Door:
                 except EventError:
                     continue  # accepted by another version: not this one's to judge
                 admission.take(event)
+                if first is not None and first == NEVER:
+                    first = event.time
             after = batch[-1].position
+        if first is not None and first != NEVER and admission.newest is not None:
+            admission.ids.forget_until(min(first + self.rules.longest, admission.newest))
         kept = self.store.get_meta(ADVANCE_KEY)
         if kept is not None:
             with contextlib.suppress(ValueError):
                 admission.advance(int(kept))
 
     async def take(self, lines: Iterable[str], tally: Tally, append: Any, *,
-                   lane: str = PUBLISH_LANE, client: str = "") -> None:
-        """One batch, under :attr:`order` (the caller holds it): each line judged, the accepted
+                   lane: str = PUBLISH_LANE, client: str = "",
+                   granted: Sequence[str] | None = None) -> None:
+        """One batch, under :attr:`order` (the caller holds it): each line judged (``granted``:
+        the sources the publishing client may publish under; None: a broker's), the accepted
         appended with ``append(lines)`` (in a thread; durable), the state committed, the
         pipeline woken by the caller. Refusals in ``tally`` and the dead-letter log.
         LogWriteError if the write failed: nothing of ``lines`` was accepted (the refusals
@@ -136,7 +146,7 @@ class Door:
         letters: list[Letter] = []
         start = tally.index
         for line in lines:
-            judged = self._judge(line, trial, lane)
+            judged = self._judge(line, trial, lane, client, granted)
             if judged.refused is None:
                 accepted.append(judged.line)
             else:
@@ -169,7 +179,8 @@ class Door:
             return topic
         return f"event {index}"
 
-    def _judge(self, line: str, trial: Trial, lane: str) -> Judged:
+    def _judge(self, line: str, trial: Trial, lane: str, client: str = "",
+               granted: Sequence[str] | None = None) -> Judged:
         size = len(line.encode("utf-8", "surrogatepass"))
         refused = too_large(size, self.rules.max_bytes_of(lane))
         if refused is not None:
@@ -182,6 +193,13 @@ class Door:
             log.exception("an event could not be read")
             return Judged(line, None, Refused(Reason.MALFORMED, f"could not be read "
                                               f"({type(exc).__name__})"))
+        if granted is not None and not may_publish(granted, event.source):
+            # Before the duplicate memory and the newest time see it: another client's source
+            # and id taken first would make that client's real event a `duplicate`.
+            return Judged(line, event, Refused(
+                Reason.FORBIDDEN, f"client {client!r} may not publish under source "
+                f"{brief_repr(event.source)}: it may under {_patterns(granted)} (the operator "
+                "grants sources: evamed clients add NAME --sources PATTERN…)"))
         owner = self._producer(event)
         if owner:
             return Judged(line, event, Refused(
@@ -212,6 +230,12 @@ class Door:
             self.store.set_meta(ADVANCE_KEY, str(mark))
         except Exception as exc:  # the advance holds in this process all the same
             log.warning("the advance to %d could not be kept in the store: %s", mark, exc)
+
+
+def _patterns(granted: Sequence[str]) -> str:
+    """A grant as a message quotes it: the first few patterns, each cut."""
+    shown = " ".join(brief_repr(p) for p in granted[:5])
+    return shown + (f" and {len(granted) - 5} more" if len(granted) > 5 else "")
 
 
 def _loose_id(line: str) -> str:
