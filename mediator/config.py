@@ -439,7 +439,23 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None,
     values["sinks"] = _sinks(_tables(raw, env, origin, "sinks", list(_SINK)))
     config = Config(**values)
     _check_tls(config.tls, origin)
+    _check_pace(config, origin)
     return config
+
+
+PACED_SECONDS = 10
+"""A subscription's log keeps at least this many seconds of notifications at ``limits.rate``."""
+
+
+def _check_pace(config: Config, origin: str) -> None:
+    """``retention`` and ``limits.rate`` together: a log that holds less than PACED_SECONDS of
+    delivery at the rate would be trimmed under a reader the mediator itself holds back (the
+    pace is lifted half the retention behind the head, docs/operations.md, "Delivery")."""
+    rate = config.limits.rate
+    if rate > 0 and config.retention < PACED_SECONDS * rate:
+        raise ConfigError(f"{origin}: retention {config.retention:,} holds less than "
+                          f"{PACED_SECONDS} s of limits.rate ({rate:,g}/s); expected retention "
+                          f"≥ {PACED_SECONDS * rate:,.0f}, or a lower rate")
 
 
 def _known(table: Mapping[str, Any], known: list[str], origin: str, prefix: str) -> None:
