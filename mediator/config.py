@@ -166,6 +166,7 @@ class Config:
     retention: int = 100_000
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
+    metrics_token: str = field(default="", repr=False)  # a secret: never shown
     log_json: bool = False
     log_level: str = "INFO"
     drain: int = 3_000_000
@@ -344,7 +345,8 @@ def _names(value: Any, where: str) -> tuple[str, ...]:
 _TOP: dict[str, Convert] = {
     "listen": _address, "store": _store, "composer": _choice(COMPOSERS), "tick": _span(1),
     "future": _span(0), "retention": _whole(1), "metrics_port": _whole(0),
-    "metrics_host": _text, "log_json": _flag, "log_level": _choice(LOG_LEVELS, str.upper),
+    "metrics_host": _text, "metrics_token": _text, "log_json": _flag,
+    "log_level": _choice(LOG_LEVELS, str.upper),
     "drain": _span(0), "idle_timeout": _span(1), "checkpoint_interval": _span(1_000_000),
     "checkpoint_events": _whole(1), "lateness": _span(0), "max_event_bytes": _whole(64),
     "reorder_buffer": _whole(1),

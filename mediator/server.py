@@ -317,8 +317,8 @@ async def start(config: Config, *, store: Store | None = None,
         await asyncio.to_thread(brokers.start, _accepting(service, asyncio.get_running_loop()),
                                 opened.subscriptions())
         server, health_servicer, port = _server(config, opened, service, creds)
-        metrics_port = (metrics.serve(config.metrics_port, config.metrics_host)
-                        if config.metrics_port else 0)
+        metrics_port = (metrics.serve(config.metrics_port, config.metrics_host,
+                                      config.metrics_token) if config.metrics_port else 0)
         await server.start()
     except BaseException:
         if brokers is not None:

@@ -118,3 +118,50 @@ def test_a_store_url_that_does_not_parse_is_refused_without_its_password(
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "s3cr" not in done.stdout + done.stderr, done.stderr
     assert "error:" in done.stderr
+
+
+def test_the_metrics_endpoint_takes_a_token_and_no_label_takes_an_event_source(
+        tmp_path: Path) -> None:
+    """With `metrics_token` the endpoint answers 401 without it; 2,000 events under 2,000
+    sources (taken, refused as duplicates and as late) add no series per source."""
+    import json
+    import time
+    import urllib.error
+    import urllib.request
+
+    from eva.events import format_time
+    from mediator.client import MediatorClient
+    from tests.servers import free_port
+
+    store = SqliteStore(tmp_path / "m.db")
+    token = add_client(store, "ops", operator=True)
+    running = serve(Config(listen="127.0.0.1:0", metrics_port=free_port(),
+                           metrics_token="m3trics-t0ken"), store=store)
+    url = f"http://127.0.0.1:{running.metrics_port}/metrics"
+
+    def scrape(header: str | None) -> str:
+        request = urllib.request.Request(url, headers={"Authorization": header} if header else {})
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return str(answer.read().decode())
+
+    try:
+        for header in (None, "Bearer wrong", f"Bearer\xa0{'m3trics-t0ken'}"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                scrape(header)
+            assert refused.value.code == 401
+        before = [ln for ln in scrape("Bearer m3trics-t0ken").splitlines()
+                  if ln.startswith("evamed_")]
+        now = time.time_ns() // 1000
+        events = [json.dumps({"specversion": "1.0", "id": "x", "source": f"device-{n}",
+                              "type": "t", "time": format_time(now - (n % 2) * 60_000_000)})
+                  for n in range(2_000)]
+        with MediatorClient(f"127.0.0.1:{running.port}", token) as client:
+            reply = client.publish(events + events[:10])
+        assert reply.accepted > 0 and reply.dead_lettered > 0
+        after = [ln for ln in scrape("Bearer m3trics-t0ken").splitlines()
+                 if ln.startswith("evamed_")]
+        assert not any("device-" in ln for ln in after)
+        assert len(after) <= len(before) + 10, len(after) - len(before)
+    finally:
+        running.stop(1.0)
+        store.close()
