@@ -273,6 +273,12 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
+def unwrapped(store: Store) -> Store:
+    """The store itself, not a :class:`Waiting` view of it (its kind decides where the Spark
+    composer reads)."""
+    return store.inner if isinstance(store, Waiting) else store
+
+
 class Waiting:
     """A store that waits out an outage: every call that fails with :class:`StoreError` is
     tried again (after 0.1 s, doubling to 2 s) until the store answers, or until
@@ -287,6 +293,11 @@ class Waiting:
         self._store = store
         self._abandoned = threading.Event()
         self.down: StoreError | None = None
+
+    @property
+    def inner(self) -> Store:
+        """The store waited on (what its kind is: SQLite, Redis)."""
+        return self._store
 
     def abandon(self) -> None:
         """Stop waiting: a call waiting now, or failing later, raises its error."""
