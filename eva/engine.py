@@ -26,6 +26,7 @@ from eva import semantics as sem
 from eva.classes import ClassIndex, TypePlan, label, next_tick
 from eva.compiler import ProfileSpec, compile_profile, external_id
 from eva.events import PRIMITIVE, DeadLetter, Event, brief_repr, field_path
+from eva.interrupt import STOP, Interrupted
 from eva.retention import longest, retention
 from eva.semantics import Key, Notification, Occ, partition_key
 from eva.state import Budget, SnapshotError
@@ -614,10 +615,13 @@ class Engine:
             if self._done_until is not None and bound > self._done_until:
                 self._done_until = bound
             return out
+        stop = STOP
         while True:
             instant = self._next_instant()
             if instant is None or instant > bound:
                 break
+            if stop[0]:  # a signal asked for a stop: here, between two instants
+                raise Interrupted(f"interrupted before {instant} µs")
             self._instant(instant)
             self._done_until = instant
         if self._done_until is not None and bound > self._done_until:
