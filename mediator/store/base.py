@@ -332,4 +332,5 @@ class Waiting:
                     logging.getLogger("evamed.store").warning(
                         "the store answers again: the pipeline goes on")
                 return result
+        self.__dict__[name] = call  # made once per method: found directly from then on
         return call
