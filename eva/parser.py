@@ -79,9 +79,6 @@ def _parser() -> Lark:
     return Lark(resources.files("eva").joinpath("grammar.lark").read_text(), **_OPTIONS)
 
 
-_CHECKED = 64 * 1024
-"""Characters from which a document the fast reader gave up on is first checked for a syntax
-error by :func:`_checker` (below, the tree costs too little to matter)."""
 _EMPTY: Tree[Any] = Tree("_", [])
 
 
@@ -997,17 +994,16 @@ def _statement_alone(source: str, at: int, filename: str) -> None:
 
 
 def _lark_parse(source: str, filename: str, near: int | None = None) -> ast.Document:
-    """The document of ``source`` read by lark and the builder; raises ProfileError. A long
-    one is first checked for a syntax error without a tree, then the statement around
+    """The document of ``source`` read by lark and the builder; raises ProfileError. It is
+    first checked for a syntax error without a tree, then the statement around
     ``near`` (where the direct reader gave up) read alone: a refusal costs what its statement
-    costs (docs/language.md, "Limits")."""
-    if len(source) >= _CHECKED:
-        try:
-            _checker().parse(source)
-        except UnexpectedInput as exc:
-            raise _syntax_error(exc, source, filename) from None
-        if near is not None:
-            _statement_alone(source, near, filename)
+    costs (docs/language.md, "Limits"). Every size alike, so reading stays linear in it."""
+    try:
+        _checker().parse(source)
+    except UnexpectedInput as exc:
+        raise _syntax_error(exc, source, filename) from None
+    if near is not None:
+        _statement_alone(source, near, filename)
     try:
         tree = _parser().parse(source)
     except UnexpectedInput as exc:
