@@ -49,6 +49,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -91,6 +92,17 @@ LAG_EVERY = 2.0
 KEYS = {"name", "kind", "url", "streams", "rules", "payload_field", "cloudevent_field", "group", "consumer",
          "start", "count", "block", "claim_idle", "sources", "types"}
 """The keys of a Redis source's table (mediator/config.py lists them in its documentation)."""
+
+
+def _where(url: str) -> str:
+    """Where a Redis URL points, for a log line: never its password."""
+    try:
+        parts = urlsplit(url)
+        if parts.scheme == "unix":
+            return parts.path
+        return f"{parts.hostname}:{parts.port or 6379}{parts.path or '/0'}"
+    except ValueError:
+        return "an unreadable URL"
 
 
 @dataclass(frozen=True)
@@ -155,7 +167,11 @@ def parse_config(name: str, raw: Mapping[str, Any]) -> RedisSourceConfig:
                                  "'redis' for a Redis Streams source")
     url = raw.get("url")
     if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
-        raise MappingConfigError(f"{where}: url is {brief_repr(url)}, expected "
+        # The scheme only: a URL may carry a password (issue 29).
+        found = (f"a URL of scheme {brief_repr(url.partition('://')[0][:20])}"
+                 if isinstance(url, str) and "://" in url else
+                 "not a URL" if isinstance(url, str) else brief_repr(url))
+        raise MappingConfigError(f"{where}: url is {found}, expected "
                                  "'redis://host:port/db' (or rediss://, unix://)")
     streams = raw.get("streams")
     if (not isinstance(streams, list) or not streams
@@ -487,7 +503,7 @@ class RedisSource(InProcessLink):
         if state.attempt_number == 1 or state.attempt_number % 20 == 0:  # not every second
             error = state.outcome.exception() if state.outcome is not None else None
             log.warning("Redis source %s: attempt %d to connect to %s failed (%s); trying "
-                        "again", self.info.name, state.attempt_number, self.config.url,
+                        "again", self.info.name, state.attempt_number, _where(self.config.url),
                         _what(error))
 
     def _open(self) -> redis.Redis:

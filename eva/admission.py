@@ -47,6 +47,8 @@ class Reason(StrEnum):
     """More than the horizon ahead of the newest event time (or the clock)."""
     MISROUTED = "misrouted"
     """Produced at an autonomous service's coverage: publish it there."""
+    FORBIDDEN = "forbidden"
+    """Its source is not one the publishing client was granted (``clients add --sources``)."""
     STATE_CAP = "state_cap"
     """The engine's state cap evicted stored occurrences (answers that needed them are lost)."""
     COMPOSITE_LIMIT = "composite_limit"
@@ -142,16 +144,26 @@ class Ids:
     """The (source, id) pairs of admitted events, in two generations: the older is dropped when
     the watermark passes the newest event time at which it stopped being the newer, plus the
     window (so an id is kept at least the window and at most about twice), or when the newer
-    holds ``size`` ids. Two set look-ups per event."""
+    holds ``size`` ids. Two look-ups per event.
 
-    __slots__ = ("_new", "_old", "_rotate_at", "size", "window")
+    Each pair keeps its event time, so a dropped generation leaves :attr:`forgotten`, the newest
+    time it held: an event at or before it whose pair is not remembered may be a copy the
+    memory no longer knows, and is refused (``late``) rather than taken — taken, a copy at its
+    original time would repeat its composites' identities, and they would be lost without a
+    trace (docs/semantics.md §17). A window rotation drops only times already behind the
+    watermark, so this refuses something only after a count rotation: more than ``size`` ids
+    within the lateness."""
+
+    __slots__ = ("_new", "_old", "_rotate_at", "forgotten", "size", "window")
 
     def __init__(self, window: int | None, size: int = REMEMBERED) -> None:
         self.window = window
         self.size = size
-        self._new: set[tuple[str, str]] = set()
-        self._old: set[tuple[str, str]] = set()
+        self._new: dict[tuple[str, str], int] = {}
+        self._old: dict[tuple[str, str], int] = {}
         self._rotate_at = NEVER if window is None else -NEVER
+        self.forgotten = -NEVER
+        """The newest event time of an id dropped from the memory."""
 
     def __contains__(self, pair: tuple[str, str]) -> bool:
         return pair in self._new or pair in self._old
@@ -163,13 +175,23 @@ class Ids:
         """Before an admission at ``t``: drop the older generation if the watermark ``done``
         passed its bound or the newer one is full."""
         if (done is not None and done > self._rotate_at) or len(self._new) >= self.size:
-            self._old, self._new = self._new, set()
+            if self._old:
+                top = max(self._old.values())
+                if top > self.forgotten:
+                    self.forgotten = top
+            self._old, self._new = self._new, {}
             window = self.window
             self._rotate_at = NEVER if window is None else (
                 t if newest is None else newest) + window
 
-    def add(self, pair: tuple[str, str]) -> None:
-        self._new.add(pair)
+    def add(self, pair: tuple[str, str], t: int) -> None:
+        self._new[pair] = t
+
+    def forget_until(self, t: int) -> None:
+        """Ids of events at or before ``t`` may have been admitted without being remembered
+        (a restart seeds the memory from the event log's tail only)."""
+        if t > self.forgotten:
+            self.forgotten = t
 
 
 T = TypeVar("T")
@@ -178,13 +200,19 @@ T = TypeVar("T")
 class Reorder(Generic[T]):
     """Admitted items given out in time order (arrival order within an instant) once the
     watermark passes them: the newest time taken minus ``lateness``, or an advance, whichever
-    is later. At most ``capacity`` are held; beyond, the oldest is given out early."""
+    is later. At most ``capacity`` are held; beyond, the oldest is given out early.
 
-    def __init__(self, lateness: int = 0, capacity: int = CAPACITY) -> None:
+    With a ``clock`` (the mediator's) the newest time counts no later than now: an event ahead
+    of the clock is held until its time comes rather than moving the watermark there — one
+    producer's far-ahead event would otherwise make every other producer's events late."""
+
+    def __init__(self, lateness: int = 0, capacity: int = CAPACITY,
+                 clock: Callable[[], int] | None = None) -> None:
         if lateness < 0 or capacity < 1:
             raise ValueError(f"lateness {lateness} and capacity {capacity}: expected ≥ 0 and ≥ 1")
         self.lateness = lateness
         self.capacity = capacity
+        self.clock = clock
         self.newest: int | None = None
         """The newest time taken."""
         self.released: int | None = None
@@ -233,8 +261,17 @@ class Reorder(Generic[T]):
         out = self._pop(NEVER)
         return out
 
+    def _top(self) -> int | None:
+        """The newest time taken, no later than the clock."""
+        newest = self.newest
+        if newest is None or self.clock is None:
+            return newest
+        now = self.clock()
+        return now if now < newest else newest
+
     def _bound(self) -> int:
-        bound = -NEVER if self.newest is None else self.newest - self.lateness
+        top = self._top()
+        bound = -NEVER if top is None else top - self.lateness
         return bound if self.advanced is None or self.advanced < bound else self.advanced
 
     def _due(self) -> list[T]:
@@ -259,7 +296,7 @@ class Reorder(Generic[T]):
     @property
     def watermark(self) -> int | None:
         """Every instant at or before it is complete: given out whole (None: nothing yet)."""
-        newest = self.newest
+        newest = self._top()
         mark = None if newest is None else newest - self.lateness - 1
         advanced = self.advanced
         if advanced is not None and (mark is None or advanced > mark):
@@ -321,6 +358,12 @@ class Admission:
         if why:
             return Refused(Reason.LATE, f"event time {format_time(t)} is behind the watermark: "
                            f"{why}")
+        if t <= self.ids.forgotten:
+            return Refused(Reason.LATE, f"event time {format_time(t)} is at or before "
+                           f"{format_time(self.ids.forgotten)}, the newest time the duplicate "
+                           f"memory had to forget (more than {self.ids.size:,} events within "
+                           "the allowed lateness): a copy of an event taken then could not be "
+                           "told apart, and taken it would repeat that event's composites")
         horizon = self.rules.horizon
         if horizon is not None:
             now = at if at is not None or self.clock is None else self.clock()
@@ -340,6 +383,11 @@ class Admission:
             return f"at or before the advance to {format_time(self.advanced)}"
         if newest is None:
             newest = self.newest
+        if newest is not None and self.clock is not None:
+            # Measured from now at the latest: an event another producer sent ahead of the
+            # clock (within the horizon) must not make this one late (issue 29).
+            now = self.clock()
+            newest = now if now < newest else newest
         late = self.rules.lateness_of(lane)
         if newest is not None and t < newest - late:
             return (f"the newest event time {format_time(newest)}"
@@ -352,7 +400,7 @@ class Admission:
 
     def take(self, event: Event) -> None:
         """Record an admitted event."""
-        self.ids.add((event.source, event.id))
+        self.ids.add((event.source, event.id), event.time)
         if self.newest is None or event.time > self.newest:
             self.newest = event.time
 
@@ -440,11 +488,11 @@ class Stream:
             fresh = ids._new
             pair = (event.source, event.id)
             if (pair not in fresh and pair not in ids._old and len(fresh) < ids.size
-                    and done <= ids._rotate_at):
+                    and done <= ids._rotate_at and t > ids.forgotten):
                 reorder = self.reorder
                 released = reorder.released
                 if released is None or t >= released:
-                    fresh.add(pair)
+                    fresh[pair] = t
                     top = t if t > newest else newest
                     admission.newest = reorder.newest = top
                     if not reorder._heap and t <= top - reorder.lateness:

@@ -38,6 +38,7 @@ from eva.events import (
     field_path,
     format_time,
 )
+from eva.interrupt import STOP, Interrupted
 from eva.retention import longest, retention
 from eva.semantics import Key, Notification, Occ, partition_key
 from eva.state import Budget, SnapshotError
@@ -638,10 +639,13 @@ class Engine:
             if self._done_until is not None and bound > self._done_until:
                 self._done_until = bound
             return out
+        stop = STOP
         while True:
             instant = self._next_instant()
             if instant is None or instant > bound:
                 break
+            if stop[0]:  # a signal asked for a stop: here, between two instants
+                raise Interrupted(f"interrupted before {instant} µs")
             self._instant(instant)
             self._done_until = instant
         if self._done_until is not None and bound > self._done_until:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from lark import Lark, Token, Transformer_NonRecursive, v_args
+from lark import Lark, Token, Transformer, Transformer_NonRecursive, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, VisitError
 from lark.lexer import TerminalDef
 from lark.tree import Meta
@@ -77,6 +77,26 @@ def _parser() -> Lark:
     another process can write would run its code — for a saving of ~25 ms per run
     (docs/performance.md, Start-up)."""
     return Lark(resources.files("eva").joinpath("grammar.lark").read_text(), **_OPTIONS)
+
+
+_EMPTY: Tree[Any] = Tree("_", [])
+
+
+class _Nothing(Transformer[Any, Any]):
+    """Every rule reduces to one empty tree: nothing of the input is kept."""
+
+    def __default__(self, data: Any, children: Any, meta: Any) -> Any:
+        return _EMPTY
+
+
+@functools.cache
+def _checker() -> Lark:
+    """The grammar's parser building nothing: a syntax error is found holding O(1) per token.
+    lark's tree of a document with a list of 500,000 values took ~500 bytes per byte of text
+    (5 MB: 2.5 GB) only to be refused (issue 29)."""
+    options = {k: v for k, v in _OPTIONS.items() if k != "propagate_positions"}
+    return Lark(resources.files("eva").joinpath("grammar.lark").read_text(),
+                transformer=_Nothing(), **options)
 
 
 # What each terminal means to a user, for "expected ..." messages.
@@ -609,7 +629,12 @@ def _string_value(text: str, base: int, error: Raise) -> str:
 
 
 class _GiveUp(Exception):
-    """The fast path met what it does not read: lark reads the document."""
+    """The fast path met what it does not read: lark reads the document. ``at``: where, when
+    the tokens were not all read (else the token it stopped at says)."""
+
+    def __init__(self, at: int | None = None) -> None:
+        super().__init__()
+        self.at = at
 
 
 def _give_up(message: str, pos: int) -> Exception:
@@ -684,14 +709,14 @@ class _Fast:
             elif group == "PUNCT":
                 kind = text
             elif group == "OTHER" and text == '"':
-                raise _GiveUp  # a string without its end: lark reports it
+                raise _GiveUp(m.start(group))  # a string without its end: lark reports it
             else:
                 kind = group
             tokens.append((kind, text, m.start(group)))
         # No token matched at ``at``: the skip took every blank and comment there, and any other
         # character is a token, so only blanks and comments are left (checked all the same).
         if not _BLANK_END.match(source, at):
-            raise _GiveUp
+            raise _GiveUp(at)
         tokens.append(("EOF", "", len(source)))
         self.tokens = tokens
         self.i = 0
@@ -924,14 +949,61 @@ class _Fast:
 
 def _fast_parse(source: str) -> ast.Document | None:
     """The document of well-formed ``source`` read directly, or None: lark is to read it."""
+    return _fast_attempt(source)[0]
+
+
+def _fast_attempt(source: str) -> tuple[ast.Document | None, int]:
+    """The document of well-formed ``source`` read directly, or (None, where the direct reader
+    gave up)."""
+    reader: _Fast | None = None
     try:
-        return _Fast(source).document()
-    except _GiveUp:
-        return None
+        reader = _Fast(source)
+        return reader.document(), 0
+    except _GiveUp as exc:
+        if exc.at is not None:
+            return None, exc.at
+        assert reader is not None
+        return None, reader.tokens[min(reader.i, len(reader.tokens) - 1)][2]
 
 
-def _lark_parse(source: str, filename: str) -> ast.Document:
-    """The document of ``source`` read by lark and the builder; raises ProfileError."""
+_STATEMENT = re.compile(r"^[ \t]*(?:class|profile)\b", re.MULTILINE)
+
+
+def _statement_alone(source: str, at: int, filename: str) -> None:
+    """Read the statement around ``at`` alone (the rest blanked: lines and columns stay);
+    raises its ProfileError. A long document's tree costs ~500 bytes per byte in lark; one
+    statement's is what it costs — and the builder's refusals are about one statement."""
+    start = 0
+    for match in _STATEMENT.finditer(source, 0, at + 1):
+        start = match.start()
+    following = _STATEMENT.search(source, at + 1)
+    end = following.start() if following is not None else len(source)
+    if start == 0 and end == len(source):
+        return  # the whole document is the statement: nothing to save
+    piece = re.sub(r"[^\n]", " ", source[:start]) + source[start:end]
+    try:
+        tree = _parser().parse(piece)
+    except UnexpectedInput as exc:
+        raise _syntax_error(exc, source, filename) from None
+    try:
+        _Build(source, filename).transform(tree)
+    except VisitError as exc:
+        if isinstance(exc.orig_exc, ProfileError):
+            raise exc.orig_exc from None
+        raise
+
+
+def _lark_parse(source: str, filename: str, near: int | None = None) -> ast.Document:
+    """The document of ``source`` read by lark and the builder; raises ProfileError. It is
+    first checked for a syntax error without a tree, then the statement around
+    ``near`` (where the direct reader gave up) read alone: a refusal costs what its statement
+    costs (docs/language.md, "Limits"). Every size alike, so reading stays linear in it."""
+    try:
+        _checker().parse(source)
+    except UnexpectedInput as exc:
+        raise _syntax_error(exc, source, filename) from None
+    if near is not None:
+        _statement_alone(source, near, filename)
     try:
         tree = _parser().parse(source)
     except UnexpectedInput as exc:
@@ -958,9 +1030,9 @@ def parse(source: str | bytes, filename: str = "<profiles>") -> ast.Document:
     if isinstance(source, bytes):
         source = decode(source, filename)
     source = source.removeprefix("\ufeff")  # a byte-order mark some editors write
-    doc = _fast_parse(source)
+    doc, near = _fast_attempt(source)
     if doc is None:
-        doc = _lark_parse(source, filename)
+        doc = _lark_parse(source, filename, near)
     problem = validate(doc)
     if problem is not None:
         message, line, column = problem

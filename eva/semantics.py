@@ -124,8 +124,25 @@ class Notification:
 
 
 def primitive(event_id: str, source: str, time: int, key: tuple[int, int, Any]) -> Occ:
-    """A primitive event as an occurrence; CloudEvents make (source, id) unique."""
-    return Occ(time, key, (source, event_id), (event_id,))
+    """A primitive event as an occurrence. CloudEvents make (source, id) unique, but the door
+    remembers ids for a bounded time: an event re-sent once it is forgotten is taken again, so
+    its identity holds its time too — a copy at another time is another occurrence, with
+    composites of their own, not ones lost as repeats of the first (docs/semantics.md §17).
+    Nested as ``((source, id), time)``: no other identity is a pair."""
+    return Occ(time, key, ((source, event_id), time), (event_id,))
+
+
+def source_and_id(ident: Hashable) -> tuple[str, str] | None:
+    """The (source, id) a primitive's identity names — ``((source, id), time)``, or the bare
+    pair of a checkpoint written before identities held the time —; None for any other."""
+    if type(ident) is not tuple or len(ident) != 2:
+        return None
+    first, second = ident
+    if type(first) is tuple and len(first) == 2 and type(second) is int:
+        first, second = first
+    if type(first) is str and type(second) is str:
+        return (first, second)
+    return None
 
 
 def occurrence(event: Event) -> Occ:

@@ -234,6 +234,8 @@ class MediatorError(Exception):
                 reason = info.reason
         if violations:
             message = "; ".join(description for _, description in violations)
+        elif code == grpc.StatusCode.UNAVAILABLE and reason == "STORE_UNAVAILABLE":
+            message = f"the mediator at {address} cannot reach its store: {details}"
         elif code == grpc.StatusCode.UNAVAILABLE:
             message = f"cannot reach the mediator at {address}: {details}"
         elif code == grpc.StatusCode.UNAUTHENTICATED:
@@ -525,8 +527,9 @@ class MediatorClient:
                 batch: int = 500, *, advance_to: int | None = None) -> PublishResult:
         """Publish events in order, in one call: up to ``batch`` events (and 1 MB) per
         message. An item is a CloudEvents JSON line (str or bytes), a CloudEvent dict or an
-        :class:`eva.events.Event`. ``advance_to`` (µs): afterwards, no event at or before
-        that time will come (a watermark: what waits on an absence is decided).
+        :class:`eva.events.Event`. ``advance_to`` (µs, an operator's right: PERMISSION_DENIED
+        for another client): afterwards, no event at or before that time will come (a
+        watermark: what waits on an absence is decided).
 
         An event is accepted once it is durably in the mediator's event log; a malformed,
         duplicate or late one is dead-lettered with its reason (``DeadLetter.index`` counts

@@ -16,7 +16,7 @@ import os
 import re
 import tomllib
 from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -168,6 +168,7 @@ class Config:
     retention: int = 100_000
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
+    metrics_token: str = field(default="", repr=False)  # a secret: never shown
     log_json: bool = False
     log_level: str = "INFO"
     drain: int = 3_000_000
@@ -185,6 +186,14 @@ class Config:
     sinks: tuple[SinkConfig, ...] = ()
     source_limits: Mapping[str, SourceLimits] = field(default_factory=dict)
     """Per ``[[sources]]`` name: its ``lateness`` and ``max_event_bytes`` when stated."""
+
+    def __repr__(self) -> str:
+        """The dataclass's repr with passwords redacted (the store URL's, a broker's): a
+        configuration is printed and logged (issue 29)."""
+        from mediator.logs import redact
+
+        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr)
+        return redact(f"Config({shown})")
 
     def admission(self) -> Rules:
         """The door's rules (eva/admission.py): the lateness and size limit of each lane —
@@ -338,7 +347,8 @@ def _names(value: Any, where: str) -> tuple[str, ...]:
 _TOP: dict[str, Convert] = {
     "listen": _address, "store": _store, "composer": _choice(COMPOSERS), "tick": _span(1),
     "future": _span(0), "retention": _whole(1), "metrics_port": _whole(0),
-    "metrics_host": _text, "log_json": _flag, "log_level": _choice(LOG_LEVELS, str.upper),
+    "metrics_host": _text, "metrics_token": _text, "log_json": _flag,
+    "log_level": _choice(LOG_LEVELS, str.upper),
     "drain": _span(0), "idle_timeout": _span(1), "checkpoint_interval": _span(1_000_000),
     "checkpoint_events": _whole(1), "lateness": _span(0), "max_event_bytes": _whole(64),
     "reorder_buffer": _whole(1),
@@ -434,7 +444,23 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None,
     values["sinks"] = _sinks(_tables(raw, env, origin, "sinks", list(_SINK)))
     config = Config(**values)
     _check_tls(config.tls, origin)
+    _check_pace(config, origin)
     return config
+
+
+PACED_SECONDS = 10
+"""A subscription's log keeps at least this many seconds of notifications at ``limits.rate``."""
+
+
+def _check_pace(config: Config, origin: str) -> None:
+    """``retention`` and ``limits.rate`` together: a log that holds less than PACED_SECONDS of
+    delivery at the rate would be trimmed under a reader the mediator itself holds back (the
+    pace is lifted half the retention behind the head, docs/operations.md, "Delivery")."""
+    rate = config.limits.rate
+    if rate > 0 and config.retention < PACED_SECONDS * rate:
+        raise ConfigError(f"{origin}: retention {config.retention:,} holds less than "
+                          f"{PACED_SECONDS} s of limits.rate ({rate:,g}/s); expected retention "
+                          f"≥ {PACED_SECONDS * rate:,.0f}, or a lower rate")
 
 
 def _known(table: Mapping[str, Any], known: list[str], origin: str, prefix: str) -> None:

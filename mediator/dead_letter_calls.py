@@ -141,8 +141,10 @@ async def republish(service: MediatorService, request: Any, caller: str) -> Any:
         except UnicodeDecodeError as exc:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"the input is not UTF-8 (byte "
                           f"{exc.start + 1}): a CloudEvent is JSON text") from None
+    record = await asyncio.to_thread(store.client, caller)
+    granted = record.granted if record is not None else ()
     async with service.door.order:
-        await service._accept([" ".join(line.splitlines())], tally, lane, caller)
+        await service._accept([" ".join(line.splitlines())], tally, lane, caller, granted)
     if tally.accepted:
         await asyncio.to_thread(store.mark_republished, letter.position, now_us())
     from mediator.service import _reply_letters

@@ -14,7 +14,9 @@ last token gets exactly what followed it, in order.
   a tenth more (so a log keeps between ``retention`` and 1.1 × ``retention``, and a trim is one
   store call per tenth of the retention appended).
 * **Rate**: every client has a token bucket of ``rate`` notifications per second (a second's
-  worth of burst) shared by its streams; a client over it is paced, never dropped — what it has
+  worth of burst) shared by its streams, except a stream half the retention or more behind its
+  log's head (the pace must not push a reader past what is kept); a client over it is paced,
+  never dropped — what it has
   not received stays in the log.
 """
 
@@ -134,6 +136,9 @@ class Dispatcher:
         self.metrics = metrics
         self.retention = retention
         self.slack = max(1, retention // 10)
+        self.unpaced = max(1, retention // 2)
+        """A stream this far behind its log's head is not paced (``limits.rate``): what the
+        server holds back must never be what the retention trims."""
         self.limit = RateLimit(rate)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiters: dict[Key, set[asyncio.Event]] = {}
@@ -229,7 +234,11 @@ class Dispatcher:
                     await wake.wait()
                     continue
                 for item in batch:
-                    await self.limit.take(owner)
+                    if state.head - item.position < self.unpaced:
+                        await self.limit.take(owner)
+                    # else: far behind the head — the pace yields, or the server's own pacing
+                    # would push a reader that keeps reading past the retention (issue 29: a
+                    # burst of 125,000 failed OUT_OF_RANGE at 1,000/s behind 100,000 kept)
                     after = item.position
                     # counted as it is handed to gRPC (before the yield: a client may hold it
                     # before this generator runs again)

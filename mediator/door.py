@@ -31,11 +31,12 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from eva.admission import Admission, Reason, Refused, Trial, too_large
+from eva.admission import NEVER, Admission, Reason, Refused, Trial, too_large
 from eva.events import Event, EventError, brief_repr, from_json_line, read_texts
 from mediator.config import PUBLISH_LANE, Config
 from mediator.dead_letters import DeadLetterLog, Letter
 from mediator.metrics import Metrics
+from mediator.security import may_publish
 from mediator.store.base import Store
 from transforms.federated import ServiceInfo
 
@@ -112,6 +113,9 @@ class Door:
         head = self.store.event_head()
         after = max(0, head - SEEDED)
         admission = self.admission
+        # What lies before the tail is not remembered: an unseeded event is no later than the
+        # newest at the first seeded one's arrival — at most its time plus the lateness.
+        first: int | None = None if after == 0 else NEVER
         while after < head:
             batch = self.store.read_events(after, 1000)
             if not batch:
@@ -122,15 +126,21 @@ class Door:
                 except EventError:
                     continue  # accepted by another version: not this one's to judge
                 admission.take(event)
+                if first is not None and first == NEVER:
+                    first = event.time
             after = batch[-1].position
+        if first is not None and first != NEVER and admission.newest is not None:
+            admission.ids.forget_until(min(first + self.rules.longest, admission.newest))
         kept = self.store.get_meta(ADVANCE_KEY)
         if kept is not None:
             with contextlib.suppress(ValueError):
                 admission.advance(int(kept))
 
     async def take(self, lines: Iterable[str], tally: Tally, append: Any, *,
-                   lane: str = PUBLISH_LANE, client: str = "") -> None:
-        """One batch, under :attr:`order` (the caller holds it): each line judged, the accepted
+                   lane: str = PUBLISH_LANE, client: str = "",
+                   granted: Sequence[str] | None = None) -> None:
+        """One batch, under :attr:`order` (the caller holds it): each line judged (``granted``:
+        the sources the publishing client may publish under; None: a broker's), the accepted
         appended with ``append(lines)`` (in a thread; durable), the state committed, the
         pipeline woken by the caller. Refusals in ``tally`` and the dead-letter log.
         LogWriteError if the write failed: nothing of ``lines`` was accepted (the refusals
@@ -145,7 +155,8 @@ class Door:
         judge = trial.judge
         plain = not self.autonomous  # no coverage to check: the common case, inline
         for line, decoded in zip(lines, _decode(lines, limit), strict=True):
-            if plain and isinstance(decoded, Event):  # decoded: within the size limit
+            if plain and isinstance(decoded, Event) and (  # decoded: within the size limit
+                    granted is None or may_publish(granted, decoded.source)):
                 refused = judge(decoded, lane)
                 if refused is None:
                     accepted.append(line.rstrip("\r\n"))
@@ -154,7 +165,7 @@ class Door:
                     continue
                 judged = Judged(line.rstrip("\r\n"), decoded, refused)
             else:
-                judged = self._judge(line, trial, lane, decoded)
+                judged = self._judge(line, trial, lane, client, granted, decoded)
             if judged.refused is None:
                 accepted.append(judged.line)
                 assert judged.event is not None
@@ -191,7 +202,8 @@ class Door:
             return topic
         return f"event {index}"
 
-    def _judge(self, line: str, trial: Trial, lane: str,
+    def _judge(self, line: str, trial: Trial, lane: str, client: str = "",
+               granted: Sequence[str] | None = None,
                decoded: Event | EventError | None = None) -> Judged:
         """``decoded``: the line's event or error when :func:`_decode` read it (None: read
         it here, after the size rule)."""
@@ -211,6 +223,13 @@ class Door:
             log.exception("an event could not be read")
             return Judged(line, None, Refused(Reason.MALFORMED, f"could not be read "
                                               f"({type(exc).__name__})"))
+        if granted is not None and not may_publish(granted, event.source):
+            # Before the duplicate memory and the newest time see it: another client's source
+            # and id taken first would make that client's real event a `duplicate`.
+            return Judged(line, event, Refused(
+                Reason.FORBIDDEN, f"client {client!r} may not publish under source "
+                f"{brief_repr(event.source)}: it may under {_patterns(granted)} (the operator "
+                "grants sources: evamed clients add NAME --sources PATTERN…)"))
         owner = self._producer(event)
         if owner:
             return Judged(line, event, Refused(
@@ -260,6 +279,12 @@ def _decode(lines: list[str], limit: int | None) -> list[Event | EventError | No
         log.exception("a batch of events could not be read at once")
         return [None] * len(lines)
     return [next(read) if ok else None for ok in small]
+
+
+def _patterns(granted: Sequence[str]) -> str:
+    """A grant as a message quotes it: the first few patterns, each cut."""
+    shown = " ".join(brief_repr(p) for p in granted[:5])
+    return shown + (f" and {len(granted) - 5} more" if len(granted) > 5 else "")
 
 
 def _loose_id(line: str) -> str:

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import threading
 import time as clock
+from collections.abc import Callable
 from typing import Any
 
 from eva.admission import CAPACITY, Reason, Reorder
@@ -44,13 +45,16 @@ class OwnFeed:
 
     def __init__(self, store: Store, metrics: Metrics | None = None, idle: float = 5.0,
                  lateness: int = 0, capacity: int = CAPACITY,
-                 letters: DeadLetterLog | None = None) -> None:
+                 letters: DeadLetterLog | None = None,
+                 now: Callable[[], int] | None = None) -> None:
         self.store = store
         self.metrics = metrics
         self.idle = idle
         self.lateness = lateness
         self.letters = letters
-        self.reorder: Reorder[Event] = Reorder(lateness, capacity)
+        # ``now``: the mediator's clock, so an event ahead of it waits for its time instead of
+        # moving the watermark there (eva/admission.py, Reorder).
+        self.reorder: Reorder[Event] = Reorder(lateness, capacity, now)
         self.position = 0
         """The last event-log position read."""
         self.newest: int | None = None

@@ -17,10 +17,22 @@ import time
 from typing import TextIO
 
 REDACTED = "[redacted]"
+_GAP = (r"(?:\s|\\x[0-9a-fA-F]{2}|\\u[0-9a-fA-F]{4}|\\U[0-9a-fA-F]{8}|\\[0-7]{3}|\\[nrtv]"
+        r"|%[0-9a-fA-F]{2}|&[#\w]+;|[^\w\\'\"])+")
+"""What may stand between ``Bearer`` and the token as a log line shows it: white space of any
+kind, and its escaped forms — ``\xa0`` in the repr of Latin-1 bytes (grpc logs an undecodable
+header that way), ``\xc2\xa0`` of UTF-8 ones, ``\u00a0``, ``%C2%A0``, ``&nbsp;`` —, or any
+other punctuation."""
 SECRETS = (
-    (re.compile(r"(?i)\b(bearer\s+)\S+"), rf"\1{REDACTED}"),        # an authorization header
-    (re.compile(r"\bevm_[A-Za-z0-9_-]+"), REDACTED),                  # a token (security.py)
-    (re.compile(r"(://[^\s/@:]*:)[^\s/@]+@"), rf"\1{REDACTED}@"),     # a URL's password (Redis)
+    # an authorization header, however its separator is written
+    (re.compile(r"(?i)\b(bearer" + _GAP + r")[^\s'\",;]+"), rf"\1{REDACTED}"),
+    # a token (security.py) wherever it stands: an escape before it (``\xa0evm_…``) leaves no
+    # word boundary
+    (re.compile(r"evm_[A-Za-z0-9_-]+"), REDACTED),
+    # a URL's password (Redis), also one holding '/' (which is how one leaked)
+    (re.compile(r"(://[^\s/@:'\"]*:)[^\s@'\"]+@"), rf"\1{REDACTED}@"),
+    # a configuration's password field (a dataclass's repr, a TOML line)
+    (re.compile(r"(?i)(password\s*[=:]\s*)('[^']*'|\"[^\"]*\"|[^\s,)]+)"), rf"\1{REDACTED}"),
 )
 
 

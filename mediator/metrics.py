@@ -10,11 +10,20 @@ composites out, the composer's batch latency and the state size, delivery the la
 from __future__ import annotations
 
 import contextlib
+import hmac
 import threading
-from wsgiref.simple_server import WSGIServer
+from typing import Any
+from wsgiref.simple_server import WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    make_wsgi_app,
+)
+from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler, start_http_server
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                    5.0, 10.0)
@@ -90,9 +99,19 @@ class Metrics:
             with contextlib.suppress(KeyError):
                 self.sink_position.remove(sink, owner, subscription)
 
-    def serve(self, port: int, host: str = "0.0.0.0") -> int:
-        """Serve ``/metrics`` over HTTP (``port`` 0: any free port); returns the port."""
-        server, thread = start_http_server(port, host, registry=self.registry)
+    def serve(self, port: int, host: str = "127.0.0.1", token: str = "") -> int:
+        """Serve ``/metrics`` over HTTP (``port`` 0: any free port); returns the port.
+        ``token``: every request must carry ``Authorization: Bearer <token>`` (401 without:
+        the series name clients and subscriptions)."""
+        if not token:
+            server, thread = start_http_server(port, host, registry=self.registry)
+        else:
+            app = _guarded(make_wsgi_app(self.registry), token)
+            server = make_server(host, port, app, ThreadingWSGIServer,
+                                 handler_class=_SilentHandler)
+            thread = threading.Thread(target=server.serve_forever, name="evamed-metrics",
+                                      daemon=True)
+            thread.start()
         self._server, self._thread = server, thread
         return int(server.server_port)
 
@@ -104,6 +123,20 @@ class Metrics:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+
+
+def _guarded(app: Any, token: str) -> Any:
+    """``app`` behind a bearer token (compared in constant time)."""
+    expected = f"Bearer {token}".encode()
+
+    def guarded(environ: dict[str, Any], start_response: Any) -> Any:
+        given = environ.get("HTTP_AUTHORIZATION", "").encode("latin-1", "replace")
+        if not hmac.compare_digest(given, expected):
+            start_response("401 Unauthorized", [("Content-Type", "text/plain"),
+                                                ("WWW-Authenticate", "Bearer")])
+            return [b"the metrics need 'Authorization: Bearer <metrics_token>'\n"]
+        return app(environ, start_response)
+    return guarded
 
 
 __all__ = ["LATENCY_BUCKETS", "STATE_PARTS", "Metrics"]

@@ -65,6 +65,7 @@ from eva.semantics import Notification
 from mediator import checkpoints
 from mediator.config import COMPOSERS, RESERVED_SERVICE
 from mediator.dead_letters import DeadLetterLog, Letter
+from mediator.door import wall_clock
 from mediator.ingestion import OwnFeed
 from mediator.inputs import ServiceFeed, State, Takers, bound
 from mediator.metrics import Metrics
@@ -217,7 +218,8 @@ class Pipeline:
         self._halt = False      # stop now, after the round in progress
         self._cut_short = False  # the links were closed under a batch: it appends nothing
         self.letters = letters  # the dead-letter log (services' late reports)
-        self._own = OwnFeed(store, metrics, idle_default, lateness, reorder, letters)
+        self._own = OwnFeed(store, metrics, idle_default, lateness, reorder, letters,
+                            now=wall_clock)
         self._feeds: dict[str, ServiceFeed] = {}
         autonomous = [link for link in self.links.values() if isinstance(link, AutonomousLink)]
         for rank, link in enumerate(autonomous, start=1):

@@ -109,8 +109,10 @@ after, the composer-log position they see the lines after)."""
 def spark_dir(store: Store) -> str:
     """Where the Spark composer keeps its jobs by default: beside a SQLite store's file
     (``<file>.spark``), ``./evamed-spark`` for a Redis store (docs/operations.md, Stores)."""
+    from mediator.store.base import unwrapped
     from mediator.store.sqlite import SqliteStore
 
+    store = unwrapped(store)
     if isinstance(store, SqliteStore):
         if store.path == ":memory:" or store.path.startswith("file:"):
             raise ValueError(f"the Spark composer reads the composer log from the store's "
@@ -133,9 +135,11 @@ def spark_session(root: str) -> Any:
 def composer_lines(store: Store, cap: str, start: int) -> Callable[[Any], Any]:
     """The store's composer log as a live job's input (after position ``start`` when the job
     is new; each row's ``seq`` its position), capped at what the pipeline has released."""
+    from mediator.store.base import unwrapped
     from mediator.store.redis import RedisStore
     from mediator.store.sqlite import SqliteStore
 
+    store = unwrapped(store)
     if isinstance(store, SqliteStore):
         from spark_jobs.log_source import sqlite_log_lines
 

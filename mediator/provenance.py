@@ -18,6 +18,7 @@ from adapters.links import Handle
 from eva import ast
 from eva.classes import required_types
 from eva.events import TICK_SOURCE, TICK_TYPE, Event, clock_id
+from eva.semantics import source_and_id
 from mediator.config import RESERVED_SERVICE as OWN_FEED  # a constituent no service reported
 from transforms.dialects.base import Detection
 from transforms.runner import lag
@@ -143,16 +144,18 @@ class Origins:
 def _pairs(occurrence: Hashable, constituents: Sequence[str]
            ) -> list[tuple[str, str] | None] | None:
     """Each constituent's (source, id) as the occurrence's identity names it (None for a tick
-    or an absence), in constituent order (eva.semantics: a primitive's identity is the pair, a
-    binary composite's (tag, left, right)); None when the identity is not of those shapes or
-    does not name exactly these constituents."""
+    or an absence), in constituent order (eva.semantics: a primitive's identity is the pair
+    with its time — the bare pair in a checkpoint of an earlier version —, a binary
+    composite's (tag, left, right)); None when the identity is not of those shapes or does not
+    name exactly these constituents."""
     out: list[tuple[str, str] | None] = []
 
     def walk(ident: Any) -> bool:
         if not isinstance(ident, tuple) or not ident:
             return False
-        if len(ident) == 2 and isinstance(ident[0], str) and isinstance(ident[1], str):
-            out.append((ident[0], ident[1]))
+        pair = source_and_id(ident)
+        if pair is not None:
+            out.append(pair)
             return True
         if ident[0] in ("tick", "not"):
             out.append(None)

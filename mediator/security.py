@@ -14,7 +14,9 @@ import hmac
 import re
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import replace
+from fnmatch import fnmatchcase
 
 from mediator.store.base import ClientRecord, Store
 
@@ -33,11 +35,39 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def add_client(store: Store, name: str, *, inherit: bool = False, operator: bool = False) -> str:
+MAX_PATTERNS = 64
+PATTERN = re.compile(r"[!-~]{1,200}")
+"""A source pattern granted to a client: printable ASCII without spaces, at most 200
+characters (fnmatch: ``*``, ``?``, ``[…]``)."""
+
+
+def source_patterns(given: Sequence[str]) -> tuple[str, ...]:
+    """The source patterns of ``--sources`` (each value may hold several, separated by spaces
+    or commas). ValueError naming the first that is not one."""
+    patterns = tuple(p for value in given for p in re.split(r"[\s,]+", value) if p)
+    for pattern in patterns:
+        if not PATTERN.fullmatch(pattern):
+            raise ValueError(f"a source pattern is 1 to 200 printable ASCII characters without "
+                             f"spaces, got {pattern[:60]!r}")
+    if len(patterns) > MAX_PATTERNS:
+        raise ValueError(f"at most {MAX_PATTERNS} source patterns, got {len(patterns)}")
+    return patterns
+
+
+def may_publish(granted: Sequence[str], source: str) -> bool:
+    """Whether a client granted ``granted`` may publish an event of ``source`` (case matters:
+    CloudEvents sources are URIs)."""
+    return any(fnmatchcase(source, pattern) for pattern in granted)
+
+
+def add_client(store: Store, name: str, *, inherit: bool = False, operator: bool = False,
+               sources: Sequence[str] = ()) -> str:
     """Register a client and return its token (the only time it is seen); an ``operator`` sees
-    every dead letter and may republish any (docs/operations.md, "Dead letters"). ValueError
-    for a name that is not a client name or belongs to a client that is not revoked. A revoked
-    client's
+    every dead letter, may republish any and send ``advance_to_us`` (docs/operations.md,
+    "Secure"). ``sources``: the event sources it may publish under (fnmatch patterns; none
+    given: every source for an operator, else its own name and what lies below it,
+    ``NAME`` and ``NAME/*``). ValueError for a name that is not a client name or belongs to a
+    client that is not revoked. A revoked client's
     name can be issued again, with a new token — but the holder of the name reads the
     subscriptions stored under it, so while it owns any, only with ``inherit`` (a rotation: the
     same client, a new token), never by accident to someone else."""
@@ -53,9 +83,10 @@ def add_client(store: Store, name: str, *, inherit: bool = False, operator: bool
         raise ValueError(f"client {name!r} was revoked and still owns {owned} subscription(s), "
                          f"which the new holder of the name would read: give --inherit to issue "
                          f"a new token to the same client, or remove them first")
+    patterns = source_patterns(sources)
     token = new_token()
     store.put_client(ClientRecord(name, hash_token(token), time.time_ns() // 1000,
-                                  operator=operator))
+                                  operator=operator, sources=patterns))
     return token
 
 

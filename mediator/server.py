@@ -36,7 +36,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -55,8 +55,9 @@ from mediator.delivery import Dispatcher
 from mediator.metrics import Metrics
 from mediator.pipeline import CUT, close_links
 from mediator.security import authenticate
-from mediator.service import CLIENT, MediatorService
-from mediator.store import Store, open_store
+from mediator.service import CLIENT, MediatorService, store_unavailable
+from mediator.store import Store, StoreError, open_store
+from mediator.store.base import Waiting
 from mediator.wire import SERVICE_NAME, mediator_pb2_grpc
 from transforms.federated import ServiceInfo
 
@@ -102,7 +103,10 @@ class Authenticator(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             await context.abort(grpc.StatusCode.UNAUTHENTICATED,
                                 "expected the metadata 'authorization: Bearer <token>' (a token "
                                 "from `evamed clients add NAME`)")
-        record = await asyncio.to_thread(authenticate, self.store, token.strip())
+        try:
+            record = await asyncio.to_thread(authenticate, self.store, token.strip())
+        except StoreError as exc:  # not UNKNOWN: a status the client can act on (retry)
+            await context.abort_with_status(store_unavailable(exc))
         if record is None:
             log.info("refused a call: unknown or revoked token")
             await context.abort(grpc.StatusCode.UNAUTHENTICATED,
@@ -161,6 +165,7 @@ class Served:
     brokers: Brokers
     own_store: bool = True  # opened by start(): closed by stop()
     watch: asyncio.Task[None] | None = None
+    waiting: Waiting | None = None  # the pipeline's view of the store: waits out an outage
 
     async def stop(self, drain: float | None = None) -> None:
         """Shut down gracefully (see the module docstring); ``drain``: seconds for calls in
@@ -176,6 +181,8 @@ class Served:
         # The brokers first: what they took is in the event log (or left at the broker),
         # and the pipeline drains a log that no longer grows.
         await asyncio.to_thread(self.brokers.stop)
+        if self.waiting is not None:  # a pipeline waiting for a store that is down stops too
+            self.waiting.abandon()
         await self.server.stop(seconds)
         await self.service.readers.close()  # no call reads a document now
         # What is left of the drain (a moment at least): the pipeline cuts short a batch that
@@ -292,7 +299,10 @@ async def start(config: Config, *, store: Store | None = None,
             progress(f"restoring {stored} subscription{'s' if stored != 1 else ''}"
                      + (f" at {len(config.services)} service{'s' if len(config.services) != 1 else ''}"
                         " (waits until each service it uses answers)" if config.services else ""))
-        running = pipeline(opened, links, tick=config.tick, composer=config.composer,
+        # The pipeline waits out a store outage inside the store's calls (health goes
+        # NOT_SERVING meanwhile: _watch_store), rather than dying half-way through a round.
+        waiting = Waiting(opened)
+        running = pipeline(cast(Store, waiting), links, tick=config.tick, composer=config.composer,
                            metrics=metrics, on_append=_appended(dispatcher, brokers),
                            idle=idle_timeouts(config), idle_default=config.idle_timeout / 1e6,
                            checkpoint_interval=config.checkpoint_interval / 1e6,
@@ -307,8 +317,8 @@ async def start(config: Config, *, store: Store | None = None,
         await asyncio.to_thread(brokers.start, _accepting(service, asyncio.get_running_loop()),
                                 opened.subscriptions())
         server, health_servicer, port = _server(config, opened, service, creds)
-        metrics_port = (metrics.serve(config.metrics_port, config.metrics_host)
-                        if config.metrics_port else 0)
+        metrics_port = (metrics.serve(config.metrics_port, config.metrics_host,
+                                      config.metrics_token) if config.metrics_port else 0)
         await server.start()
     except BaseException:
         if brokers is not None:
@@ -325,7 +335,7 @@ async def start(config: Config, *, store: Store | None = None,
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     served = Served(config, server, port, health_servicer, service, dispatcher, running, opened,
-                    links, metrics, metrics_port, brokers, own_store)
+                    links, metrics, metrics_port, brokers, own_store, waiting=waiting)
     served.watch = asyncio.create_task(_watch(served))
     log.info("serving %s on port %d (%s, %d services, composer %s)%s", SERVICE_NAME, port,
              "TLS" + (" with client certificates" if config.tls.client_ca else "")
@@ -377,13 +387,39 @@ def _server(config: Config, store: Store, service: MediatorService,
 
 
 async def _watch(served: Served) -> None:
-    """Health goes NOT_SERVING if the pipeline thread stops by itself (a bug, a store gone):
-    the log keeps what was accepted, a restart evaluates it."""
+    """Health is NOT_SERVING while the store does not answer (the calls answer UNAVAILABLE,
+    the pipeline waits for it), SERVING again once it does; and NOT_SERVING for good if the
+    pipeline thread stops by itself (a bug): the log keeps what was accepted, a restart
+    evaluates it."""
+    serving = True
     while served.pipeline.error is None:
         await asyncio.sleep(WATCH_SECONDS)
+        down = await _store_down(served)
+        if down and serving:
+            log.error("the store does not answer (%s): health NOT_SERVING until it does", down)
+        elif not down and not serving:
+            log.warning("the store answers again: health SERVING")
+        if serving != (not down):
+            serving = not down
+            status = (health_pb2.HealthCheckResponse.SERVING if serving
+                      else health_pb2.HealthCheckResponse.NOT_SERVING)
+            for name in ("", SERVICE_NAME):
+                await served.health.set(name, status)
     log.error("the pipeline stopped: %s; health NOT_SERVING", served.pipeline.error)
     for name in ("", SERVICE_NAME):
         await served.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+
+async def _store_down(served: Served) -> str:
+    """Why the store does not answer ("": it does): the pipeline's waiting view says so, or a
+    cheap read (a mediator at rest has no round to notice)."""
+    if served.waiting is not None and served.waiting.down is not None:
+        return str(served.waiting.down)
+    try:
+        await asyncio.to_thread(served.store.event_head)
+    except StoreError as exc:
+        return str(exc)
+    return ""
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -33,7 +33,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from functools import wraps
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -60,7 +60,13 @@ from mediator.delivery import (
 from mediator.door import Door, LogWriteError, Tally, wall_clock
 from mediator.metrics import Metrics
 from mediator.reading import ReaderBug, ReaderFailed, Readers, ReadersBusy, ReadTimeout
-from mediator.store.base import RetentionError, Store, SubscriptionRecord
+from mediator.store.base import (
+    ClientRecord,
+    RetentionError,
+    Store,
+    StoreError,
+    SubscriptionRecord,
+)
 from mediator.wire import mediator_pb2, mediator_pb2_grpc
 from transforms.plans import Plan, Remote, Subscribe, nodes
 
@@ -108,6 +114,7 @@ class Refusal(Exception):
     """A call refused with a status (code, message, details)."""
 
     def __init__(self, code: grpc.StatusCode, message: str, *details: Any) -> None:
+        message = cut(message)
         super().__init__(message)
         status = status_pb2.Status(code=code.value[0], message=message)
         for detail in details:
@@ -115,10 +122,31 @@ class Refusal(Exception):
         self.status = rpc_status.to_status(status)
 
 
+MAX_MESSAGE = 1000
+"""Characters of a status message (and of a violation's description) at most: both travel in
+gRPC's trailing metadata (8 KB by default, the details base64-encoded), and a longer one
+reached the client as RESOURCE_EXHAUSTED instead of the status meant (issue 29)."""
+MAX_SHOWN = 160
+"""Characters of a name a message quotes (as the base services cut theirs)."""
+
+
+def cut(text: str, limit: int = MAX_MESSAGE) -> str:
+    """``text`` at most ``limit`` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return text[:limit - 40] + f"… ({len(text) - limit + 40:,} characters not shown)"
+
+
+def shown(name: str) -> str:
+    """A name as a message quotes it: at most MAX_SHOWN characters."""
+    return name if len(name) <= MAX_SHOWN else name[:MAX_SHOWN - 1] + "…"
+
+
 def violation(description: str) -> Any:
     """A ``BadRequest`` naming field ``profile``."""
     return error_details_pb2.BadRequest(field_violations=[
-        error_details_pb2.BadRequest.FieldViolation(field="profile", description=description)])
+        error_details_pb2.BadRequest.FieldViolation(field="profile",
+                                                    description=cut(description))])
 
 
 def reason(name: str, limit: object, found: object) -> Any:
@@ -146,9 +174,20 @@ def _answering(method: Handler) -> Handler:
 
 
 def _internal(call: str, exc: Exception) -> grpc.Status:
+    if isinstance(exc, StoreError):  # a fault of the store, not of the call: retry later
+        log.warning("%s: %s", call, exc)
+        return store_unavailable(exc)
     log.exception("%s failed", call)
     return Refusal(grpc.StatusCode.INTERNAL, f"{call} failed: {type(exc).__name__}: "
                    f"{str(exc)[:200]}").status
+
+
+def store_unavailable(exc: StoreError) -> grpc.Status:
+    """UNAVAILABLE for a store that does not answer, with ErrorInfo ``STORE_UNAVAILABLE`` (the
+    client says the mediator answered, its store did not)."""
+    return Refusal(grpc.StatusCode.UNAVAILABLE, f"{exc}; try again once it answers",
+                   error_details_pb2.ErrorInfo(reason="STORE_UNAVAILABLE",
+                                               domain=ERROR_DOMAIN)).status
 
 
 def _reply_letters(tally: Tally) -> list[Any]:
@@ -505,20 +544,33 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
         tally = Tally()
         client = CLIENT.get("")
         try:
+            record = await asyncio.to_thread(self.store.client, client)
+            if record is None:  # removed from the store since the call was authenticated
+                raise Refusal(grpc.StatusCode.UNAUTHENTICATED, "the client is not known")
             async for request in request_iterator:
                 # Shielded: a publisher that goes away mid-message does not leave the memory
                 # of ids ahead of the log (the message is decided and appended, or neither).
-                await asyncio.shield(self._message(request, tally, client))
+                await asyncio.shield(self._message(request, tally, record))
         except Refusal as refusal:
             await context.abort_with_status(refusal.status)
+        except StoreError as exc:
+            await context.abort_with_status(_internal("Publish", exc))
         return mediator_pb2.PublishReply(accepted=tally.accepted, dead_lettered=tally.dead,
                                          dead_letters=_reply_letters(tally))
 
-    async def _message(self, request: Any, tally: Tally, client: str,
+    async def _message(self, request: Any, tally: Tally, record: ClientRecord,
                        lane: str = PUBLISH_LANE) -> None:
+        if request.advance_to_us and not record.operator:
+            # One watermark for the own feed: an advance says no event at or before it comes
+            # from anyone, so one client's would make every other's events late.
+            raise Refusal(grpc.StatusCode.PERMISSION_DENIED,
+                          f"advance_to_us is an operator's (client {record.name!r} is not one: "
+                          "evamed clients add NAME --operator); none of this message's events "
+                          f"was taken, {tally.accepted} before it were")
         async with self.door.order:
             try:
-                await self._accept(request.cloudevents, tally, lane, client)
+                await self._accept(request.cloudevents, tally, lane, record.name,
+                                   record.granted)
             except LogWriteError as exc:
                 raise Refusal(grpc.StatusCode.UNAVAILABLE,
                               f"{exc}; none of this message's {exc.count} events was accepted, "
@@ -538,15 +590,17 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
         appended: the source does not acknowledge them, and its broker sends them again."""
         tally = Tally()
         async with self.door.order:
-            await self._accept(lines, tally, source, "")
+            await self._accept(lines, tally, source, "", None)
         return tally.accepted
 
     async def _accept(self, lines: Iterable[str], tally: Tally, lane: str,
-                      client: str) -> None:
+                      client: str, granted: Sequence[str] | None) -> None:
         """The door's batch (under its lock): judged, the accepted appended durably, then the
-        pipeline woken. LogWriteError if the write failed."""
+        pipeline woken (``granted``: the sources the client may publish under; None: a
+        broker's batch). LogWriteError if the write failed."""
         before = tally.accepted
-        await self.door.take(lines, tally, self.store.append_events, lane=lane, client=client)
+        await self.door.take(lines, tally, self.store.append_events, lane=lane, client=client,
+                             granted=granted)
         if tally.accepted > before:
             self.pipeline.wake()
 
@@ -559,7 +613,7 @@ def check_shape(doc: ast.Document, limits: Limits) -> None:
         levels = ast.depth(p.expr)
         if levels > limits.depth:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"profile {p.name} nests {levels} operators, the limit is "
+                          f"profile {shown(p.name)} nests {levels} operators, the limit is "
                           f"{limits.depth} (limits.depth)",
                           violation(f"{where}: nests {levels} operators, at most "
                                     f"{limits.depth}"),
@@ -574,8 +628,8 @@ def check_shape(doc: ast.Document, limits: Limits) -> None:
             limit = (f"expected time frames of at most {format_span(frame)} "
                      "(limits.time_frame)")
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"profile {p.name} has {found}; {limit}",
-                          violation(f"{where}: profile {p.name} has {found}; {limit}"),
+                          f"profile {shown(p.name)} has {found}; {limit}",
+                          violation(f"{where}: profile {shown(p.name)} has {found}; {limit}"),
                           reason("TIME_FRAME_TOO_LONG", format_span(frame),
                                  format_span(longest)))
 

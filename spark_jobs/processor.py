@@ -49,7 +49,7 @@ from eva.notify import (
     tuples_from_json,
     tuples_to_json,
 )
-from eva.semantics import Notification, partition_key
+from eva.semantics import Notification, partition_key, source_and_id
 from eva.snapshot import SnapshotError
 from spark_jobs.profiles import Registration, profiles
 from spark_jobs.routing import document
@@ -309,17 +309,18 @@ def _created(engine: Engine | None, note: Notification) -> Any:
 
 def constituent_sources(ident: Any, events: tuple[str, ...]) -> list[str]:
     """The source of each constituent (in the order of ``events``) as the occurrence's
-    identity names it — a primitive's identity is its (source, id), a binary composite's
-    (tag, left, right); "" for a tick or an absence — or [] when the identity does not name
-    exactly these constituents (the mediator then finds them by id alone)."""
+    identity names it — a primitive's identity is its (source, id) with its time, a binary
+    composite's (tag, left, right); "" for a tick or an absence — or [] when the identity does
+    not name exactly these constituents (the mediator then finds them by id alone)."""
     out: list[str] = []
 
     def walk(node: Any) -> bool:
         if not isinstance(node, tuple) or not node:
             return False
-        if len(node) == 2 and isinstance(node[0], str) and isinstance(node[1], str):
-            out.append(node[0])
-            return len(out) <= len(events) and events[len(out) - 1] == node[1]
+        pair = source_and_id(node)
+        if pair is not None:
+            out.append(pair[0])
+            return len(out) <= len(events) and events[len(out) - 1] == pair[1]
         if node[0] in ("tick", "not"):
             out.append("")
             return True

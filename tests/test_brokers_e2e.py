@@ -235,7 +235,7 @@ def test_brokers_feed_a_served_mediator_through_crashes_and_a_sink_hands_composi
     assert isinstance(plant, MqttSourceConfig) and isinstance(cellar, RedisSourceConfig)
     doc = tmp_path / "plant.eva"
     doc.write_text(DOC)
-    token = cli("clients", "add", "alice", "--config", str(config)).strip()
+    token = cli("clients", "add", "alice", "--operator", "--config", str(config)).strip()
     mediator = Process("serve", "--config", str(config))
     consumer = Consumer(mosquitto)
     device = Publisher(mosquitto)

@@ -229,7 +229,9 @@ class Mediator:
     def token(self, name: str) -> str:
         from mediator.security import add_client
 
-        return add_client(self.running.served.store, name)
+        # The clients here publish under any source and advance the clock: an operator's
+        # rights (docs/operations.md, "Secure").
+        return add_client(self.running.served.store, name, operator=True)
 
     def client(self, name: str, **options: Any) -> MediatorClient:
         return MediatorClient(self.address, self.token(name), **options)

@@ -84,7 +84,16 @@ def test_environment_variables_override_the_file(tmp_path: Path) -> None:
     assert config.limits.time_frame is None and config.limits.profiles == 7
     assert config.tls.client_ca == "" and config.tls.cert == "server.pem"
     assert config.services == (ServiceConfig("x", "cg1", sources=("a",)),)
-    assert load(None, {"EVAMED_RETENTION": "12"}).retention == 12
+    assert load(None, {"EVAMED_RETENTION": "12", "EVAMED_LIMITS_RATE": "1.2"}).retention == 12
+
+
+def test_retention_must_hold_ten_seconds_of_the_rate() -> None:
+    """`retention` and `limits.rate` are checked together: a log that keeps less than 10 s of
+    delivery at the rate is refused at start, naming both (issue 29)."""
+    with pytest.raises(ConfigError, match=r"EVAMED_RETENTION|retention 12 holds less than 10 s "
+                       r"of limits.rate \(1,000/s\); expected retention ≥ 10,000"):
+        load(None, {"EVAMED_RETENTION": "12"})
+    assert load(None, {"EVAMED_RETENTION": "100", "EVAMED_LIMITS_RATE": "0"}).retention == 100
 
 
 @pytest.mark.parametrize(("text", "env", "message"), [

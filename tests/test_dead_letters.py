@@ -125,7 +125,7 @@ def listed(mediator: Mediator, *args: str, token: str | None = None) -> list[dic
 def test_every_kind_of_refusal_is_listed_by_evamed_dead_letters_with_its_reason(
         system: Mediator, redis_server: RedisServer) -> None:
     mediator = system
-    alice = add_client(mediator.store, "alice")
+    alice = add_client(mediator.store, "alice", sources=["s"])
     port = f"127.0.0.1:{mediator.running.port}"
     mediator.client.add_profile('class T = type == "plant.temp"\nclass C = type == '
                                 '"cellar.temp"\nprofile EachT = T\nprofile EachC = C\n',
@@ -143,10 +143,11 @@ def test_every_kind_of_refusal_is_listed_by_evamed_dead_letters_with_its_reason(
         reply = client.publish([
             cloud("ok", NOW), "{not json", cloud("big", NOW, data="x" * 4000),
             cloud("ok", NOW + 1), cloud("old", NOW - 10_000_000),
-            cloud("typo", NOW + 10 * 86_400_000_000), cloud("truck", NOW, kind="truck.stop")])
+            cloud("typo", NOW + 10 * 86_400_000_000), cloud("truck", NOW, kind="truck.stop"),
+            cloud("bobs", NOW, source="bob")])
     assert reply.accepted == 1
     assert [d.reason.split(":")[0] for d in reply.dead_letters] == [
-        "malformed", "too_large", "duplicate", "late", "future", "misrouted"]
+        "malformed", "too_large", "duplicate", "late", "future", "misrouted", "forbidden"]
 
     # A broker's mapping: MQTT.
     device = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="dev")
@@ -182,7 +183,8 @@ def test_every_kind_of_refusal_is_listed_by_evamed_dead_letters_with_its_reason(
 
     want = {("publish", "malformed"), ("publish", "too_large"), ("publish", "duplicate"),
             ("publish", "late"), ("publish", "future"), ("publish", "misrouted"),
-            ("plant", "payload"), ("plant", "time"), ("plant", "id"), ("plant", "attribute"),
+            ("publish", "forbidden"), ("plant", "payload"), ("plant", "time"), ("plant", "id"),
+            ("plant", "attribute"),
             ("plant", "too_large"), ("plant", "malformed"), ("cellar", "topic"),
             ("cellar", "deleted"), ("mediator", "malformed"), ("mediator", "late")}
     wait_for(lambda: want <= {(d["source"], d["reason"]) for d in listed(mediator)}, 30,
@@ -228,7 +230,7 @@ def test_every_kind_of_refusal_is_listed_by_evamed_dead_letters_with_its_reason(
     assert {d["reason"] for d in listed(mediator, "--reason", "late")} == {"late"}
     assert {d["source"] for d in listed(mediator, "--source", "plant")} == {"plant"}
     mine = listed(mediator, token=alice)
-    assert {d["source"] for d in mine} == {"publish"} and len(mine) == 6
+    assert {d["source"] for d in mine} == {"publish"} and len(mine) == 7
     bob = add_client(mediator.store, "bob")
     assert listed(mediator, token=bob) == []
     with MediatorClient(port, bob) as client, pytest.raises(MediatorError) as refused:

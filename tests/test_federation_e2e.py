@@ -160,7 +160,7 @@ def federation(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dict[
                       f'address = "{services[name].address}"', f"types = {json.dumps(list(kinds))}",
                       'idle_timeout = "60s"']
         config.write_text("\n".join(parts) + "\n")
-        token = cli("clients", "add", "alice", "--config", str(config)).strip()
+        token = cli("clients", "add", "alice", "--operator", "--config", str(config)).strip()
         mediator = Process("serve", "--config", str(config))
         started.append(mediator)
         yield {"mediator": mediator, "services": services, "token": token,

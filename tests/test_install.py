@@ -411,7 +411,7 @@ def test_the_core_install_serves_subscribes_and_publishes(core: Core) -> None:
     (run.work / "e.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     port = _free_port()
     env = {**run.env, "EVAMED_LISTEN": f"127.0.0.1:{port}", "EVAMED_SERVER": f"127.0.0.1:{port}"}
-    added = subprocess.run([evamed, "clients", "add", "alice", "--save"], cwd=run.work, env=env,
+    added = subprocess.run([evamed, "clients", "add", "alice", "--operator", "--save"], cwd=run.work, env=env,
                            capture_output=True, text=True, timeout=60)
     assert added.returncode == 0, added.stderr
     server = subprocess.Popen([evamed, "serve"], cwd=run.work, env=env, stdout=subprocess.PIPE,

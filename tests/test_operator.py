@@ -59,7 +59,7 @@ def saved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def mediator(tmp_path: Path) -> Iterator[tuple[Running, str]]:
     """A real mediator (the in-process composer, no services) and alice's token."""
     store = SqliteStore(tmp_path / "m.db")
-    token = add_client(store, "alice")
+    token = add_client(store, "alice", operator=True)  # publishes anywhere, advances the clock
     running = serve(Config(listen="127.0.0.1:0", limits=Limits(rate=0)), store=store)
     try:
         yield running, token

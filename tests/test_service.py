@@ -141,7 +141,8 @@ class Mediator:
 
     def client(self, name: str) -> list[tuple[str, str]]:
         """A new client's call metadata."""
-        return [("authorization", f"Bearer {add_client(self.store, name)}")]
+        # An operator's rights: the tests publish under any source and advance the clock.
+        return [("authorization", f"Bearer {add_client(self.store, name, operator=True)}")]
 
     def close(self) -> None:
         self.channel.close()
@@ -264,7 +265,7 @@ def test_tls_with_client_certificates(tmp_path: Path) -> None:
               str(tmp_path / "ca.pem"))
     running = serve(Config(listen="127.0.0.1:0", tls=tls), store=store, pipeline=Pipeline)
     try:
-        md = [("authorization", f"Bearer {add_client(store, 'alice')}")]
+        md = [("authorization", f"Bearer {add_client(store, 'alice', operator=True)}")]
         address = f"127.0.0.1:{running.port}"
         ca = (tmp_path / "ca.pem").read_bytes()
 
@@ -884,7 +885,7 @@ def test_sigterm_stops_within_seconds_while_a_base_service_is_down(tmp_path: Pat
                           f'[[services]]\nname = "traffic"\ngroup = "cg2"\n'
                           f'address = "{service.address}"\ntypes = ["traffic.*"]\n'
                           'mode = "fed"\n')
-        token = cli("clients", "add", "alice", "--config", str(config)).strip()
+        token = cli("clients", "add", "alice", "--operator", "--config", str(config)).strip()
         mediator = Process("serve", "--config", str(config))
 
         def publish_pair(jam: int) -> None:

@@ -163,7 +163,7 @@ address = "{trucks.address}"
 types = ["truck.*"]
 mode = "fed"
 """)
-        tokens = {name: cli("clients", "add", name, "--config", str(config)).strip()
+        tokens = {name: cli("clients", "add", name, "--operator", "--config", str(config)).strip()
                   for name in ("alice", "bob")}
         mediator = Process("serve", "--config", str(config))
         started.append(mediator)
@@ -271,7 +271,7 @@ def test_one_client_s_worst_documents_never_stall_health_or_another_client(tmp_p
     config.write_text(f'listen = "127.0.0.1:{free_port()}"\nstore = "sqlite:///{tmp_path / "m.db"}"\n'
                       'composer = "inprocess"\nlog_level = "WARNING"\n'
                       '[limits]\nrate = 0\nread_time = "2s"\n')
-    tokens = {name: cli("clients", "add", name, "--config", str(config)).strip()
+    tokens = {name: cli("clients", "add", name, "--operator", "--config", str(config)).strip()
               for name in ("mallory", "bob")}
     mediator = Process("serve", "--config", str(config))
     done = threading.Event()
@@ -376,7 +376,7 @@ log_level = "WARNING"
 [limits]
 rate = 0
 """)
-    token = cli("clients", "add", "alice", "--config", str(config)).strip()
+    token = cli("clients", "add", "alice", "--operator", "--config", str(config)).strip()
     profiles = tmp_path / "p1.eva"
     profiles.write_text(P1_STYLE)
     events = day(7)

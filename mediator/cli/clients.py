@@ -77,8 +77,14 @@ def add(
         help="With --save: the address clients reach the mediator at (default: its listen "
              "address from --config or EVAMED_LISTEN, 127.0.0.1:50060).")] = None,
     operator: Annotated[bool, typer.Option(
-        help="An operator: sees every dead letter (not only its own publishes') and may "
-             "republish any (evamed dead-letters).")] = False,
+        help="An operator: sees every dead letter (not only its own publishes'), may "
+             "republish any (evamed dead-letters) and may send advance_to_us "
+             "(publish --advance-to).")] = False,
+    sources: Annotated[list[str] | None, typer.Option(
+        "--sources", show_default=False,
+        help="The event sources it may publish under: fnmatch patterns, separated by spaces "
+             "or commas, or the option repeated (default: NAME and NAME/*; an operator's: "
+             "every source).")] = None,
     store: StoreUrl = None, config: ConfigFile = None,
 ) -> None:
     """Register a client and print its bearer token, once.
@@ -89,6 +95,8 @@ def add(
     Example: export EVAMED_TOKEN=$(evamed clients add alice --store sqlite:///var/lib/evamed/evamed.db)
 
     Example: evamed clients add alice --save
+
+    Example: evamed clients add plant --sources 'plant/* urn:plant:*'
     """
     from mediator import credentials
     from mediator.security import add_client
@@ -100,7 +108,8 @@ def add(
         fail("--server says where --save saves the token for: give --save too")
     with _opened(store, config) as opened:
         try:
-            token = add_client(opened, name, inherit=inherit, operator=operator)
+            token = add_client(opened, name, inherit=inherit, operator=operator,
+                               sources=sources or ())
         except ValueError as exc:
             fail(str(exc), code=1, one_line=True)
     remarks.print(f"{'operator' if operator else 'client'} {name} added; its token (shown "
@@ -136,19 +145,21 @@ def list_(
 
     Example: evamed clients list --config mediator.toml
     """
+    from rich.markup import escape
     from rich.table import Table
 
     with _opened(store, config) as opened:
         records = opened.clients()
     if format is Listing.json:
-        print(json.dumps([{k: v for k, v in asdict(r).items() if k != "token_hash"}
-                          for r in records], indent=2))
+        print(json.dumps([{**{k: v for k, v in asdict(r).items() if k != "token_hash"},
+                           "sources": list(r.granted)} for r in records], indent=2))
         return
-    table = Table("name", "added", "state")
+    table = Table("name", "added", "state", "sources")
     for record in records:
         table.add_row(record.name, when(record.created_us),
                       "[red]revoked[/]" if record.revoked else
-                      "active, operator" if record.operator else "active")
+                      "active, operator" if record.operator else "active",
+                      escape(" ".join(record.granted)))
     print_table(table)
 
 

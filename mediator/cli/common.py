@@ -9,9 +9,10 @@ needs when it runs.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -94,6 +95,34 @@ def print_wide(console: Console, renderable: Any, width: int) -> None:
         console.print(renderable)
     finally:
         console.width = given
+
+
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """Ctrl-C (SIGINT) and SIGTERM while the command runs: inside ``eva.interrupt.held()`` (the
+    compiled engine at work) they only ask for a stop, which the engine's instant loop and the
+    command's loop honour between steps (eva.interrupt: an exception raised from a handler
+    inside the compiled engine aborted the process); elsewhere they raise KeyboardInterrupt
+    as usual. A second signal while a stop is pending ends the process at once, with status
+    128 + its number."""
+    from eva import interrupt
+
+    def handler(signum: int, frame: Any) -> None:
+        if interrupt.asked():
+            os._exit(128 + signum)
+        if interrupt.HELD[0]:
+            interrupt.ask()
+            return
+        raise KeyboardInterrupt
+
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, handler) for s in signals}
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+        interrupt.clear()
 
 
 def fail(message: str, *, one_line: bool = False, plain: bool = False, code: int = 2) -> NoReturn:

@@ -30,9 +30,9 @@ app = typer.Typer(invoke_without_command=True, help=(
     "The dead-letter log: every input the mediator refused, with its reason — yours, or every "
     "one for an operator (address and token: --server/--token or EVAMED_SERVER/EVAMED_TOKEN)."))
 
-REASONS = ("malformed", "too_large", "duplicate", "late", "future", "misrouted", "state_cap",
-           "composite_limit",
-           "payload", "time", "id", "topic", "attribute", "deleted")
+REASONS = ("malformed", "too_large", "duplicate", "late", "future", "misrouted", "forbidden",
+           "state_cap", "composite_limit", "payload", "time", "id", "topic", "attribute",
+           "deleted")
 """eva.admission.Reason's values (not imported: the command line starts without the engine)."""
 
 

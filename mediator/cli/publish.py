@@ -23,7 +23,8 @@ def publish(
                                        help="Events per Publish message.")] = 500,
     advance_to: Annotated[str | None, typer.Option(
         help="Afterwards no event at or before this RFC 3339 time will come (a watermark: "
-             "what waits on an absence of events is decided).")] = None,
+             "what waits on an absence of events is decided). An operator's right "
+             "(evamed clients add NAME --operator).")] = None,
     server: Server = DEFAULT_SERVER, token: Token = None, tls_ca: TlsCa = None,
 ) -> None:
     """Publish a file of CloudEvents to the mediator, with a progress bar.

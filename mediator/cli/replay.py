@@ -19,6 +19,7 @@ from mediator.cli.common import (
     event_lines,
     fail,
     group_option,
+    interruptible,
     known_profiles,
     load,
     print_table,
@@ -145,7 +146,14 @@ def replay(
     # cost 15 % of a replay (docs/performance.md, "End to end").
     tune_gc()
     out = sys.stdout
+    from eva import interrupt
+
     with ExitStack() as stack:
+        # Signals ask for a stop, honoured between steps: what was found is written, then
+        # status 130 (an exception raised inside the compiled engine aborted the process).
+        stack.enter_context(interruptible())
+        stack.enter_context(interrupt.held())
+        stack.callback(_stopped_if_asked, interrupt)
         sink: TextIO = sys.stderr
         if dead_letter:
             sink = stack.enter_context(open(dead_letter, "w", encoding="utf-8"))
@@ -172,6 +180,14 @@ def replay(
         _plot(plot, emit.events, emit.notes)
     if summary:
         _summary(profile or names, counts, dead.count)
+
+
+def _stopped_if_asked(interrupt: Any) -> None:
+    """Ctrl-C during the replay: written so far is written; one line, status 130."""
+    if interrupt.asked():
+        sys.stdout.flush()
+        err.print("interrupted: the composites found until then were written")
+        raise typer.Exit(130)
 
 
 def _config(doc: ast.Document, wanted: list[str] | None, tick: int, lateness: str,

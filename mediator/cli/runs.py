@@ -17,6 +17,7 @@ from dataclasses import replace
 from itertools import islice
 from typing import TYPE_CHECKING, Any, TextIO
 
+from eva import interrupt
 from eva.admission import Rules, Stream
 from eva.engine import DeadLetter, Engine, EngineConfig, push_admitted
 from eva.events import Event, EventError, format_time, from_json_line, read_lines
@@ -62,6 +63,7 @@ def _read(malformed: Callable[[str, str], None], lines: Lines,
     (for --expand and --plot, which name the contributing events)."""
     source = iter(lines)
     while batch := list(islice(source, BATCH)):
+        interrupt.check()  # a stop a signal asked for (eva/interrupt.py), between batches
         for (number, line), event in zip(batch, read_lines(batch), strict=True):
             if isinstance(event, EventError):
                 malformed(f"line {number}: {event}", raw(line))

@@ -156,7 +156,8 @@ def _subscribe(workdir: Path, mediator: Child, console: Console,
     for column in ("client", "profile", "plan: kind, services"):
         plans.add_column(column)
     for name, profiles in CLIENTS.items():
-        token = subprocess.run([evamed(), "clients", "add", name, "--config",
+        # Operators: one of them says when the day is over (advance_to_us is an operator's).
+        token = subprocess.run([evamed(), "clients", "add", name, "--operator", "--config",
                                 str(workdir / "mediator.toml")], capture_output=True, text=True,
                                check=True).stdout.strip()
         client = MediatorClient(mediator.address, token)

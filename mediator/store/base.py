@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,16 @@ class ClientRecord:
     created_us: int
     revoked: bool = False
     operator: bool = False  # sees every dead letter, republishes any (not only its own)
+    sources: tuple[str, ...] = ()  # the event sources it may publish under (fnmatch patterns);
+    # () — a record written before grants existed, or none given —: mediator/security.py's default
+
+    @property
+    def granted(self) -> tuple[str, ...]:
+        """The source patterns it may publish under: its grant, else every source for an
+        operator and, for any other client, its own name and what lies below it."""
+        if self.sources:
+            return self.sources
+        return ("*",) if self.operator else (self.name, self.name + "/*")
 
 
 @dataclass(frozen=True)
@@ -263,3 +273,66 @@ class Store(Protocol):
     def set_meta(self, key: str, value: str) -> None: ...
 
     def close(self) -> None: ...
+
+
+def unwrapped(store: Store) -> Store:
+    """The store itself, not a :class:`Waiting` view of it (its kind decides where the Spark
+    composer reads)."""
+    return store.inner if isinstance(store, Waiting) else store
+
+
+class Waiting:
+    """A store that waits out an outage: every call that fails with :class:`StoreError` is
+    tried again (after 0.1 s, doubling to 2 s) until the store answers, or until
+    :meth:`abandon` — then the error is raised. For the pipeline's thread: a round that
+    stopped half-way on a store error could not be resumed, so it waits inside the call
+    instead, with its state as it was (docs/operations.md, "Stop"). ``down`` is the error
+    while the store does not answer (None once it does)."""
+
+    def __init__(self, store: Store) -> None:
+        import threading
+
+        self._store = store
+        self._abandoned = threading.Event()
+        self.down: StoreError | None = None
+
+    @property
+    def inner(self) -> Store:
+        """The store waited on (what its kind is: SQLite, Redis)."""
+        return self._store
+
+    def abandon(self) -> None:
+        """Stop waiting: a call waiting now, or failing later, raises its error."""
+        self._abandoned.set()
+
+    def __getattr__(self, name: str) -> Any:
+        import functools
+        import logging
+
+        found = getattr(self._store, name)
+        if not callable(found):
+            return found
+
+        @functools.wraps(found)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            pause = 0.1
+            while True:
+                try:
+                    result = found(*args, **kwargs)
+                except StoreError as exc:
+                    if self._abandoned.is_set():
+                        raise
+                    if self.down is None:
+                        logging.getLogger("evamed.store").error(
+                            "the store does not answer (%s): the pipeline waits for it", exc)
+                    self.down = exc
+                    self._abandoned.wait(pause)
+                    pause = min(2 * pause, 2.0)
+                    continue
+                if self.down is not None:
+                    self.down = None
+                    logging.getLogger("evamed.store").warning(
+                        "the store answers again: the pipeline goes on")
+                return result
+        self.__dict__[name] = call  # made once per method: found directly from then on
+        return call

@@ -46,6 +46,7 @@ from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit, urlunspl
 import redis
 from redis.connection import URL_QUERY_ARGUMENT_PARSERS, parse_url
 
+from mediator.logs import redact
 from mediator.store.base import (
     SCHEMA_VERSION,
     ClientRecord,
@@ -208,8 +209,11 @@ def redis_options(url: str) -> tuple[str, str]:
     try:
         parts = urlsplit(url)
         port = parts.port
-    except ValueError as exc:
-        raise ValueError(f"bad Redis store URL ({exc}); {expected}") from None
+    except ValueError:
+        # Not the parser's words: they quote the URL's pieces, a password's among them.
+        raise ValueError("bad Redis store URL: its host:port part is not host[:port] (a "
+                         "password holding / ? # or @ must be percent-encoded, %2F for /); "
+                         f"{expected}") from None
     if parts.scheme not in SCHEMES:
         raise ValueError(f"a Redis store URL starts with redis:// or rediss://, got "
                          f"{parts.scheme or 'no scheme'}; {expected}")
@@ -237,7 +241,7 @@ def redis_options(url: str) -> tuple[str, str]:
     try:
         parse_url(connection)  # type: ignore[no-untyped-call]  # redis-py reads the values
     except ValueError as exc:
-        raise ValueError(f"bad Redis store URL ({exc}); {expected}") from None
+        raise ValueError(f"bad Redis store URL ({redact(str(exc))}); {expected}") from None
     return connection, prefixes[0]
 
 
@@ -321,7 +325,8 @@ class RedisStore:
             tx.hset(key, mapping={"token_hash": record.token_hash,
                                   "created_us": record.created_us,
                                   "revoked": int(record.revoked),
-                                  "operator": int(record.operator)})
+                                  "operator": int(record.operator),
+                                  "sources": json.dumps(list(record.sources))})
             tx.sadd(self._k("clients"), record.name)
             tx.hset(self._k("tokens"), record.token_hash, record.name)
             tx.execute()
@@ -331,8 +336,10 @@ class RedisStore:
         fields = self._redis.hgetall(self._k("client", name))
         if not fields:
             return None
+        granted = fields.get(b"sources")
         return ClientRecord(name, _text(fields[b"token_hash"]), int(fields[b"created_us"]),
-                            fields[b"revoked"] == b"1", fields.get(b"operator") == b"1")
+                            fields[b"revoked"] == b"1", fields.get(b"operator") == b"1",
+                            tuple(json.loads(granted)) if granted else ())
 
     @_failures
     def client_by_token_hash(self, token_hash: str) -> ClientRecord | None:

@@ -45,7 +45,8 @@ CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS clients (
     name TEXT PRIMARY KEY, token_hash TEXT NOT NULL, created_us INTEGER NOT NULL,
-    revoked INTEGER NOT NULL DEFAULT 0, operator INTEGER NOT NULL DEFAULT 0);
+    revoked INTEGER NOT NULL DEFAULT 0, operator INTEGER NOT NULL DEFAULT 0,
+    sources TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS clients_by_token ON clients (token_hash);
 CREATE TABLE IF NOT EXISTS subscriptions (
     owner TEXT NOT NULL, name TEXT NOT NULL, text TEXT NOT NULL, created_us INTEGER NOT NULL,
@@ -114,11 +115,12 @@ def _composer_line(row: tuple[str, int, str, str, str, str, int]) -> ComposerLin
                         tuple((str(s), str(h)) for s, h in json.loads(via)), int(position))
 
 
-_CLIENT = "name, token_hash, created_us, revoked, operator"
+_CLIENT = "name, token_hash, created_us, revoked, operator, sources"
 
 
-def _client(row: tuple[str, str, int, int, int]) -> ClientRecord:
-    return ClientRecord(row[0], row[1], row[2], bool(row[3]), bool(row[4]))
+def _client(row: tuple[str, str, int, int, int, str]) -> ClientRecord:
+    return ClientRecord(row[0], row[1], row[2], bool(row[3]), bool(row[4]),
+                        tuple(json.loads(row[5])) if row[5] else ())
 
 
 class SqliteStore:
@@ -149,9 +151,12 @@ class SqliteStore:
                 if "links" not in columns:  # a file written before link logs existed
                     db.execute("ALTER TABLE subscriptions ADD COLUMN links TEXT NOT NULL "
                                "DEFAULT ''")
-                if "operator" not in {row[1] for row in db.execute("PRAGMA table_info(clients)")}:
+                columns = {row[1] for row in db.execute("PRAGMA table_info(clients)")}
+                if "operator" not in columns:
                     db.execute("ALTER TABLE clients ADD COLUMN operator INTEGER NOT NULL "
                                "DEFAULT 0")  # a file written before operators existed
+                if "sources" not in columns:  # … before grants of sources existed
+                    db.execute("ALTER TABLE clients ADD COLUMN sources TEXT NOT NULL DEFAULT ''")
                 row = db.execute("SELECT version FROM schema_version").fetchone()
                 if row is None:
                     db.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
@@ -193,9 +198,10 @@ class SqliteStore:
 
     def put_client(self, record: ClientRecord) -> None:
         with self._write() as db:
-            db.execute(f"INSERT OR REPLACE INTO clients ({_CLIENT}) VALUES (?, ?, ?, ?, ?)",
+            db.execute(f"INSERT OR REPLACE INTO clients ({_CLIENT}) VALUES (?, ?, ?, ?, ?, ?)",
                        (record.name, record.token_hash, record.created_us, int(record.revoked),
-                        int(record.operator)))
+                        int(record.operator),
+                        json.dumps(list(record.sources)) if record.sources else ""))
 
     def client(self, name: str) -> ClientRecord | None:
         rows = self._read(f"SELECT {_CLIENT} FROM clients WHERE name = ?", (name,))
