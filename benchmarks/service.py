@@ -82,7 +82,8 @@ def mediator(services: int, store: str | None, per_client: int = PER_CLIENT,
 
 
 def client_of(running: Running) -> MediatorClient:
-    token = add_client(running.served.store, f"bench{time.monotonic_ns()}")
+    # An operator: it publishes under the source "bench" and advances the clock.
+    token = add_client(running.served.store, f"bench{time.monotonic_ns()}", operator=True)
     return MediatorClient(f"127.0.0.1:{running.port}", token, timeout=120)
 
 
