@@ -35,7 +35,7 @@ from eva.events import Event
 from eva.retention import reach
 from transforms.capability import Capability
 from transforms.dialects import dialect
-from transforms.planner import plan_expr, planning_capability, push
+from transforms.planner import eoi, plan_expr, planning_capability, push, refused_relaxing
 from transforms.plans import Kind, Local, Plan, PlanNode, Remote, Subscribe, nodes
 
 
@@ -281,8 +281,12 @@ def _assign(expr: ast.Expr, profile: ast.Profile, classes: dict[str, ast.ClassDe
         if refused:
             refusals.append(f"{info.name}: {refused}")
             continue
-        remote = push(expr, classes, cap)
+        root_eoi = expr is profile.expr and eoi(profile)
+        remote = push(expr, classes, cap, root_eoi=root_eoi)
         if remote is None:
+            if (unsound := refused_relaxing(expr, cap, root_eoi)):
+                refusals.append(f"{info.name}: {unsound}")
+                continue
             ticked = info.autonomous and not cap.clock and any(
                 isinstance(n, ast.Prim) and isinstance(classes[n.name].body, ast.Every)
                 for n in ast.walk(expr))

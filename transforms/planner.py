@@ -18,9 +18,9 @@ from dataclasses import replace
 from eva import ast
 from eva.classes import required_types, type_only
 from eva.events import TICK_TYPE
-from transforms.capability import SET_SEMANTICS, Capability, setting_of
+from transforms.capability import CONJUNCTION, OPERATOR, SET_SEMANTICS, Capability, setting_of
 from transforms.plans import Kind, Local, Plan, PlanNode, Remote, Subscribe
-from transforms.rules import CATALOGUE, Rewrite, native_negation, native_operator
+from transforms.rules import CATALOGUE, Rewrite, hidden_operands, native_negation, native_operator
 
 Assign = Callable[[ast.Expr], Remote | str]
 """Where a subtree goes whole: the remote of the service that evaluates it, or why none does
@@ -30,8 +30,35 @@ Assign = Callable[[ast.Expr], Remote | str]
 def plan(profile: ast.Profile, doc: ast.Document, cap: Capability) -> Plan:
     classes = doc.class_map()
     planning = planning_capability(cap, profile)
-    return Plan(profile, cap, plan_expr(profile.expr, classes,
-                                        lambda expr: push(expr, classes, planning) or ""))
+
+    def assign(expr: ast.Expr) -> Remote | str:
+        root_eoi = expr is profile.expr and eoi(profile)
+        return push(expr, classes, planning, root_eoi=root_eoi) or refused_relaxing(
+            expr, planning, root_eoi)
+
+    return Plan(profile, cap, plan_expr(profile.expr, classes, assign))
+
+
+def eoi(profile: ast.Profile) -> bool:
+    return profile.evaluation is ast.Evaluation.END_OF_INTERVAL
+
+
+def refused_relaxing(expr: ast.Expr, cap: Capability, root_eoi: bool) -> str:
+    """Why a node that a positive rule would otherwise relax is not (its re-run on the visible
+    sub-trace would be unsound, :func:`transforms.rules.hidden_operands`), for ``explain``;
+    "" when that is not the reason."""
+    if not isinstance(expr, (ast.Conjunction, ast.Sequence)):
+        return ""
+    if not (cap.supports(OPERATOR[type(expr)]) or cap.supports(CONJUNCTION)):
+        return ""
+    if cap.native(setting_of(expr)) or not all(
+            isinstance(side.expr, ast.Prim) for side in (expr.left, expr.right)):
+        return ""
+    exact_sides = ("last", "all")  # first and <i> are decomposed for another reason
+    if expr.left.dup.kind not in exact_sides or (isinstance(expr, ast.Conjunction) and (
+            expr.pairs is not ast.Pairs.ALL or expr.right.dup.kind not in exact_sides)):
+        return ""
+    return hidden_operands(expr, root_eoi)
 
 
 def planning_capability(cap: Capability, profile: ast.Profile) -> Capability:
@@ -81,8 +108,9 @@ def decompose(expr: ast.Expr, classes: dict[str, ast.ClassDef], assign: Assign,
 
 
 def push(expr: ast.Expr, classes: dict[str, ast.ClassDef], cap: Capability,
-         exact_only: bool = False) -> Remote | None:
-    """The whole subtree at the service, or None."""
+         exact_only: bool = False, root_eoi: bool = False) -> Remote | None:
+    """The whole subtree at the service, or None. ``root_eoi``: the profile's root, evaluated
+    at the end of the interval (a positive rule's re-run is sound on fewer nodes there)."""
     if isinstance(expr, ast.Prim):
         body = classes[expr.name].body
         if isinstance(body, ast.Every):
@@ -99,7 +127,7 @@ def push(expr: ast.Expr, classes: dict[str, ast.ClassDef], cap: Capability,
         rewrite: Rewrite | None = rule(expr, cap)
         if rewrite is None:
             continue
-        if exact_only and rewrite.kind is Kind.POSITIVE:
+        if rewrite.kind is Kind.POSITIVE and (exact_only or hidden_operands(expr, root_eoi)):
             continue
         remotes = [o for o in operands if o is not None]
         if cap.context_scope == "expression" and not _one_context(rewrite.target, remotes, classes):
