@@ -9,6 +9,7 @@ import pytest
 
 from adapters.backends.registry import GROUPS, language
 from eva.engine import Engine, EngineConfig
+from eva.events import Event
 from eva.reference import evaluate
 from tests.helpers import profile_doc, signature
 from tests.strategies import trace_of
@@ -46,9 +47,30 @@ def test_hidden_operands_are_made_visible_on_every_group(text: str, trace_text: 
         assert exact(got) == exact(want), group
 
 
-def engine_answer(text: str, trace_text: str) -> list[tuple[object, ...]]:
+def keyed_trace(text: str) -> list[Event]:
+    """``trace_of`` with every event in partition data.k = 1."""
+    return [Event(e.id, e.source, e.type, e.time, e.seq, {"k": 1}) for e in trace_of(text)]
+
+
+def engine_equals_reference(text: str, trace_text: str) -> None:
     doc = profile_doc(text)
+    trace = keyed_trace(trace_text)
     engine = Engine(EngineConfig(tick=1))
     engine.add_document(doc)
-    trace = trace_of(trace_text)
-    return signature([n for e in trace for n in engine.push(e)] + engine.close())
+    got = [n for e in trace for n in engine.push(e)] + engine.close()
+    want = evaluate(doc, trace, tick=1)
+    assert want, "the example reports something"
+    assert signature(got) == signature(want)
+
+
+@pytest.mark.parametrize("per", [" per data.k", ""])
+@pytest.mark.parametrize("expr", [
+    "(((first_dup(T); first_dup(((not A)_1us)_all_pairs))_1us)_all_pairs[1])_all_pairs",
+    "((first_dup(T); all_dup(((not A)_1us)_all_pairs))_1us)_all_pairs"])
+def test_a_tick_extending_the_anterior_list_still_anchors_the_negation(per: str, expr: str
+                                                                      ) -> None:
+    """T = every 4us over A at 11, 12, 37, 49: the tick at 40 extends the anterior list
+    [t36] (first_dup: never selected) and the engine skipped it as inert — but it anchors the
+    absence at 41, which closes the list, so t44 starts a new one and pairs with the absence at
+    45. The engine missed that report (issue 26)."""
+    engine_equals_reference(per + " = " + expr, "a0@11 a1@12 a2@37 a3@49")
