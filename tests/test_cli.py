@@ -252,6 +252,27 @@ def test_replay_native_prints_the_services_own_notifications(files: tuple[Path, 
     assert [json.loads(x)["constituents"] for x in result.stdout.splitlines()] == [["a1", "b1"]]
 
 
+def test_replay_native_writes_a_dead_letter_for_each_event_its_evaluator_refuses(
+        tmp_path: Path) -> None:
+    """The peer's engine (CG-5) refuses a copy of an admitted event (same source and id): the
+    run goes on without it, as a base service does, and the refusal is a dead letter on stderr
+    naming the event (it used to vanish without a word)."""
+    query = tmp_path / "q.eva"
+    query.write_text('class A = type == "a"\nclass B = type == "b"\n'
+                     "profile S = ((all_dup(A); all_dup(B))_5s)_all_pairs\n")
+    events = tmp_path / "e.jsonl"
+    events.write_text("\n".join(json.dumps(e) for e in [
+        cloud("a1", "a", 1), cloud("a1", "a", 2), cloud("b1", "b", 3)]) + "\n")
+    result = runner.invoke(app, ["replay", "--native", "cg5", "--query", str(query),
+                                 "--events", str(events)])
+    assert result.exit_code == 0, result.output
+    assert [json.loads(x)["constituents"] for x in result.stdout.splitlines()] == [["a1", "b1"]]
+    letters = [json.loads(x) for x in result.stderr.splitlines()]
+    assert [(x["reason"], x["event"]["id"], x["event"]["time"]) for x in letters] == [
+        ("duplicate", "a1", "2026-03-02T10:00:02Z")]
+    assert "the cg5 evaluator refused event 'a1'" in letters[0]["detail"]
+
+
 def test_replay_native_and_via_refuse_bad_input(files: tuple[Path, Path], tmp_path: Path) -> None:
     profiles, events = files
     query = tmp_path / "q.sql"
