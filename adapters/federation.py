@@ -454,8 +454,11 @@ def publish(links: Mapping[str, Link], events: Sequence[Event],
         clock = until
         if newest is not None and (last is None or last < newest):
             clock = newest - 1 if clock is None else max(clock, newest - 1)
-        if clock is not None and last is not None and clock <= last:
+        if clock is not None and last is not None and clock < last:
             clock = None  # its own events run its clock that far
+        # (At clock == last its events do not: an engine that has work at the end of an
+        # instant — an end-of-interval profile at a peer — reports that instant only once its
+        # clock has passed it, found by the fidelity search.)
         if batch or clock is not None:
             out[name] = link.publish(batch, clock)
     return out
