@@ -5,9 +5,14 @@ answer on it."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from adapters.backends.registry import GROUPS, language
+from benchmarks.fidelity import disagrees, from_case
 from eva.engine import Engine, EngineConfig
 from eva.events import Event
 from eva.reference import evaluate
@@ -74,3 +79,16 @@ def test_a_tick_extending_the_anterior_list_still_anchors_the_negation(per: str,
     absence at 41, which closes the list, so t44 starts a new one and pairs with the absence at
     45. The engine missed that report (issue 26)."""
     engine_equals_reference(per + " = " + expr, "a0@11 a1@12 a2@37 a3@49")
+
+
+CASES = json.loads((Path(__file__).parent / "fidelity_cases.json").read_text())
+"""What ``make fidelity --record`` wrote: each a shrunk disagreement, with what fixed it (or,
+``open``, why it is not fixed yet)."""
+
+
+@pytest.mark.parametrize("record", [pytest.param(c, marks=pytest.mark.xfail(
+    strict=True, reason=c["open"])) if "open" in c else c for c in CASES],
+    ids=[f"{c['path']}:{c['profile']}" for c in CASES])
+def test_recorded_disagreements_agree(record: dict[str, Any]) -> None:
+    doc, trace = from_case(record)
+    assert disagrees(record["path"], doc, trace, record["extra"]) == ""
