@@ -27,14 +27,19 @@ Assign = Callable[[ast.Expr], Remote | str]
 (the text ``explain`` shows; "" when there is nothing to choose between)."""
 
 
-def plan(profile: ast.Profile, doc: ast.Document, cap: Capability) -> Plan:
+def plan(profile: ast.Profile, doc: ast.Document, cap: Capability,
+         refuses: Callable[[Remote, ast.Profile, bool], str] | None = None) -> Plan:
+    """``refuses``: why the service's language would refuse the query for a remote (its
+    limits), "" if it takes it — such a subtree is composed at the mediator instead."""
     classes = doc.class_map()
     planning = planning_capability(cap, profile)
 
     def assign(expr: ast.Expr) -> Remote | str:
         root_eoi = expr is profile.expr and eoi(profile)
-        return push(expr, classes, planning, root_eoi=root_eoi) or refused_relaxing(
-            expr, planning, root_eoi)
+        remote = push(expr, classes, planning, root_eoi=root_eoi)
+        if remote is None:
+            return refused_relaxing(expr, planning, root_eoi)
+        return (refuses(remote, profile, root_eoi) if refuses is not None else "") or remote
 
     return Plan(profile, cap, plan_expr(profile.expr, classes, assign))
 
