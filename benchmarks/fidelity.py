@@ -118,11 +118,11 @@ def random_doc(rng: random.Random) -> ast.Document:
                     rng.random() < 0.25)
 
 
-def random_trace(rng: random.Random) -> list[Event]:
+def random_trace(rng: random.Random, max_events: int = MAX_EVENTS) -> list[Event]:
     """Many equal times and short gaps, so frames both hold and fail; two sources."""
     t = 10
     out = []
-    for i in range(rng.randint(0, MAX_EVENTS)):
+    for i in range(rng.randint(0, max_events)):
         t += rng.choice([0, 0, 1, 1, 2, 3, 6])
         kind = rng.choice("abc")
         out.append(Event(f"{kind}{i}", rng.choice(SOURCES), kind, t, i,
@@ -383,16 +383,21 @@ class Tally:
         return sum(self.examples.values())
 
 
-SAMPLED = {"via": 50, "federated": 4, "spark": 2000}
+SAMPLED = {"via": 50, "federated": 4, "spark": 500}
 """One example in this many runs the slow paths (per profile and trace)."""
 
 
 def search(rng: random.Random, tally: Tally, deadline: float, target: int,
-           sampled: dict[str, int], record: Path | None) -> None:
+           sampled: dict[str, int], record: Path | None, max_events: int = MAX_EVENTS) -> None:
     round_ = 0
+    started = report = time.monotonic()
     while tally.total < target and time.monotonic() < deadline:
         round_ += 1
-        doc, trace = random_doc(rng), random_trace(rng)
+        if time.monotonic() >= report + 60:  # a line a minute: how far it is
+            report = time.monotonic()
+            print(f"… {tally.total:,} examples in {report - started:,.0f} s, "
+                  f"{len(tally.found)} disagreements", flush=True)
+        doc, trace = random_doc(rng), random_trace(rng, max_events)
         try:
             want = evaluate(doc, trace, tick=1)
         except RecursionError:
@@ -442,6 +447,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--record", type=Path, default=None,
                         help="append each shrunk disagreement to this JSON file")
+    parser.add_argument("--max-events", type=int, default=MAX_EVENTS,
+                        help="the longest trace drawn")
     parser.add_argument("--no-spark", action="store_true", help="leave the Spark path out")
     parser.add_argument("--no-via", action="store_true",
                         help="leave the real base services (gRPC) out")
@@ -455,7 +462,8 @@ def main() -> None:
     tally = Tally()
     start = time.monotonic()
     try:
-        search(rng, tally, start + args.minutes * 60, args.examples, sampled, args.record)
+        search(rng, tally, start + args.minutes * 60, args.examples, sampled, args.record,
+               args.max_events)
     except KeyboardInterrupt:
         pass
     except Exception:
