@@ -92,3 +92,22 @@ CASES = json.loads((Path(__file__).parent / "fidelity_cases.json").read_text())
 def test_recorded_disagreements_agree(record: dict[str, Any]) -> None:
     doc, trace = from_case(record)
     assert disagrees(record["path"], doc, trace, record["extra"]) == ""
+
+
+def test_a_relaxed_node_whose_events_another_leaf_matches_is_composed_and_explain_says_why(
+        ) -> None:
+    """(T; A) is relaxed on CG-1 (timed_as_timeless) when alone; beside first_dup(A) and AB
+    an event a5 completes its re-run's composite and is stepped for those leaves too, so it is
+    composed at the mediator (transforms.planner.shared_events) and the reason is given."""
+    from transforms.explanation import as_json
+    from transforms.plans import Kind
+
+    inner = "((all_dup(T); all_dup(A))_inf)_all_pairs"
+    alone = profile_doc(f" = {inner}")
+    assert plan(alone.profiles[0], alone, language("cg1").capability).kind is Kind.POSITIVE
+    doc = profile_doc(f" = ((first_dup(A), all_dup(((all_dup({inner}), all_dup(AB))_inf)"
+                      "_all_pairs))_inf)_all_pairs")
+    planned = plan(doc.profiles[0], doc, language("cg1").capability)
+    assert planned.kind is Kind.DECOMPOSE
+    text = str(as_json(planned))
+    assert "an event of A may also be one of A elsewhere in the profile" in text

@@ -35,7 +35,14 @@ from eva.events import Event
 from eva.retention import reach
 from transforms.capability import Capability
 from transforms.dialects import dialect
-from transforms.planner import eoi, plan_expr, planning_capability, push, refused_relaxing
+from transforms.planner import (
+    eoi,
+    fed_out_of_order,
+    plan_expr,
+    planning_capability,
+    push,
+    refused_relaxing,
+)
 from transforms.plans import Kind, Local, Plan, PlanNode, Remote, Subscribe, nodes
 
 
@@ -300,6 +307,10 @@ def _assign(expr: ast.Expr, profile: ast.Profile, classes: dict[str, ast.ClassDe
                 for n in ast.walk(expr))
             refusals.append(f"{info.name}: cannot evaluate it{whole}" + (
                 " (it is autonomous: the mediator publishes no ticks to it)" if ticked else ""))
+            continue
+        if remote.kind is Kind.POSITIVE and (shared := fed_out_of_order(remote, profile,
+                                                                         classes)):
+            refusals.append(f"{info.name}: {shared}")
             continue
         limited = refuses(info, remote, profile, root_eoi) if refuses is not None else ""
         if limited:

@@ -39,9 +39,60 @@ def plan(profile: ast.Profile, doc: ast.Document, cap: Capability,
         remote = push(expr, classes, planning, root_eoi=root_eoi)
         if remote is None:
             return refused_relaxing(expr, planning, root_eoi)
+        if remote.kind is Kind.POSITIVE and (shared := fed_out_of_order(remote, profile, classes)):
+            return shared
         return (refuses(remote, profile, root_eoi) if refuses is not None else "") or remote
 
     return Plan(profile, cap, plan_expr(profile.expr, classes, assign))
+
+
+def shared_events(expr: ast.Expr, profile: ast.Profile, classes: dict[str, ast.ClassDef]) -> str:
+    """Why a positive rule's remote for ``expr`` could not be fed to the mediator's engine in
+    the trace view's order ("" when it can): its re-run's composites are fed to the outer
+    engine at their report key, which is an event's (or tick's) own step when that event
+    completes them; if a leaf elsewhere in the profile may match the same event, the outer
+    engine steps the event and the composite one after the other, and some node then sees them
+    in the other order than the view's left-operand-first (docs/semantics.md §18, found by the
+    fidelity search). Such a node is composed at the mediator instead: its operands are the
+    outer engine's own leaves, stepped with the event."""
+    inside = {n.name for n in ast.walk(expr) if isinstance(n, ast.Prim)}
+    outside: set[str] = set()
+    stack: list[ast.Expr] = [profile.expr]
+    while stack:
+        node = stack.pop()
+        if node is expr:
+            continue
+        if isinstance(node, ast.Prim):
+            outside.add(node.name)
+        stack.extend(ast.children(node))
+    for a in sorted(inside):
+        for b in sorted(outside):
+            if _may_share(a, b, classes):
+                return (f"an event of {a} may also be one of {b} elsewhere in the profile: the "
+                        "re-run's composite it completes would be fed at that event's own step, "
+                        "which the mediator's engine cannot order as the trace view does at "
+                        "every node, so the operands are composed at the mediator")
+    return ""
+
+
+def _may_share(a: str, b: str, classes: dict[str, ast.ClassDef]) -> bool:
+    """Whether one event (or tick) may be of both classes."""
+    if a == b:
+        return True
+    body_a, body_b = classes[a].body, classes[b].body
+    if isinstance(body_a, ast.Every) or isinstance(body_b, ast.Every):
+        return False  # a tick is only its own class's
+    types_a, types_b = required_types(body_a, classes), required_types(body_b, classes)
+    return types_a is None or types_b is None or bool(types_a & types_b)
+
+
+def fed_out_of_order(remote: Remote, profile: ast.Profile,
+                     classes: dict[str, ast.ClassDef]) -> str:
+    """:func:`shared_events` for a positive rule's remote fed to the outer engine (a
+    disjunction's is re-run inline, with the events: never fed)."""
+    if not isinstance(remote.original, (ast.Conjunction, ast.Sequence)):
+        return ""
+    return shared_events(remote.original, profile, classes)
 
 
 def eoi(profile: ast.Profile) -> bool:
