@@ -8,7 +8,8 @@ NATIVE := $(addprefix eva/,events.py semantics.py classes.py state.py nodes.py c
 	notify.py admission.py)
 NATIVE_STAMP := build/.native
 
-.PHONY: demo test test-pure fuzz install native pure proto wheel lint typecheck bench clean servers
+.PHONY: demo test test-pure fuzz fidelity install native pure proto wheel lint typecheck bench \
+	clean servers
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -96,6 +97,14 @@ typecheck: $(STAMP)
 
 bench: native
 	$(BIN)/python benchmarks/engine.py
+
+# The fidelity search (issue 26; not in `make test`): every path against the reference
+# evaluator on random profiles × every group × random traces, each disagreement shrunk and
+# recorded as a test case (tests/fidelity_cases.json). One process; FIDELITY_ARGS to change
+# the count or the time, e.g. FIDELITY_ARGS="--examples 20000 --minutes 10 --no-spark".
+FIDELITY_ARGS ?= --examples 100000 --minutes 60
+fidelity: native
+	PYTHONPATH=. $(BIN)/python benchmarks/fidelity.py $(FIDELITY_ARGS) --record tests/fidelity_cases.json
 
 clean: pure
 	rm -rf $(VENV) build dist build.log .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -200,19 +200,27 @@ Connect = Callable[[str], Subscription]
 """Subscribe native query text (NativeQueryError if the service refuses it)."""
 
 
+Rejected = Callable[[Event, EventRejected], None]
+"""Told of each event an evaluator refuses (a dead letter for the caller to write)."""
+
+
 class _Evaluation:
     """The service's evaluator in this process: an event the evaluator refuses is left out and
-    the run goes on, as a base service does."""
+    the run goes on, as a base service does — and ``rejected`` is told (a base service counts
+    it in its reply; left unsaid, ``replay --native`` lost events without a word)."""
 
     live = True
 
-    def __init__(self, query: Query) -> None:
+    def __init__(self, query: Query, rejected: Rejected | None = None) -> None:
         self.evaluator = query.evaluator()
+        self.rejected = rejected
 
     def push(self, event: Event) -> list[Detection]:
         try:
             return self.evaluator.push(event)
-        except EventRejected:
+        except EventRejected as exc:
+            if self.rejected is not None:
+                self.rejected(event, exc)
             return []
 
     def advance(self, time: int) -> list[Detection]:
@@ -222,9 +230,10 @@ class _Evaluation:
         return self.evaluator.advance(until)
 
 
-def in_process(lang: Language) -> Connect:
-    """The service's evaluator in this process (what ``replay --native`` runs)."""
-    return lambda text: _Evaluation(lang.parse(text))
+def in_process(lang: Language, rejected: Rejected | None = None) -> Connect:
+    """The service's evaluator in this process (what ``replay --native`` runs); ``rejected``
+    is told of each event it refuses."""
+    return lambda text: _Evaluation(lang.parse(text), rejected)
 
 
 def evaluate(connect: Connect, text: str, events: Iterable[Event], until: int) -> list[Detection]:

@@ -67,8 +67,8 @@ from eva.events import TICK_TYPE, Event, tick_event
 from eva.semantics import Notification
 from transforms.dialects import dialect
 from transforms.dialects.base import Detection, Dialect
-from transforms.federated import ServiceInfo, plan_federated
-from transforms.plans import Plan
+from transforms.federated import Refuses, ServiceInfo, plan_federated
+from transforms.plans import Plan, Remote
 from transforms.runner import Leaf, Runner, RunnerStats
 
 ARRIVAL_BITS = 40
@@ -457,8 +457,11 @@ def publish(links: Mapping[str, Link], events: Sequence[Event],
         clock = until
         if newest is not None and (last is None or last < newest):
             clock = newest - 1 if clock is None else max(clock, newest - 1)
-        if clock is not None and last is not None and clock <= last:
+        if clock is not None and last is not None and clock < last:
             clock = None  # its own events run its clock that far
+        # (At clock == last its events do not: an engine that has work at the end of an
+        # instant — an end-of-interval profile at a peer — reports that instant only once its
+        # clock has passed it, found by the fidelity search.)
         if batch or clock is not None:
             out[name] = link.publish(batch, clock)
     return out
@@ -511,6 +514,27 @@ def memoryless(leaf: Leaf, doc: ast.Document, link: Link) -> bool:
             and not isinstance(doc.class_map()[expr.name].body, ast.Every))
 
 
+def language_refuses(doc: ast.Document, languages: Mapping[str, Language]) -> Refuses:
+    """The planner's check that a service's language takes the query it would be subscribed
+    (:data:`transforms.federated.Refuses`): rendered by the group's dialect and parsed by
+    ``languages[name]`` — the very checks of its limits (bracket depth, chain length, query
+    size) the service applies — so that a subtree it refuses is composed at the mediator
+    instead of failing the profile (``replay --via`` exited 2)."""
+
+    def refuses(info: ServiceInfo, remote: Remote, profile: ast.Profile, root_eoi: bool) -> str:
+        lang = languages.get(info.name)
+        if lang is None:
+            return ""
+        try:
+            lang.parse(dialect(info.group).render(remote.target, doc, profile, root_eoi))
+        except NativeQueryError as exc:
+            return (f"its language ({exc.language}) refuses the query for it — {exc.message} — "
+                    "so it is composed at the mediator")
+        return ""
+
+    return refuses
+
+
 def through_group(language: Language, doc: ast.Document, profiles: list[str] | None = None, *,
                   transport: Connect | None = None, tick: int = 1_000_000,
                   start: int | None = None, end: int | None = None) -> Federation:
@@ -518,7 +542,8 @@ def through_group(language: Language, doc: ast.Document, profiles: list[str] | N
     service observing every event — and subscribed there: in process, or through
     ``transport`` (what ``replay --via`` runs)."""
     info = ServiceInfo(language.group, language.group, language.capability)
-    plans = [plan_federated(p, doc, [info]) for p in doc.profiles
+    refuses = language_refuses(doc, {info.name: language})
+    plans = [plan_federated(p, doc, [info], refuses=refuses) for p in doc.profiles
              if profiles is None or p.name in profiles]
     link = SubscriptionLink(info, transport or in_process(language))
     return Federation(doc, plans, {info.name: link}, tick=tick, start=start, end=end)

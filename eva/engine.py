@@ -257,6 +257,11 @@ class Engine:
         self._old_ids: set[tuple[str, str]] = set()
         self._id_window: int | None = 0
         self._rotate_at = -(2**62)
+        # The instants processed as of the end of the last push: the duplicate memory rotates
+        # by these, not by an advance made since — a base service steps the clock to just
+        # before each event (a gap's clock-driven work) and the memory then rotated one push
+        # earlier than the same events pushed alone (issue 26).
+        self._pushed_done: int | None = None
         self._held: Event | None = None  # beyond the horizon: the next event decides
         self.admitted: list[Event] | None = None
         """When a list, every admitted event is appended to it, in arrival order (the order
@@ -365,6 +370,11 @@ class Engine:
     def push(self, event: Event) -> list[Notification]:
         """Accept one event (its arrival order becomes its ``seq``); returns whatever the
         watermark now lets the engine report."""
+        out = self._push(event)
+        self._pushed_done = self._done_until
+        return out
+
+    def _push(self, event: Event) -> list[Notification]:
         if self._held is not None:
             return self._after_held(event)
         wm = self._source_max.get(event.source)
@@ -404,8 +414,12 @@ class Engine:
         return horizon is not None and newest is not None and t > newest + horizon
 
     def _rotates(self, done: int | None) -> bool:
-        """Whether the duplicate memory drops its older generation before the next admission."""
-        return (done is not None and done > self._rotate_at) or len(self._ids) >= REMEMBERED
+        """Whether the duplicate memory drops its older generation before the next admission:
+        by the instants processed as of the last push (``_pushed_done``, at most ``done``)."""
+        pushed = self._pushed_done
+        if done is not None and pushed is not None and min(done, pushed) > self._rotate_at:
+            return True
+        return len(self._ids) >= REMEMBERED
 
     def _admit(self, event: Event, wm: int | None, done: int | None) -> list[Notification]:
         """An event on time (``wm``: its source's newest time, ``done``: the instants
@@ -1052,6 +1066,7 @@ class Engine:
          engine._progress, engine._max_time, engine._timers, engine._next_sweep, engine._ids,
          engine._old_ids, engine._rotate_at, engine._held, engine.admitted, engine.instants,
          engine.origin) = state["clock"]
+        engine._pushed_done = engine._done_until  # (not in the snapshot: as if just pushed)
         engine._changed()
         return engine
 

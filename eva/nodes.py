@@ -449,6 +449,10 @@ class BinaryNode(Node):
             return True
         if left == right or self.eoi or not self.gc:
             return False
+        if self.anchor is not None and not left:
+            # Each left occurrence is an anchor: the negation hears of it and may report its
+            # absence (a tick that merely extends the left list still opens a window).
+            return False
         # One operand is the time class itself: each tick is one element of that role. It
         # matters unless it extends the open list of its role (no new list: the next
         # element's rank is unchanged) and can never be selected (first or i-th beyond its

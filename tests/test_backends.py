@@ -436,3 +436,20 @@ def test_sql_interval_join_state_stays_bounded() -> None:
     assert peak <= 3 * 9
     timeless = SqlLanguage().parse("SELECT x.id, y.id FROM a AS x JOIN b AS y ON y.time > x.time")
     assert timeless.branches[0].horizon is None
+
+
+def test_xchange_refuses_an_out_of_order_event_whose_partners_a_bounded_query_released() -> None:
+    """and{a, b} within 2us keeps answers 2 µs behind the newest event: after b1 at 10, a1 at
+    1 is released. b2 at 3, out of order, paired with a2 only — an incomplete answer without
+    (a1, b2). It is refused as late, as the SQL service (CG-3) refuses one; a query without
+    `within` keeps everything and takes it."""
+    trace = [Event("a1", "s", "a", 1, 0), Event("b1", "s", "b", 10, 1),
+             Event("a2", "s", "a", 2, 2), Event("b2", "s", "b", 3, 3)]
+    refused: list[tuple[str, str]] = []
+    got = run(XChangeLanguage().parse("and{a, b} within 2us"), trace,
+              rejected=lambda event, exc: refused.append((event.id, exc.reason)))
+    assert got == [] and refused == [("a2", "late"), ("b2", "late")]
+    unbounded = run(XChangeLanguage().parse("and{a, b}"), trace)
+    assert [d.text for d in unbounded] == ["⟨a1, b1⟩", "⟨a2, b1⟩", "⟨a1, b2⟩", "⟨a2, b2⟩"]
+    alone = run(XChangeLanguage().parse("a within 2us"), trace)  # nothing to pair: taken
+    assert [d.text for d in alone] == ["⟨a1⟩", "⟨a2⟩"]

@@ -305,3 +305,33 @@ def test_a_pack_is_split_at_its_bound_and_the_marker_comes_with_the_last_part(
         got = [([json.loads(d.constituents[0])["id"] for d in m.detections], m.progress_batch)
                for m in stream]
     assert got == [(["a1", "a2"], 0), (["a3", "a4"], 0), (["a5"], 3)]
+
+
+def test_a_peers_duplicate_memory_forgets_as_the_engine_alone_does() -> None:
+    """A base service steps a subscription's clock to just before each event (the gap's
+    clock-driven work, here P's absences) and then pushes it; the peer engine's duplicate
+    memory rotated by those instants, one push earlier than the same events pushed to an
+    engine alone: the copies z@31 and w@33 were admitted at the service and refused by the
+    engine (issue 26). It rotates by the instants processed as of the last push now, and the
+    two agree."""
+    from adapters.client import evaluate as through
+    from eva.engine import Engine, EngineConfig
+    from eva.parser import parse
+
+    text = ('class A = type == "a"\nclass B = type == "b"\n'
+            "profile P = ((all_dup(A); all_dup(((not B)_2us)_all_pairs))_2us)_all_pairs\n"
+            "profile Q = A\n")
+    trace = [Event(ident, "s", kind, t, seq) for seq, (ident, kind, t) in enumerate(
+        [("y", "a", 15), ("z", "a", 16), ("w", "b", 21), ("w", "a", 26), ("z", "a", 31),
+         ("w", "a", 33)])]
+    engine = Engine(EngineConfig(tick=1))
+    engine.add_document(parse(text))
+    alone = [n.occ.events for e in trace for n in engine.push(e)] + [
+        n.occ.events for n in engine.close(33)]
+    assert ("z",) not in alone[2:] and ("w",) not in alone  # copies: refused
+    running = serve("cg5", "127.0.0.1:0", tick=1)
+    try:
+        got = through(remote_transport(f"127.0.0.1:{running.port}", "cg5"), text, trace, 33)
+    finally:
+        running.stop()
+    assert [tuple(d.extra["events"]) for d in got] == alone

@@ -252,6 +252,27 @@ def test_replay_native_prints_the_services_own_notifications(files: tuple[Path, 
     assert [json.loads(x)["constituents"] for x in result.stdout.splitlines()] == [["a1", "b1"]]
 
 
+def test_replay_native_writes_a_dead_letter_for_each_event_its_evaluator_refuses(
+        tmp_path: Path) -> None:
+    """The peer's engine (CG-5) refuses a copy of an admitted event (same source and id): the
+    run goes on without it, as a base service does, and the refusal is a dead letter on stderr
+    naming the event (it used to vanish without a word)."""
+    query = tmp_path / "q.eva"
+    query.write_text('class A = type == "a"\nclass B = type == "b"\n'
+                     "profile S = ((all_dup(A); all_dup(B))_5s)_all_pairs\n")
+    events = tmp_path / "e.jsonl"
+    events.write_text("\n".join(json.dumps(e) for e in [
+        cloud("a1", "a", 1), cloud("a1", "a", 2), cloud("b1", "b", 3)]) + "\n")
+    result = runner.invoke(app, ["replay", "--native", "cg5", "--query", str(query),
+                                 "--events", str(events)])
+    assert result.exit_code == 0, result.output
+    assert [json.loads(x)["constituents"] for x in result.stdout.splitlines()] == [["a1", "b1"]]
+    letters = [json.loads(x) for x in result.stderr.splitlines()]
+    assert [(x["reason"], x["event"]["id"], x["event"]["time"]) for x in letters] == [
+        ("duplicate", "a1", "2026-03-02T10:00:02Z")]
+    assert "the cg5 evaluator refused event 'a1'" in letters[0]["detail"]
+
+
 def test_replay_native_and_via_refuse_bad_input(files: tuple[Path, Path], tmp_path: Path) -> None:
     profiles, events = files
     query = tmp_path / "q.sql"
@@ -307,18 +328,19 @@ LONG = {  # issue 11 review: what passes `evamed check` but broke the native lan
                            for j in range(4)) + f"profile D = {_balanced_disjunction(0, 1001)}\n",
 }
 TOO_LONG = {("disjunction", "cg3"): "bytes; a native query may be at most 65,536 bytes (64 KiB)"}
-"""Where a language genuinely cannot take the query (docs/backends.md, Limits): CG-3 states a
-disjunction as a UNION ALL of one SELECT per operand, 1,001 of them here."""
+"""Where a language genuinely cannot take the query whole (docs/backends.md, Limits): CG-3
+states a disjunction as a UNION ALL of one SELECT per operand, 1,001 of them here."""
 
 
 @pytest.mark.parametrize("group", ["cg0", "cg1", "cg2", "cg3", "cg4", "cg5"])
 @pytest.mark.parametrize("profile", list(LONG))
-def test_replay_via_takes_what_check_takes_or_names_the_native_limit(
+def test_replay_via_takes_what_check_takes_composing_what_a_language_cannot_take_whole(
         tmp_path: Path, profile: str, group: str) -> None:
     """A 40-term and-chain in a class broke CG-1's and CG-3's nesting limits (a rich traceback),
     a 100-term one sqlglot's stack, and a 1,000-operator disjunction CG-3's size: chains are now
-    rendered flat and read n-ary, and what a language still cannot take exits 2 with one line
-    naming its limit."""
+    rendered flat and read n-ary, and what a language still cannot take whole is composed at
+    the mediator over parts it takes (replay --via exited 2 naming the limit; issue 26):
+    the same output as plain replay, and explain says why."""
     path = tmp_path / "long.eva"
     path.write_text(LONG[profile])
     assert runner.invoke(app, ["check", str(path)]).exit_code == 0
@@ -330,16 +352,17 @@ def test_replay_via_takes_what_check_takes_or_names_the_native_limit(
     plain = runner.invoke(app, args)
     via = runner.invoke(app, [*args, "--via", group])
     assert plain.exit_code == 0 and len(plain.stdout.splitlines()) >= 3, plain.output
+    assert via.exit_code == 0, via.output
+    assert via.stdout == plain.stdout and via.stderr == plain.stderr
     limit = TOO_LONG.get((profile, group))
-    if limit is None:
-        assert via.exit_code == 0, via.output
-        assert via.stdout == plain.stdout and via.stderr == plain.stderr
-        return
-    assert via.exit_code == 2 and via.stdout == ""
-    assert via.stderr.count("\n") == 1 and "Traceback" not in via.stderr, via.stderr
-    assert via.stderr.startswith(f"error: profile D: the {group} service (sql) refuses the query "
-                                 "the mediator would subscribe for it: "), via.stderr
-    assert limit in via.stderr, via.stderr
+    if limit is not None:
+        explained = runner.invoke(app, ["explain", "--profiles", str(path), "--group", group,
+                                        "--format", "json"])
+        assert explained.exit_code == 0, explained.output
+        root = json.loads(explained.stdout)[0]["root"]
+        assert root["node"] == "mediator", root
+        assert root["why"].startswith("its language (sql) refuses the query for it — ")
+        assert limit in root["why"] and root["why"].endswith("so it is composed at the mediator")
 
 
 def test_explain_shows_the_native_query_each_service_is_asked(files: tuple[Path, Path]) -> None:

@@ -59,13 +59,27 @@ def test_the_partitioning_is_stated() -> None:
 
 
 def test_a_stream_growing_with_the_trace_is_warned_of() -> None:
-    """P6 on CG-1: every location report × every tick, for ever (no time frame in CG-1);
-    on CG-3 the interval join bounds it."""
-    text = explain("--profile", "P6", "--group", "cg1")
-    assert "cost: the service pairs every Location × HalfHour over the whole trace" in text
-    assert "cost:" not in explain("--profile", "P6", "--group", "cg3")
+    """P1 on CG-1: every jam × every truck report, for ever (no time frame in CG-1); on CG-3
+    the interval join bounds it."""
+    text = explain("--profile", "P1", "--group", "cg1")
+    assert "cost: the service pairs every Jam × TruckA over the whole trace" in text
+    assert "cost:" not in explain("--profile", "P1", "--group", "cg3")
     plans = json.loads(explain("--profile", "P1", "--group", "cg1", "--format", "json"))
     assert "grow with the trace" in plans[0]["root"]["cost"]
+
+
+def test_a_sequence_whose_rerun_would_miss_hidden_events_is_composed_and_explain_says_why(
+        ) -> None:
+    """P6, (last_dup(Location); all_dup(HalfHour))_30min, was relaxed to all/all/all_pairs on
+    CG-1…CG-4 and re-run on the visible events: a Location at a tick's instant is in no answer
+    yet is the last one (tests/test_runner.py). It is composed at the mediator over its whole
+    operands, and explain says why."""
+    for group in ["cg1", "cg2", "cg3", "cg4"]:
+        text = explain("--profile", "P6", "--group", group)
+        assert "plan: D decompose" in text.splitlines()[0], group
+        assert ("why: re-running last_dup/all_dup/all_pairs on the events of the service's "
+                "answers is unsound" in " ".join(text.split())), group
+    assert "plan: ↔ equivalent" in explain("--profile", "P6", "--group", "cg5")
 
 
 def test_piped_output_is_not_wrapped() -> None:

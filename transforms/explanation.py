@@ -150,6 +150,8 @@ _WORDS = {"disjunction": "disjunction", "conjunction": "conjunction", "sequence"
 
 def decomposed_because(node: Local, cap: Capability) -> str:
     """Why a one-service plan evaluates ``node`` at the mediator, in words."""
+    if node.why:  # the planner said why (a relaxing refused, a rendering refused)
+        return node.why
     expr = node.node
     op = OPERATOR[type(expr)]
     if node.rule == "anchored_absence_at_mediator":

@@ -25,7 +25,7 @@ where a subtree goes differs: :func:`plan_federated` asks every covering service
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 
@@ -35,7 +35,14 @@ from eva.events import Event
 from eva.retention import reach
 from transforms.capability import Capability
 from transforms.dialects import dialect
-from transforms.planner import plan_expr, planning_capability, push
+from transforms.planner import (
+    eoi,
+    fed_out_of_order,
+    plan_expr,
+    planning_capability,
+    push,
+    refused_relaxing,
+)
 from transforms.plans import Kind, Local, Plan, PlanNode, Remote, Subscribe, nodes
 
 
@@ -155,8 +162,15 @@ def _covers_merged(info: ServiceInfo, cls: ast.ClassDef, classes: dict[str, ast.
     return not any(may_observe(a, cls, classes) for a in autonomous)
 
 
+Refuses = Callable[[ServiceInfo, Remote, ast.Profile, bool], str]
+"""Why a service's language refuses the query it would be subscribed for a remote — its
+limits: bracket depth, chain length, query size (adapters.federation.language_refuses) — or
+"" if it takes it. (profile, root_eoi: what the rendering depends on.)"""
+
+
 def plan_federated(profile: ast.Profile, doc: ast.Document,
-                   services: Sequence[ServiceInfo], *, live: bool = False) -> Plan:
+                   services: Sequence[ServiceInfo], *, live: bool = False,
+                   refuses: Refuses | None = None) -> Plan:
     """The profile over ``services`` (in the configured order): top-down, a subtree goes whole
     to the best covering service that evaluates it — equivalent or transferring before
     positive; ties to the fewer post-filters and auxiliary streams, then to the earlier
@@ -181,7 +195,7 @@ def plan_federated(profile: ast.Profile, doc: ast.Document,
     autonomous = [s for s in services if s.autonomous]
 
     def assign(expr: ast.Expr) -> Remote | str:
-        return _assign(expr, profile, classes, sites, live, autonomous)
+        return _assign(expr, profile, classes, sites, live, autonomous, refuses)
 
     root = plan_expr(profile.expr, classes, assign)
     observed: tuple[Subscribe, ...] = ()
@@ -262,7 +276,8 @@ _HOW = {Kind.EQUIVALENT: "equivalently", Kind.TRANSFERRING: "transferring (with 
 
 def _assign(expr: ast.Expr, profile: ast.Profile, classes: dict[str, ast.ClassDef],
             sites: list[tuple[ServiceInfo, Capability]], live: bool = False,
-            autonomous: Sequence[ServiceInfo] = ()) -> Remote | str:
+            autonomous: Sequence[ServiceInfo] = (), refuses: Refuses | None = None
+            ) -> Remote | str:
     """The subtree at the best service that covers and evaluates it, or why there is none."""
     used = sorted({n.name for n in ast.walk(expr) if isinstance(n, ast.Prim)
                    and not isinstance(classes[n.name].body, ast.Every)})  # those cover all
@@ -281,13 +296,27 @@ def _assign(expr: ast.Expr, profile: ast.Profile, classes: dict[str, ast.ClassDe
         if refused:
             refusals.append(f"{info.name}: {refused}")
             continue
-        remote = push(expr, classes, cap)
+        root_eoi = expr is profile.expr and eoi(profile)
+        remote = push(expr, classes, cap, root_eoi=root_eoi)
         if remote is None:
+            if (unsound := refused_relaxing(expr, cap, root_eoi)):
+                refusals.append(f"{info.name}: {unsound}")
+                continue
             ticked = info.autonomous and not cap.clock and any(
                 isinstance(n, ast.Prim) and isinstance(classes[n.name].body, ast.Every)
                 for n in ast.walk(expr))
             refusals.append(f"{info.name}: cannot evaluate it{whole}" + (
                 " (it is autonomous: the mediator publishes no ticks to it)" if ticked else ""))
+            continue
+        if remote.kind is Kind.POSITIVE and (shared := fed_out_of_order(remote, profile,
+                                                                         classes)):
+            refusals.append(f"{info.name}: {shared}")
+            continue
+        limited = refuses(info, remote, profile, root_eoi) if refuses is not None else ""
+        if limited:
+            # A language's limit is no reason to fail the profile: what it cannot take whole
+            # is composed at the mediator over its operands (each planned the same way).
+            refusals.append(f"{info.name}: {limited}")
             continue
         if live and reach(remote.target) is None and not dialect(info.group).takes_over(remote):
             refusals.append(f"{info.name}: its answers to it could name an event at any later "

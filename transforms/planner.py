@@ -18,20 +18,103 @@ from dataclasses import replace
 from eva import ast
 from eva.classes import required_types, type_only
 from eva.events import TICK_TYPE
-from transforms.capability import SET_SEMANTICS, Capability, setting_of
+from transforms.capability import CONJUNCTION, OPERATOR, SET_SEMANTICS, Capability, setting_of
 from transforms.plans import Kind, Local, Plan, PlanNode, Remote, Subscribe
-from transforms.rules import CATALOGUE, Rewrite, native_negation, native_operator
+from transforms.rules import CATALOGUE, Rewrite, hidden_operands, native_negation, native_operator
 
 Assign = Callable[[ast.Expr], Remote | str]
 """Where a subtree goes whole: the remote of the service that evaluates it, or why none does
 (the text ``explain`` shows; "" when there is nothing to choose between)."""
 
 
-def plan(profile: ast.Profile, doc: ast.Document, cap: Capability) -> Plan:
+def plan(profile: ast.Profile, doc: ast.Document, cap: Capability,
+         refuses: Callable[[Remote, ast.Profile, bool], str] | None = None) -> Plan:
+    """``refuses``: why the service's language would refuse the query for a remote (its
+    limits), "" if it takes it — such a subtree is composed at the mediator instead."""
     classes = doc.class_map()
     planning = planning_capability(cap, profile)
-    return Plan(profile, cap, plan_expr(profile.expr, classes,
-                                        lambda expr: push(expr, classes, planning) or ""))
+
+    def assign(expr: ast.Expr) -> Remote | str:
+        root_eoi = expr is profile.expr and eoi(profile)
+        remote = push(expr, classes, planning, root_eoi=root_eoi)
+        if remote is None:
+            return refused_relaxing(expr, planning, root_eoi)
+        if remote.kind is Kind.POSITIVE and (shared := fed_out_of_order(remote, profile, classes)):
+            return shared
+        return (refuses(remote, profile, root_eoi) if refuses is not None else "") or remote
+
+    return Plan(profile, cap, plan_expr(profile.expr, classes, assign))
+
+
+def shared_events(expr: ast.Expr, profile: ast.Profile, classes: dict[str, ast.ClassDef]) -> str:
+    """Why a positive rule's remote for ``expr`` could not be fed to the mediator's engine in
+    the trace view's order ("" when it can): its re-run's composites are fed to the outer
+    engine at their report key, which is an event's (or tick's) own step when that event
+    completes them; if a leaf elsewhere in the profile may match the same event, the outer
+    engine steps the event and the composite one after the other, and some node then sees them
+    in the other order than the view's left-operand-first (docs/semantics.md §18, found by the
+    fidelity search). Such a node is composed at the mediator instead: its operands are the
+    outer engine's own leaves, stepped with the event."""
+    inside = {n.name for n in ast.walk(expr) if isinstance(n, ast.Prim)}
+    outside: set[str] = set()
+    stack: list[ast.Expr] = [profile.expr]
+    while stack:
+        node = stack.pop()
+        if node is expr:
+            continue
+        if isinstance(node, ast.Prim):
+            outside.add(node.name)
+        stack.extend(ast.children(node))
+    for a in sorted(inside):
+        for b in sorted(outside):
+            if _may_share(a, b, classes):
+                return (f"an event of {a} may also be one of {b} elsewhere in the profile: the "
+                        "re-run's composite it completes would be fed at that event's own step, "
+                        "which the mediator's engine cannot order as the trace view does at "
+                        "every node, so the operands are composed at the mediator")
+    return ""
+
+
+def _may_share(a: str, b: str, classes: dict[str, ast.ClassDef]) -> bool:
+    """Whether one event (or tick) may be of both classes."""
+    if a == b:
+        return True
+    body_a, body_b = classes[a].body, classes[b].body
+    if isinstance(body_a, ast.Every) or isinstance(body_b, ast.Every):
+        return False  # a tick is only its own class's
+    types_a, types_b = required_types(body_a, classes), required_types(body_b, classes)
+    return types_a is None or types_b is None or bool(types_a & types_b)
+
+
+def fed_out_of_order(remote: Remote, profile: ast.Profile,
+                     classes: dict[str, ast.ClassDef]) -> str:
+    """:func:`shared_events` for a positive rule's remote fed to the outer engine (a
+    disjunction's is re-run inline, with the events: never fed)."""
+    if not isinstance(remote.original, (ast.Conjunction, ast.Sequence)):
+        return ""
+    return shared_events(remote.original, profile, classes)
+
+
+def eoi(profile: ast.Profile) -> bool:
+    return profile.evaluation is ast.Evaluation.END_OF_INTERVAL
+
+
+def refused_relaxing(expr: ast.Expr, cap: Capability, root_eoi: bool) -> str:
+    """Why a node that a positive rule would otherwise relax is not (its re-run on the visible
+    sub-trace would be unsound, :func:`transforms.rules.hidden_operands`), for ``explain``;
+    "" when that is not the reason."""
+    if not isinstance(expr, (ast.Conjunction, ast.Sequence)):
+        return ""
+    if not (cap.supports(OPERATOR[type(expr)]) or cap.supports(CONJUNCTION)):
+        return ""
+    if cap.native(setting_of(expr)) or not all(
+            isinstance(side.expr, ast.Prim) for side in (expr.left, expr.right)):
+        return ""
+    exact_sides = ("last", "all")  # first and <i> are decomposed for another reason
+    if expr.left.dup.kind not in exact_sides or (isinstance(expr, ast.Conjunction) and (
+            expr.pairs is not ast.Pairs.ALL or expr.right.dup.kind not in exact_sides)):
+        return ""
+    return hidden_operands(expr, root_eoi)
 
 
 def planning_capability(cap: Capability, profile: ast.Profile) -> Capability:
@@ -81,8 +164,9 @@ def decompose(expr: ast.Expr, classes: dict[str, ast.ClassDef], assign: Assign,
 
 
 def push(expr: ast.Expr, classes: dict[str, ast.ClassDef], cap: Capability,
-         exact_only: bool = False) -> Remote | None:
-    """The whole subtree at the service, or None."""
+         exact_only: bool = False, root_eoi: bool = False) -> Remote | None:
+    """The whole subtree at the service, or None. ``root_eoi``: the profile's root, evaluated
+    at the end of the interval (a positive rule's re-run is sound on fewer nodes there)."""
     if isinstance(expr, ast.Prim):
         body = classes[expr.name].body
         if isinstance(body, ast.Every):
@@ -99,7 +183,7 @@ def push(expr: ast.Expr, classes: dict[str, ast.ClassDef], cap: Capability,
         rewrite: Rewrite | None = rule(expr, cap)
         if rewrite is None:
             continue
-        if exact_only and rewrite.kind is Kind.POSITIVE:
+        if rewrite.kind is Kind.POSITIVE and (exact_only or hidden_operands(expr, root_eoi)):
             continue
         remotes = [o for o in operands if o is not None]
         if cap.context_scope == "expression" and not _one_context(rewrite.target, remotes, classes):

@@ -8,10 +8,13 @@ Positive rules always run the service at set semantics — all duplicates, all p
 relaxed operator on a consuming service loses answers (pitfall 1). Their post-filter re-runs the
 original operator on the *visible sub-trace*, the events the service's notifications contain:
 every event between two candidate constituents is itself a constituent of some candidate
-(the window-closure lemma, transforms.md §7.3), which settles `last` and `all` selection on the
-anterior operand. `first` and `<i>` on the anterior operand would need a witness subscription,
-so those nodes are decomposed instead. A conjunction is relaxed only with all pairs: its
-unique pairs depend on the parity of every earlier list (tests/test_transforms.py).
+(the window-closure lemma, transforms.md §7.3) — but not every event that decides a
+selection or a list's end: :func:`hidden_operands` says where the lemma fails (same-instant
+events in a sequence, ``last`` at the end of the interval), and those nodes are composed at
+the mediator over their whole operands. `first` and `<i>` on the anterior operand would need
+a witness subscription, so those nodes are decomposed instead. A conjunction is relaxed only
+with all pairs: its unique pairs depend on the parity of every earlier list
+(tests/test_transforms.py).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from eva import ast
+from eva.printer import expr_text
 from transforms.capability import (
     CONJUNCTION,
     NEGATION,
@@ -68,13 +72,47 @@ def _set_semantics(node: ast.Binary, expr_type: type, span: int | None) -> ast.E
     return ast.Sequence(left, right, span, ast.Pairs.ALL)
 
 
+def hidden_operands(node: ast.Expr, root_eoi: bool = False) -> str:
+    """Why re-running ``node`` on its visible sub-trace (the events the service's answers at
+    all/all/all_pairs contain) would not give its answer: "" when it would. An event in no
+    candidate is hidden, yet it can still decide which element of a list is selected or where
+    a list ends (found by the random search, tests/test_runner.py):
+
+    * a sequence's lists: an A at the instant of the B after it pairs with nothing (strictly
+      before is required) but is still the last A (``last_dup(A)`` on ``a0@10 a1@11 b2@11``
+      re-run on ``a0 b2`` takes a0); a B at an A's instant splits the A's into two lists
+      (``unique_pairs``, ``last``); so only all/all/all_pairs, which pairs each A with each B
+      on its own, is re-run;
+    * a conjunction's ``last`` at the end of the interval: a later A beyond every B's frame
+      overwrites the last A of the list, which the re-run never sees (continuously, the
+      provisional result stays reported, so only the end-of-interval root is affected).
+
+    The node is then composed at the mediator over its operands subscribed whole, which makes
+    every hidden event visible (docs/transformations.md, rule catalogue)."""
+    if not isinstance(node, (ast.Conjunction, ast.Sequence)):
+        return ""
+    a, b = expr_text(node.left.expr), expr_text(node.right.expr)
+    if isinstance(node, ast.Sequence) and setting_of(node) != ("sequence", "all", "all",
+                                                                  "all_pairs"):
+        return (f"re-running {node.left.dup}/{node.right.dup}/{node.pairs} on the events of the "
+                f"service's answers is unsound: an event in no answer (one of {a} at the "
+                f"instant of one of {b} after it, one of {b} that splits those of {a} into "
+                "lists) still decides the selection or the pairs, so the operands are "
+                "subscribed whole and the sequence is composed at the mediator")
+    if (isinstance(node, ast.Conjunction) and root_eoi
+            and "last" in (node.left.dup.kind, node.right.dup.kind)):
+        return ("at the end of the interval a last_dup result is overwritten by a later "
+                f"duplicate ({a} or {b}) that pairs with nothing, which the service's answers "
+                "never show: the operands are subscribed whole and the conjunction is composed "
+                "at the mediator")
+    return ""
+
+
 def _reevaluable(node: ast.Binary) -> bool:
     """Whether re-running the node on the visible sub-trace restores its answer exactly."""
-    if not _primitive_operands(node):
+    if not _primitive_operands(node) or hidden_operands(node):
         return False
     exact_sides = ("last", "all")
-    if isinstance(node, ast.Sequence):
-        return node.left.dup.kind in exact_sides
     if isinstance(node, ast.Conjunction):
         # Unique pairs combine blocks of lists (1,2), (3,4), …: an invisible earlier list
         # shifts the blocks (b0 c1 b2 with T = 1: only (c1, b2) is a candidate, b0 is unseen,

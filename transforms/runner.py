@@ -385,7 +385,9 @@ class _Profile:
         # comes first (the trace view, Def. 4.1), so the outer engine is fed in this order.
         walk = ast.walk(outer)
         self.externals = {n.name: walk.index(n) for n in walk if isinstance(n, ast.External)}
-        self.classes = [(walk.index(n), matchers[n.name]) for n in walk
+        # By position in the walk, not walk.index(n): two leaves of one class are equal nodes,
+        # and index() gave both the first one's place.
+        self.classes = [(i, matchers[n.name]) for i, n in enumerate(walk)
                         if isinstance(n, ast.Prim) and n.name in matchers]
         self.partitions: dict[Hashable, _Partition] = {}
         self.opened = 0  # partitions opened so far (kept or not): the next one's order
@@ -417,7 +419,14 @@ class _Profile:
                           and (self.quiet is not None or not self.takes_over))
 
     def position(self, event: Event) -> int:
-        return min((i for i, match in self.classes if match(event)), default=-1)
+        """Where an event stands among the leaves at its own report key: at the *last* class
+        leaf it matches, so that a fed composite whose leaf stands before that one comes first
+        (the trace view puts a left operand's element first at an equal key). With the first
+        leaf, a composite of <L0> in (AB; (first_dup(<L0>); AB)) reported at an event of AB
+        came after it, and the inner sequence took it as a new list (found by the fidelity
+        search, tests/test_fidelity.py; the positions of two leaves of one class were both the
+        first one's, too)."""
+        return max((i for i, match in self.classes if match(event)), default=-1)
 
 
 class Runner:

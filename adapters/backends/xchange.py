@@ -39,7 +39,13 @@ from typing import Any
 
 from lark import Lark, Token, Transformer
 
-from adapters.backends.native import Untimed, number_token, parse_lark, string_token
+from adapters.backends.native import (
+    EventRejected,
+    Untimed,
+    number_token,
+    parse_lark,
+    string_token,
+)
 from eva.classes import same
 from eva.events import Event
 from eva.units import UNITS
@@ -370,11 +376,27 @@ def _combine(a: Answer, b: Answer, ordered: bool) -> Answer | None:
     return Answer(_union(a.events, b.events), subst)
 
 
+def _released(node: _Node, combined: bool = False) -> list[Term]:
+    """The terms whose answers a bounded node combines with stored ones — stored answers are
+    released once older than the horizon, so an event of such a term older than the newest
+    one may need a partner already released."""
+    if isinstance(node.query, Term):
+        return [node.query] if combined and node.horizon is not None else []
+    combines = combined or not (isinstance(node.query, Within)
+                                or (isinstance(node.query, Composite) and node.query.kind == "or"))
+    return [t for kid in node.kids for t in _released(kid, combines)]
+
+
 class Evaluator(Untimed):
     def __init__(self, query: Query) -> None:
         self._root = _Node(query, None)
+        self._bounded = _released(self._root)
+        self._newest: int | None = None
 
     def push(self, event: Event) -> list[Detection]:
+        self._refuse_late(event)
+        if self._newest is None or event.time > self._newest:
+            self._newest = event.time
         out = []
         for a in self._root.step(event):
             bindings = [dict(b) for b in sorted(a.subst, key=sorted)]
@@ -382,6 +404,20 @@ class Evaluator(Untimed):
             text = "⟨" + ", ".join(e.id for e in a.events) + "⟩"
             out.append(Detection(a.end.time, a.events, text, extra))
         return out
+
+
+    def _refuse_late(self, event: Event) -> None:
+        """An event older than the newest one may need partners a bounded node has released
+        already: rather than answer without them (an incomplete answer), refuse it, as the
+        SQL service does (CG-3)."""
+        newest = self._newest
+        if newest is None or event.time >= newest:
+            return
+        if any(match_term(term, event) for term in self._bounded):
+            raise EventRejected(
+                "late", f"event {event.id!r} at {event.time} µs arrived after one at {newest} µs; "
+                "this query keeps answers only as long as its `within` span behind the newest "
+                "event, so it takes events in time order")
 
 
 @dataclass(frozen=True)

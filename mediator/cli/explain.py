@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from mediator.cli.common import fail, known_profiles, load
 from mediator.cli.remote import Output, TlsCa, Token, connected, read_text
+
+if TYPE_CHECKING:
+    from eva import ast
+    from transforms.plans import Remote
 
 
 def explain(
@@ -78,7 +83,7 @@ def explain(
     groups = [group_name(g) for g in group or []] or list(PRESETS)
     if group and all_groups:
         fail("--group and --all-groups exclude each other")
-    plans = [(g, plan(p, doc, PRESETS[g])) for p in doc.profiles
+    plans = [(g, plan(p, doc, PRESETS[g], refuses=group_refuses(g, doc))) for p in doc.profiles
              if not profile or p.name in profile for g in groups]
     if plot is not None:
         _plot([(f"{p.profile.name}-{g}", p) for g, p in plans], plot)
@@ -90,6 +95,19 @@ def explain(
     for g, p in plans:
         console.print(explain(p, renderer(g, doc)))
     console.print(LEGEND, style="dim")
+
+
+def group_refuses(group: str, doc: ast.Document) -> Callable[[Remote, ast.Profile, bool], str]:
+    """Why group ``group``'s language would refuse the query for a remote (its limits), as
+    ``replay --via`` plans: such a subtree is composed at the mediator, and explain says so."""
+    from adapters.backends.registry import language
+    from adapters.federation import language_refuses
+    from transforms.capability import PRESETS
+    from transforms.federated import ServiceInfo
+
+    check = language_refuses(doc, {group: language(group)})
+    info = ServiceInfo(group, group, PRESETS[group])
+    return lambda remote, profile, root_eoi: check(info, remote, profile, root_eoi)
 
 
 def group_name(text: str) -> str:

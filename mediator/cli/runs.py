@@ -25,7 +25,8 @@ from eva.notify import composite_lines, dead_letter_record, to_cloudevent
 from eva.semantics import Notification
 
 if TYPE_CHECKING:
-    from adapters.client import Connect
+    from adapters.backends.native import EventRejected
+    from adapters.client import Connect, Rejected
     from eva import ast
 
 Lines = Iterable[tuple[int, bytes]]
@@ -253,13 +254,16 @@ def replay_plain(doc: ast.Document, wanted: list[str] | None, lines: Lines,
     return emit.counts
 
 
-def transport(group: str, tick: int, address: str | None) -> Connect:
-    """Group ``group``'s base service: in process, or the one running at ``address``."""
+def transport(group: str, tick: int, address: str | None,
+              rejected: Rejected | None = None) -> Connect:
+    """Group ``group``'s base service: in process (``rejected`` told of each event its
+    evaluator refuses), or the one running at ``address`` (which counts them in its replies
+    and the link logs them)."""
     from adapters.backends.registry import language
     from adapters.client import in_process, remote_transport
 
     if address is None:
-        return in_process(language(group, tick))
+        return in_process(language(group, tick), rejected)
     return remote_transport(address, group)
 
 
@@ -331,7 +335,14 @@ def replay_native(group: str, query: str, lines: Lines, end: int | None, tick: i
                                         "raw": raw(line)}) + "\n")
     trace.sort(key=lambda e: e.key)
     last = end if end is not None else (trace[-1].time if trace else 0)
-    for d in evaluate(transport(group, tick, address), query, trace, last):
+
+    def rejected(event: Event, exc: EventRejected) -> None:
+        # As the admitting engine's dead letters: the reason, what it says, the event.
+        malformed.write(json.dumps(dead_letter_record(DeadLetter(
+            exc.reason, f"the {group} evaluator refused event {event.id!r}: {exc.detail}",
+            event))) + "\n")
+
+    for d in evaluate(transport(group, tick, address, rejected), query, trace, last):
         record: dict[str, Any] = {"group": group, "time": format_time(d.time), "detection": d.text,
                                   "constituents": [e.id for e in d.constituents]}
         if d.extra:
