@@ -112,10 +112,11 @@ class EngineConfig:
             raise ValueError(f"engine configuration: expected a JSON object, found "
                              f"{type(data).__name__}")
         expected = set(cls().to_json())
+        given = sorted(data)
         if "composite_limit" not in data:  # written before the limit existed: the default
             data = {**data, "composite_limit": COMPOSITE_LIMIT}
-        if set(data) != expected:
-            raise ValueError(f"engine configuration: fields {sorted(data)}, expected "
+        if set(data) != expected:  # (the fields as given, not with the default added)
+            raise ValueError(f"engine configuration: fields {given}, expected "
                              f"{sorted(expected)}")
         counts = ("tick", "allowed_lateness", "state_cap", "sweep")
         for name in (*counts, "horizon", "remember", "composite_limit"):

@@ -79,6 +79,11 @@ def spark_composes(p: Plan, doc: ast.Document) -> bool:
     evaluates whole (an operator, a time class with the service's clock) stays with the
     runner."""
     classes = doc.class_map()
+    if any(isinstance(n, Subscribe) and n.clock for n in nodes(p.root)):
+        # A time class on the mediator's clock: the live job missed composites of such plans
+        # across a restart (P6 once issue 26's planner composes it at the mediator; found by
+        # tests/test_pipeline.py's Spark test, not yet understood): the runner composes them.
+        return False
     return all(isinstance(n.original, ast.Prim)
                and not isinstance(classes[n.original.name].body, ast.Every)
                for n in nodes(p.root) if isinstance(n, Remote))

@@ -463,9 +463,9 @@ def arrived(store: Store, owner: str, name: str, count: int, pipeline: Pipeline,
 def test_the_spark_composer_answers_as_the_runners(kind: str, tmp_path: Path, spark: Any,
                                                    request: pytest.FixtureRequest) -> None:
     """composer="spark": the profiles whose leaves are filters (P1's at the jams and trucks
-    services, P2's and P7's the mediator's own feed, P6's at the trucks service and the clock)
-    are composed by a live Spark job over the composer log — the filters subscribed at their
-    services, their composites naming them: the same log as the
+    services, P2's and P7's the mediator's own feed) are composed by a live Spark job over the
+    composer log — the filters subscribed at their services, their composites naming them —
+    and P6 (over the trucks' filter and the mediator's clock) in its runner: the same log as the
     in-process composer's, each composite once. Then a new pipeline on the same store and
     Spark directory (a restart) resumes the job from its checkpoint: the rest of the day is
     delivered, nothing twice. Over each store's composer log: SQLite (the jobs' directory
@@ -481,7 +481,7 @@ def test_the_spark_composer_answers_as_the_runners(kind: str, tmp_path: Path, sp
     pipeline.start()
     subscribe(pipeline, store, "mixed", text)
     assert pipeline.placement("alice", "mixed") == {"P1": "spark", "P2": "spark",
-                                                    "P6": "spark", "P7": "spark"}
+                                                    "P6": "inprocess", "P7": "spark"}
     publish(store, pipeline, events[:150])
     settle(pipeline, store)
     pipeline.stop()
@@ -494,7 +494,8 @@ def test_the_spark_composer_answers_as_the_runners(kind: str, tmp_path: Path, sp
     store.close()
     assert sorted(g["cloudevent"] for g in got) == sorted(want)
     by_profile = {g["profile"]: g["services"] for g in got}
-    assert by_profile["P7"] == [OWN_FEED] and by_profile["P6"] == ["trucks"]
+    # P6: a truck location through the trucks service and the tick of the mediator's clock.
+    assert by_profile["P7"] == [OWN_FEED] and by_profile["P6"] == ["trucks", OWN_FEED]
     assert by_profile["P1"] == ["jams", "trucks"]
     assert all(len(g["sources"]) == len(g["types"]) == len(g["times"]) > 0 and all(g["types"])
                for g in got)
@@ -533,15 +534,17 @@ def test_what_spark_composes_of_the_papers_profiles_is_exact() -> None:
     """The same on the paper's document and the logistics day, over a service per kind of
     source (P1's operands at two services; P6's sequence is composed at the mediator over the
     locations service's filter and the clock — its last_dup anterior cannot be re-run on the
-    visible events, transforms.rules.hidden_operands — so Spark composes it too)."""
+    visible events, transforms.rules.hidden_operands —; a plan on the mediator's clock stays
+    with the runner, mediator.placement.spark_composes)."""
     doc = parse(Path("examples/logistics/profiles.eva").read_text())
     services = [service("traffic", "cg2", types=("traffic.*",)),
                 service("locations", "cg3", types=("truck.location",)),
                 service("trips", "cg4", types=("truck.departure", "truck.arrival"))]
     placed = {p.name: composed_by_spark(plan_federated(p, doc, services, live=True), doc)
               for p in doc.profiles}
-    assert placed == {"P1": True, "P2": True, "P3": True, "P4": True, "P5": True,
-                      "P6": True, "P7": True}
+    # P3, P5 and P6 are on the mediator's clock (ticks, a timed negation): the runner's.
+    assert placed == {"P1": True, "P2": True, "P3": False, "P4": True, "P5": False,
+                      "P6": False, "P7": True}
     _over_the_log(doc, services, [from_cloudevent(e, i) for i, e in enumerate(DAY)], [64])
 
 

@@ -137,7 +137,7 @@ def test_an_alarm_without_its_time_field_and_a_stream_no_rule_maps_are_dead_lett
 
 
 @pytest.mark.parametrize(("raw", "says"), [
-    ({"url": "http://x", "streams": ["s"]}, "url is 'http://x', expected 'redis://"),
+    ({"url": "http://x", "streams": ["s"]}, "url is a URL of scheme 'http', expected 'redis://"),
     ({"url": "redis://x", "streams": []}, "streams is [], expected a list of distinct"),
     ({"url": "redis://x", "streams": ["s"], "colour": 1}, "unknown key(s) colour"),
     ({"url": "redis://x", "streams": ["s"], "claim_idle": -1}, "claim_idle is -1, expected"),

@@ -437,8 +437,9 @@ def test_a_subscription_whose_output_explodes_is_suspended_and_memory_stays_flat
     config.write_text(f'listen = "127.0.0.1:{free_port()}"\n'
                       f'store = "sqlite:///{tmp_path / "m.db"}"\ncomposer = "inprocess"\n'
                       'log_level = "WARNING"\n[limits]\nrate = 0\ncomposites = 300\n')
-    tokens = {name: cli("clients", "add", name, "--config", str(config)).strip()
-              for name in ("mallory", "bob")}
+    # bob publishes the events (source "s") and advances the clock: an operator's rights.
+    tokens = {name: cli("clients", "add", name, *extra, "--config", str(config)).strip()
+              for name, extra in (("mallory", ()), ("bob", ("--operator",)))}
     exact = tmp_path / "exact.eva"
     exact.write_text('class A = type == "a"\nclass B = type == "b"\n'
                      'profile Pairs = ((last_dup(A); first_dup(B))_10s)_all_pairs\n')

@@ -21,7 +21,7 @@ from eva.events import Event
 from eva.notify import tuples_to_json
 from eva.parser import ProfileError, parse
 from eva.retention import reach
-from eva.semantics import Notification
+from eva.semantics import Notification, source_and_id
 from transforms.capability import CG5, Capability
 from transforms.dialects.base import Detection
 
@@ -48,7 +48,7 @@ def constituent_age(doc: ast.Document, tick: int) -> int | None:
 def primitives(ident: Hashable) -> list[tuple[str, str]]:
     """(source, id) of each primitive event an occurrence's identity names, in operand order
     (the order of ``Occ.events``). The identities are built by :mod:`eva.semantics`:
-    a primitive is ``(source, id)``, a composite ``(tag, left, right)``, a tick ``("tick",
+    a primitive is ``((source, id), time)``, a composite ``(tag, left, right)``, a tick ``("tick",
     name, time)`` and an absence ``("not", tag, time[, anchor])`` — whose anchor is not one of
     its constituents. Iterative: a composite may nest deeper than Python's stack."""
     out: list[tuple[str, str]] = []
@@ -58,7 +58,9 @@ def primitives(ident: Hashable) -> list[tuple[str, str]]:
         if not isinstance(item, tuple):
             continue
         if len(item) == 2:
-            out.append(item)
+            pair = source_and_id(item)  # ((source, id), time) since identities hold the time
+            if pair is not None:
+                out.append(pair)
         elif len(item) == 3 and isinstance(item[1], tuple):
             stack.append(item[2])
             stack.append(item[1])
