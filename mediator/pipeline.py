@@ -43,6 +43,7 @@ the jobs' threads.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import logging
@@ -52,7 +53,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from adapters.federation import Federation, Late, publish
+from adapters.backends.native import Language
+from adapters.backends.registry import language
+from adapters.federation import Federation, Late, language_refuses, publish
 from adapters.links import Handle, Link
 from adapters.service_link import AutonomousLink
 from eva import ast
@@ -74,7 +77,7 @@ from mediator.placement import SparkFeed, spark_composes
 from mediator.provenance import Origins, horizon, types
 from mediator.store.base import Store, SubscriptionRecord
 from transforms.explanation import as_json, explain, service_renderer
-from transforms.federated import ServiceInfo, plan_federated
+from transforms.federated import Refuses, ServiceInfo, plan_federated
 from transforms.plans import Plan
 from transforms.runner import RunnerStats
 
@@ -467,7 +470,8 @@ class Pipeline:
                     record = stamped
                     if self.store.subscription(record.owner, record.name) is not None:
                         self.store.put_subscription(record)
-            plans = [plan_federated(p, doc, infos, live=True) for p in doc.profiles]
+            plans = [plan_federated(p, doc, infos, live=True, refuses=self._refuses(doc))
+                     for p in doc.profiles]
             sparked = [p for p in plans if self._composer(p, doc) == "spark"]
             ran = [p for p in plans if p not in sparked]
             federations: list[Federation] = []
@@ -672,7 +676,8 @@ class Pipeline:
         from rich.console import Console
 
         infos = [link.info for link in self.links.values()]
-        plans = [plan_federated(p, doc, infos, live=True) for p in doc.profiles]
+        plans = [plan_federated(p, doc, infos, live=True, refuses=self._refuses(doc))
+                 for p in doc.profiles]
         render = service_renderer(((i.name, i.group) for i in infos), doc)
         console = Console(record=True, width=120, file=io.StringIO())
         out = []
@@ -682,6 +687,14 @@ class Pipeline:
             console.print(f"  composed by: {composer}")
             out.append({**as_json(p, render), "composer": composer})
         return console.export_text(), json.dumps(out, indent=2, ensure_ascii=False)
+
+    def _refuses(self, doc: ast.Document) -> Refuses:
+        """The planner's check that each service's language takes the query it would be
+        asked (its group's reference language: the limits of bracket depth, chain length and
+        query size a base service applies): a subtree one refuses is composed at the mediator,
+        as ``replay --via`` does, rather than failing the subscription at the service."""
+        return language_refuses(doc, {name: _language(link.info.group)
+                                      for name, link in self.links.items()})
 
     def services(self) -> list[ServiceStatus]:
         return [ServiceStatus(link.info, link.status(), self._handles[name])
@@ -999,3 +1012,9 @@ def _unsubscribe_fed(federation: Federation) -> None:
 
 
 __all__ = ["CUT", "Pipeline", "ServiceStatus", "Stopping", "close_links"]
+
+
+@functools.cache
+def _language(group: str) -> Language:
+    """A group's reference language (one per process: parsers are stateless)."""
+    return language(group)

@@ -817,3 +817,28 @@ def test_a_subscription_over_its_state_cap_is_suspended_not_the_pipeline_stopped
     assert failure is not None and "exceeded its cap of 20 stored occurrences" in failure
     assert logged(store, "bob", "exact") == want
     assert [k.reason for k in store.read_dead_letters(0)] == ["state_cap"]
+
+
+def test_a_query_a_service_s_language_refuses_is_composed_at_the_mediator(store: Store) -> None:
+    """A disjunction of 1,001 operands over the trucks' type: CG-3 states it as a UNION ALL of
+    a SELECT per operand, past its 64 KiB limit, so the service would refuse the subscription.
+    The live planner checks the query in the group's language first and composes that subtree
+    at the mediator (issue 26, item 3): registered, and the same composites as replay."""
+    from tests.test_cli import _balanced_disjunction
+
+    areas = "ABAB"
+    text = "".join(f'class C{j} = type == "truck.location" and data.area == "{areas[j]}"\n'
+                   for j in range(4)) + f"profile D = {_balanced_disjunction(0, 1001)}\n"
+    pipeline = Pipeline(store, links())
+    pipeline.start()
+    try:
+        subscribe(pipeline, store, "long", text)
+        (plan,) = json.loads(pipeline.explain(parse(text))[1])
+        assert plan["root"]["node"] == "mediator", plan["root"]
+        assert "its language (sql) refuses the query for it" in json.dumps(plan)
+        publish(store, pipeline, DAY[:400])
+        settle(pipeline, store)
+    finally:
+        pipeline.stop()
+    got = logged(store, "alice", "long")
+    assert got and got == replayed(text, DAY[:400])
