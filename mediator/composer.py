@@ -67,6 +67,10 @@ class LiveComposer(Composer, Protocol):
         """The log position its latest micro-batch started after (None: none yet)."""
         ...
 
+    def read_to(self) -> int | None:
+        """The log position its latest micro-batch read up to (None: none yet)."""
+        ...
+
     def failure(self) -> BaseException | None:
         """What stopped it, if it stopped by itself."""
         ...

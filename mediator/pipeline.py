@@ -130,6 +130,10 @@ CHECKPOINTS_KEPT = 2
 FED_GRACE = 3.0
 """Seconds a start waits for the fed services to connect before planning the stored
 subscriptions (one out of reach then is planned around)."""
+WARM_WAIT = 300.0
+"""Seconds a start waits at most for the Spark composer's first micro-batch (``warm``): a
+first start on a loaded machine takes tens of seconds; longer, the mediator serves anyway and
+says so."""
 LINK_READ = 500
 """Link-log entries read per round and service."""
 LATE_SHOWN = 3
@@ -302,6 +306,25 @@ class Pipeline:
             self._sparks.begin_jobs()
         self._thread = threading.Thread(target=self._run, name="evamed-pipeline", daemon=True)
         self._thread.start()
+
+    def warm(self, seconds: float = WARM_WAIT) -> str | None:
+        """The Spark composer's jobs (a job with no profile too, when none is live: the first
+        registration takes it) each run a first micro-batch now — where Spark plans and
+        compiles its query — rather than on a subscriber's first event: waits for them, at
+        most ``seconds``. Returns why it stopped waiting early (None: warm, or no Spark)."""
+        if self._sparks is None:
+            return None
+        with self._locked():
+            position = self._sparks.warm()
+        deadline = clock.monotonic() + seconds
+        while not self._sparks.warmed(position):
+            failed = self._sparks.failure()
+            if failed is not None:
+                return f"the Spark composer's job failed: {failed}"
+            if clock.monotonic() > deadline:
+                return f"the Spark composer's first micro-batch took longer than {seconds:.0f} s"
+            clock.sleep(0.05)
+        return None
 
     def _await_fed_links(self, seconds: float = FED_GRACE) -> None:
         """Give the fed services a moment to connect before the stored subscriptions are

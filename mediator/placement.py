@@ -100,6 +100,10 @@ MAX_ROWS = 50_000
 """Composer-log positions per micro-batch at most (a restart after a long stop catches up in
 bounded batches): a micro-batch ends at the last watermark line within them."""
 
+WARM_UP = -(2**62)
+"""The time of the watermark line that warms the jobs up before anything was released: before
+every event's (a restart reads no released bound from it)."""
+
 MARKS = 4096
 """Watermark lines the composer feed remembers (position, time) to trim by, at most."""
 
@@ -308,6 +312,33 @@ class SparkSlots:
             elif held:
                 self._drop(slot)
 
+    def standby(self) -> None:
+        """When no job is live (a first start, or every profile removed): a job with no
+        profile, started now, that the next registration takes (``register`` takes a slot
+        whose names it does not collide with) — so that the JVM's seconds of planning a
+        job's query, and of its first micro-batch, come before a subscriber waits."""
+        if self.live:
+            return
+        slot = next((i for i, held in enumerate(self.names)
+                     if not held and not self.retired.get(i)), len(self.names))
+        if slot == len(self.names):
+            self.names.append({})
+            self.starts.append({})
+        # No profile held there: nothing to resume (a slot left by an earlier standby).
+        shutil.rmtree(os.path.join(self.root, f"composer-{slot}"), ignore_errors=True)
+        self._composer(slot, self.store.composer_head())
+        self.live.add(slot)
+        self._save()
+
+    def ran(self, position: int) -> bool:
+        """Whether every live job has run a micro-batch that read up to ``position``."""
+        for slot in self.live:
+            composer = self.slots[slot] if slot < len(self.slots) else None
+            found = composer.read_to() if composer is not None else None
+            if found is None or found < position:
+                return False
+        return True
+
     def _begin(self, composer: LiveComposer) -> None:
         try:
             composer.begin()
@@ -434,8 +465,9 @@ class SparkFeed:
         self._batch: dict[tuple[str, str], Event] = {}  # the own feed's batch, by (source, id)
         head = store.composer_head()
         last = store.read_composer(head - 1, 1) if head else []
-        self.released: int | None = last[0].time if last else None
+        self.released: int | None = last[0].time if last and last[0].time != WARM_UP else None
         """The newest watermark line's time: every instant up to it is in the composer log."""
+        self.warming = False  # warm() was asked for: a job stands by whenever none is live
         self._marks: deque[tuple[int, int]] = deque()  # (position, time) of watermark lines
         # The inputs' heads at start: what a restart reads again up to them is a replay of
         # what was released (or refused as late) before, never late again.
@@ -536,6 +568,8 @@ class SparkFeed:
         self._let_go(sub.filters)
         if sub.slot >= 0:
             self.slots.remove(sub.slot, sub.names)
+            if self.warming and not self.slots.live:
+                self.warm()
         if not self.subs:
             self._pending.clear()  # no plan needs them any more
 
@@ -669,6 +703,28 @@ class SparkFeed:
 
     def begin_jobs(self, wait: bool = True) -> None:
         self.slots.begin(wait)
+
+    def warm(self) -> int:
+        """Start the jobs — one with no profile too when none is live
+        (:meth:`SparkSlots.standby`), and again whenever the last profile is removed — in
+        threads, and release them a watermark line that repeats the newest one (nothing
+        released yet: one at :data:`WARM_UP`): each job's first micro-batch, where the JVM
+        plans and compiles its query (seconds, tens of seconds on a loaded machine), runs on
+        that line, not on a subscriber's first event. Returns the line's position
+        (:meth:`warmed`)."""
+        from spark_jobs.processor import watermark_line
+
+        self.warming = True
+        self.slots.standby()
+        self.slots.begin(wait=False)
+        time = self.released if self.released is not None else WARM_UP
+        head = self.store.append_composer([ComposerLine(watermark_line(time), time)])
+        self.slots.mark(head)
+        return head
+
+    def warmed(self, position: int) -> bool:
+        """Every live job has run a micro-batch past the composer-log ``position``."""
+        return self.slots.ran(position)
 
     def failure(self) -> BaseException | None:
         return self.slots.failure()

@@ -310,6 +310,14 @@ async def start(config: Config, *, store: Store | None = None,
                            lateness=config.admission().longest, reorder=config.reorder_buffer,
                            letters=letters, composites=config.limits.composites or None)
         await asyncio.to_thread(running.start)
+        if config.composer == "spark" and pipeline is real_pipeline():
+            progress("planning the Spark composer's job: its first micro-batch (seconds, tens "
+                     "of seconds on a loaded machine), so that a first composite does not wait")
+            began = loop.time()
+            if (why := await asyncio.to_thread(running.warm)) is not None:
+                log.warning("serving before the Spark composer is warm: %s", why)
+            else:
+                progress(f"the Spark composer's job is ready ({loop.time() - began:.1f} s)")
         service = MediatorService(opened, running, config, metrics, dispatcher, brokers,
                                   letters)
         await service.restore()

@@ -128,10 +128,18 @@ class SparkComposer:
         """Live: the input position the job's latest micro-batch started after — everything
         up to it is evaluated and in the checkpoint, and the job's clock has passed the
         newest watermark there (None: no micro-batch yet since it started)."""
+        return self._offset("startOffset")
+
+    def read_to(self) -> int | None:
+        """Live: the input position the job's latest micro-batch read up to (None: no
+        micro-batch yet since it started)."""
+        return self._offset("endOffset")
+
+    def _offset(self, which: str) -> int | None:
         progress = self._query.lastProgress if self._query is not None else None
         if not progress or not progress.sources:
             return None
-        found = progress.sources[0].startOffset
+        found = getattr(progress.sources[0], which)
         offset = json.loads(found) if isinstance(found, str) else found
         if not isinstance(offset, dict):
             return 0  # its first micro-batch: from the start

@@ -243,7 +243,11 @@ def fan_out(job: StreamJob, frame: pd.DataFrame) -> pd.DataFrame:
             groups.append(group)
     # Event rows carry no event time: Spark would drop a row behind its watermark unseen,
     # and the engine reports it as a late dead letter instead.
-    routed = frame.iloc[taken].assign(profile=names, bucket=groups)
+    taken_at = frame.index[taken]
+    # Typed even when empty (no profile in the table yet): an empty list is an object column,
+    # which Arrow cannot send as the INT the schema says.
+    routed = frame.iloc[taken].assign(profile=pd.Series(names, index=taken_at, dtype=object),
+                                      bucket=pd.Series(groups, index=taken_at, dtype="int32"))
     routed["ts"] = pd.Series(pd.NaT, index=routed.index, dtype="datetime64[ns, UTC]")
     marks: list[tuple[str, int, int, int | None, str | None]] = []
     seen = [e for e, mark in zip(events, marks_at, strict=True) if e is not None and not mark]

@@ -479,17 +479,28 @@ def test_the_spark_composer_answers_as_the_runners(kind: str, tmp_path: Path, sp
     pipeline = Pipeline(store, links(), composer="spark", spark=spark, batch=100,
                         spark_dir=where)
     pipeline.start()
+    # Warmed up as `evamed serve` does: a job with no profile runs its first micro-batch.
+    assert pipeline.warm() is None
+    sparks = pipeline._sparks
+    assert sparks is not None and sparks.released is None  # the warm-up line released nothing
+    standby = sparks.slots.slots[0]
     subscribe(pipeline, store, "mixed", text)
     assert pipeline.placement("alice", "mixed") == {"P1": "spark", "P2": "spark",
                                                     "P6": "inprocess", "P7": "spark"}
+    assert sparks.slots.slots == [standby]  # the profiles went to the warm job
     publish(store, pipeline, events[:150])
     settle(pipeline, store)
     pipeline.stop()
     restarted = Pipeline(store, links(), composer="spark", spark=spark, batch=100,
                          spark_dir=where)
     restarted.start()
+    assert restarted.warm() is None  # the restored job, its first micro-batch run again
     publish(store, restarted, events[150:])
     got = arrived(store, "alice", "mixed", len(want), restarted)
+    assert restarted.remove("alice", "mixed")
+    again = restarted._sparks
+    assert again is not None and [again.slots.names[s] for s in again.slots.live] == [{}], \
+        "with the last profile removed, a job with none stands by"
     restarted.stop()
     store.close()
     assert sorted(g["cloudevent"] for g in got) == sorted(want)
@@ -499,6 +510,24 @@ def test_the_spark_composer_answers_as_the_runners(kind: str, tmp_path: Path, sp
     assert by_profile["P1"] == ["jams", "trucks"]
     assert all(len(g["sources"]) == len(g["types"]) == len(g["times"]) > 0 and all(g["types"])
                for g in got)
+
+
+def test_a_warm_up_line_releases_nothing_a_restart_reads(tmp_path: Path, store: Store) -> None:
+    """The watermark line that warms the Spark jobs before anything was released is at
+    WARM_UP: a restart does not take it for a released bound (no event would be on time
+    for the jobs before it); once a release is written, its bound is what a restart reads."""
+    from mediator.placement import WARM_UP, SparkFeed
+    from mediator.store.base import ComposerLine
+    from spark_jobs.processor import watermark_line
+
+    def feed() -> SparkFeed:
+        return SparkFeed(store, {}, [], spark=None, root=str(tmp_path / "spark"), trigger=None,
+                         tick=1_000_000, append=lambda key, items: None)
+
+    store.append_composer([ComposerLine(watermark_line(WARM_UP), WARM_UP)])
+    assert feed().released is None
+    store.append_composer([ComposerLine(watermark_line(5_000), 5_000)])
+    assert feed().released == 5_000
 
 
 def _over_the_log(doc: ast.Document, services: list[ServiceInfo], trace: list[Any],
