@@ -132,7 +132,7 @@ def _start(stack: Stack, workdir: Path, logs: Path, composer: str,
     title = f"starting the mediator (composer: {composer})"
     with console.status(title) as status:
         mediator = stack.add(Child("mediator", [evamed(), "serve", "--config", str(path)], logs))
-        mediator.serving(180, lambda step: status.update(f"{title}: {escape(step)}"))
+        mediator.serving(400, lambda step: status.update(f"{title}: {escape(step)}"))
     console.print(f"mediator serving on {mediator.address} (configuration {path}, composer "
                   f"{composer}, metrics on :{metrics})", soft_wrap=True)
     return mediator, addresses, metrics, mqtt_port
