@@ -23,6 +23,7 @@ Every refusal is a :class:`Refused` with one of :class:`Reason`.
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -221,11 +222,16 @@ class Reorder(Generic[T]):
         """Nothing at or before it comes any more (an advance)."""
         self.forced = 0
         """Items given out early because the buffer was full."""
+        # Held items, (time, arrival, item): those taken in time order (nearly all) queued,
+        # the rest in a heap; given out by merging the two (_pop) — a heap operation per item
+        # was most of the buffer's cost.
         self._heap: list[tuple[int, int, T]] = []
+        self._queue: deque[tuple[int, int, T]] = deque()
         self._arrivals = 0
+        self._now: int | None = None  # the clock's reading while frozen (freeze)
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self._heap) + len(self._queue)
 
     def behind(self, t: int) -> str:
         """Why an item at ``t`` can no longer be taken in order ("": it can)."""
@@ -241,12 +247,16 @@ class Reorder(Generic[T]):
         """Take an item (the caller checked :meth:`behind`); what is now due, in order."""
         if self.newest is None or t > self.newest:
             self.newest = t
-        if not self._heap and t <= self._bound():
+        queue = self._queue
+        if not self._heap and not queue and t <= self._bound():
             self._arrivals += 1
             if self.released is None or t > self.released:
                 self.released = t
             return [item]
-        heapq.heappush(self._heap, (t, self._arrivals, item))
+        if not queue or t >= queue[-1][0]:
+            queue.append((t, self._arrivals, item))
+        else:
+            heapq.heappush(self._heap, (t, self._arrivals, item))
         self._arrivals += 1
         return self._due()
 
@@ -261,12 +271,24 @@ class Reorder(Generic[T]):
         out = self._pop(NEVER)
         return out
 
+    def freeze(self) -> None:
+        """Read the clock once for the calls that follow (a batch's items), until
+        :meth:`thaw` — reading it per item cost more than the rest of ``put``. An item then
+        ahead of that reading is held until a later batch's (the clock only caps)."""
+        self._now = self.clock() if self.clock is not None else None
+
+    def thaw(self) -> None:
+        """The clock is read at each call again."""
+        self._now = None
+
     def _top(self) -> int | None:
         """The newest time taken, no later than the clock."""
         newest = self.newest
         if newest is None or self.clock is None:
             return newest
-        now = self.clock()
+        now = self._now
+        if now is None:
+            now = self.clock()
         return now if now < newest else newest
 
     def _bound(self) -> int:
@@ -276,21 +298,39 @@ class Reorder(Generic[T]):
 
     def _due(self) -> list[T]:
         out = self._pop(self._bound())
-        while len(self._heap) > self.capacity:
-            t, _, item = heapq.heappop(self._heap)
-            self.forced += 1
-            self.released = t if self.released is None or t > self.released else self.released
-            out.append(item)
+        if len(self._heap) + len(self._queue) > self.capacity:
+            forced = self._pop(NEVER, len(self._heap) + len(self._queue) - self.capacity)
+            self.forced += len(forced)
+            out += forced
         return out
 
-    def _pop(self, bound: int) -> list[T]:
-        heap = self._heap
+    def _pop(self, bound: int, most: int = -1) -> list[T]:
+        """The held items at or before ``bound`` in order (at most ``most``; -1: all)."""
+        heap, queue = self._heap, self._queue
         out: list[T] = []
-        while heap and heap[0][0] <= bound:
-            t, _, item = heapq.heappop(heap)
+        while most != 0:
+            # (A flag, not an identity test: compiled, a tuple is copied by value.)
+            if queue:
+                first, queued = queue[0], True
+                if heap:
+                    other = heap[0]
+                    if other[0] < first[0] or (other[0] == first[0] and other[1] < first[1]):
+                        first, queued = other, False
+            elif heap:
+                first, queued = heap[0], False
+            else:
+                break
+            t = first[0]
+            if t > bound:
+                break
+            if queued:
+                queue.popleft()
+            else:
+                heapq.heappop(heap)
             if self.released is None or t > self.released:
                 self.released = t
-            out.append(item)
+            out.append(first[2])
+            most -= 1
         return out
 
     @property
@@ -308,11 +348,15 @@ class Reorder(Generic[T]):
 
     def held(self) -> Iterator[T]:
         """The items held, in no particular order."""
-        return (item for _, _, item in self._heap)
+        return (item for _, _, item in (*self._heap, *self._queue))
 
     def oldest(self) -> tuple[int, T] | None:
         """(time, item) of the first item due (None: none held)."""
-        return (self._heap[0][0], self._heap[0][2]) if self._heap else None
+        heads = [held[0] for held in (self._heap, self._queue) if held]
+        if not heads:
+            return None
+        first = min(heads, key=lambda entry: (entry[0], entry[1]))
+        return first[0], first[2]
 
 
 class Admission:
@@ -354,7 +398,7 @@ class Admission:
             return Refused(Reason.DUPLICATE, f"an event with source {brief_repr(event.source)} "
                            f"and id {brief_repr(event.id)} was already admitted (CloudEvents: "
                            "source and id identify an event)")
-        why = self.behind(t, lane, newest)
+        why = self.behind(t, lane, newest, at)
         if why:
             return Refused(Reason.LATE, f"event time {format_time(t)} is behind the watermark: "
                            f"{why}")
@@ -377,8 +421,10 @@ class Admission:
                                "late (raise `future` if such times are real)")
         return None
 
-    def behind(self, t: int, lane: str = "", newest: int | None = None) -> str:
-        """Why a time is behind the watermark ("": it is not)."""
+    def behind(self, t: int, lane: str = "", newest: int | None = None,
+               at: int | None = None) -> str:
+        """Why a time is behind the watermark ("": it is not). ``at``: the clock's reading,
+        when the caller read it (a Trial, once for its batch), else the clock is read here."""
         if self.advanced is not None and t <= self.advanced:
             return f"at or before the advance to {format_time(self.advanced)}"
         if newest is None:
@@ -386,7 +432,7 @@ class Admission:
         if newest is not None and self.clock is not None:
             # Measured from now at the latest: an event another producer sent ahead of the
             # clock (within the horizon) must not make this one late (issue 29).
-            now = self.clock()
+            now = at if at is not None else self.clock()
             newest = now if now < newest else newest
         late = self.rules.lateness_of(lane)
         if newest is not None and t < newest - late:
@@ -495,7 +541,7 @@ class Stream:
                     fresh[pair] = t
                     top = t if t > newest else newest
                     admission.newest = reorder.newest = top
-                    if not reorder._heap and t <= top - reorder.lateness:
+                    if not reorder._heap and not reorder._queue and t <= top - reorder.lateness:
                         reorder._arrivals += 1
                         if released is None or t > released:
                             reorder.released = admission.released = t

@@ -154,9 +154,17 @@ class Door:
         limit = self.rules.max_bytes_of(lane)
         judge = trial.judge
         plain = not self.autonomous  # no coverage to check: the common case, inline
+        allowed: dict[str, bool] = {}  # per source, once a batch: matching per event cost
+
+        def may(source: str) -> bool:  # a fifth of the door's time
+            ok = allowed.get(source)
+            if ok is None:
+                ok = allowed[source] = may_publish(granted or (), source)
+            return ok
+
         for line, decoded in zip(lines, _decode(lines, limit), strict=True):
             if plain and isinstance(decoded, Event) and (  # decoded: within the size limit
-                    granted is None or may_publish(granted, decoded.source)):
+                    granted is None or may(decoded.source)):
                 refused = judge(decoded, lane)
                 if refused is None:
                     accepted.append(line.rstrip("\r\n"))

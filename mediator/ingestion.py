@@ -111,9 +111,24 @@ class OwnFeed:
             logged = self.store.read_events(after=self.position, limit=limit)
             for item in logged:  # read from the log: what the door handed of them is stale
                 decoded.pop(item.position, None)
-        out: list[Event] = []
         letters: list[Letter] = []
+        self.reorder.freeze()  # the clock read once for the batch
+        try:
+            out = self._order(logged, known, letters)
+        finally:
+            self.reorder.thaw()
+        if letters:
+            self._dead_letters(letters, len(logged))
+        self._handed(out)
+        return logged, out
+
+    def _order(self, logged: list[LoggedEvent], known: list[Event],
+               letters: list[Letter]) -> list[Event]:
+        """The batch's events through the reorder buffer: what is due, in time order; a line
+        that cannot be read, or is behind what was handed on, is a letter."""
+        out: list[Event] = []
         reorder = self.reorder
+        passed = False
         for i, item in enumerate(logged):
             try:
                 if known:
@@ -138,12 +153,11 @@ class OwnFeed:
                 continue
             if self._origin is None:
                 self._origin = event.time - self.lateness - 1
-            self._moved = clock.monotonic()
+            passed = True
             out += reorder.put(event.time, event)
-        if letters:
-            self._dead_letters(letters, len(logged))
-        self._handed(out)
-        return logged, out
+        if passed:
+            self._moved = clock.monotonic()
+        return out
 
     def _handed(self, events: list[Event]) -> None:
         if events and (self.newest is None or events[-1].time >= self.newest):

@@ -50,6 +50,7 @@ from __future__ import annotations
 import base64
 import bisect
 import heapq
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
@@ -460,7 +461,11 @@ class Runner:
         for p in plans:
             self.profiles.append(self._profile(p))
         self._of: dict[int, _Profile] = {leaf.index: p for p in self.profiles for leaf in p.leaves}
+        # The events held until their visibility is final, in key order: those pushed in key
+        # order (the own feed's, nearly all) in a queue, the rest (learnt, out of order) in a
+        # heap; released by merging the two (_run) — a heap operation per event saved.
         self._held: list[tuple[Key, Event]] = []
+        self._arrived: deque[tuple[Key, Event]] = deque()
         self._visible: dict[int, set[tuple[str, str]]] = {
             leaf.index: set() for leaf in self.leaves if leaf.external and not leaf.taken}
         self._readings: dict[int, list[tuple[Hashable, Any, Reading]]] = {}
@@ -584,7 +589,12 @@ class Runner:
             self.start = event.time - 1
         if event.time <= self.start or (self.end is not None and event.time > self.end):
             return  # outside the trace the profiles see
-        heapq.heappush(self._held, (event.key, event))
+        key = event.key
+        arrived = self._arrived
+        if not arrived or arrived[-1][0] < key:
+            arrived.append((key, event))
+        else:
+            heapq.heappush(self._held, (key, event))
         if self._keep_known != -1:
             ident = (event.source, event.id)
             self._known[ident] = event
@@ -686,7 +696,8 @@ class Runner:
                             part.due, part.pending] for part in p.partitions.values()]}
             for p in self.profiles]
         return {"start": self.start, "end": self.end, "done": self._done,
-                "newest": self._newest, "learning": self.learning, "held": self._held,
+                "newest": self._newest, "learning": self.learning,
+                "held": sorted([*self._held, *self._arrived]),
                 "learned": self._learned, "visible": self._visible,
                 "readings": {i: [(key, value, (r.occurrences, r.visible, r.order))
                                  for key, value, r in rs] for i, rs in self._readings.items()},
@@ -705,7 +716,8 @@ class Runner:
                              f"{len(self.profiles)}")
         self.start, self.end, self._done = state["start"], state["end"], state["done"]
         self._newest, self.learning = state["newest"], state["learning"]
-        self._held = list(state["held"])
+        self._held = sorted(state["held"])  # (a heap)
+        self._arrived = deque()
         self._learned = set(state["learned"])
         self._visible = {i: set(v) for i, v in state["visible"].items()}
         self._readings = {i: [(key, value, Reading(*r)) for key, value, r in rs]
@@ -747,7 +759,7 @@ class Runner:
         """What the runner holds now (:class:`RunnerStats`): a few counts per profile."""
         partitions = sum(len(p.partitions) for p in self.profiles)
         return RunnerStats(
-            held=len(self._held),
+            held=len(self._held) + len(self._arrived),
             visible=(sum(len(v) for v in self._visible.values())
                      + sum(len(p.visible) for p in self.profiles)),
             known=len(self._known),
@@ -773,9 +785,14 @@ class Runner:
             if p.profile.per is None and None not in p.partitions:
                 # Unpartitioned: one partition from the start, events or not (its clock).
                 p.partitions[None] = self._open(p, None, self.start)
-        held = self._held
-        while held and held[0][0][0] <= bound:
-            self._release(heapq.heappop(held)[1])
+        held, arrived, release = self._held, self._arrived, self._release
+        while True:  # the queue and the heap merged, in key order
+            if arrived and arrived[0][0][0] <= bound and (not held or arrived[0][0] < held[0][0]):
+                release(arrived.popleft()[1])
+            elif held and held[0][0][0] <= bound:
+                release(heapq.heappop(held)[1])
+            else:
+                break
         for p in self.profiles:
             self._take_over(p, bound)
         out: list[Notification] = []
