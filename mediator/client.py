@@ -289,14 +289,16 @@ class MediatorClient:
     plaintext); ``tls_cert``/``tls_key``: this client's certificate when the server asks for
     one. ``timeout``: seconds for each call except the subscription stream.
     ``reconnect_for``: how long :meth:`subscribe` keeps reconnecting after the mediator went
-    away before it gives up (None: for ever); ``backoff``: the first and the longest wait
+    away before it gives up (None: for ever; the default outlasts the restart of a mediator
+    with the Spark composer, which serves once its jobs have run a first micro-batch: half a
+    minute, minutes on a loaded machine); ``backoff``: the first and the longest wait
     between attempts, in seconds (exponential, with up to ``backoff[0]`` of jitter).
     """
 
     def __init__(self, address: str, token: str | None = None, *,
                  tls_ca: str | Path | None = None, tls_cert: str | Path | None = None,
                  tls_key: str | Path | None = None, timeout: float = 10.0,
-                 reconnect_for: float | None = 60.0, backoff: tuple[float, float] = (0.1, 5.0),
+                 reconnect_for: float | None = 300.0, backoff: tuple[float, float] = (0.1, 5.0),
                  dedupe_window: int = 10_000) -> None:
         self.address = address
         self.timeout = timeout
