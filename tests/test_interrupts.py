@@ -19,9 +19,16 @@ EVAMED = str(Path(sys.executable).with_name("evamed"))
 BOUND = 3.0  # seconds: the issue's 1 s, with slack for a loaded machine
 
 
+AS_FROM_A_TERMINAL = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                      "os.execv(sys.argv[1], sys.argv[1:])")
+"""Ctrl-C's disposition as in a terminal: a test run started in the background by a shell
+(`make test &`, nohup) inherits SIGINT ignored, and Python then installs no handler in the
+child — `check` ran to its end, status 0. The child starts with it set back to the default."""
+
+
 def start(*args: str, cwd: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([EVAMED, *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
+    return subprocess.Popen([sys.executable, "-c", AS_FROM_A_TERMINAL, EVAMED, *args], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
