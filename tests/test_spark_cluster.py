@@ -103,8 +103,8 @@ def _wait_for_workers(cluster: Cluster, daemons: dict[Path, subprocess.Popen[byt
             assert daemon.poll() is None, f"{log.name} exited: {log.read_text()[-2000:]}"
         try:
             alive = [w for w in _master_state(cluster.ui)["workers"] if w["state"] == "ALIVE"]
-        except OSError:  # the master's UI is not up yet
-            alive = []
+        except (OSError, ValueError):  # the master's UI is not up yet, or answered an empty
+            alive = []                      # body while it starts (seen once under load)
         if len(alive) >= count:
             return
         assert time.monotonic() < deadline, "the workers did not register with the master"
