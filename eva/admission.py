@@ -197,6 +197,64 @@ class Ids:
 
 T = TypeVar("T")
 
+HeldKey = tuple[int, ...]
+"""A held item's order: its time first (then what breaks ties: an arrival number)."""
+
+
+class Held(Generic[T]):
+    """Items given out in key order, where nearly all come in that order: those that do are
+    queued, the rest go to a heap, and the two are merged as items are taken — a heap push
+    and pop per item was most of a reorder buffer's cost. Keys are unique (an arrival number
+    breaks ties). Used by :class:`Reorder` and by the plan runner's held events."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[HeldKey, T]] = []
+        self._queue: deque[tuple[HeldKey, T]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._heap) + len(self._queue)
+
+    def push(self, key: HeldKey, item: T) -> None:
+        queue = self._queue
+        if not queue or queue[-1][0] < key:
+            queue.append((key, item))
+        else:
+            heapq.heappush(self._heap, (key, item))
+
+    def take(self, until: int, most: int = -1) -> list[tuple[HeldKey, T]]:
+        """The entries whose time (``key[0]``) is at or before ``until``, in key order (at
+        most ``most``; -1: all), taken out."""
+        heap, queue = self._heap, self._queue
+        out: list[tuple[HeldKey, T]] = []
+        while most != 0:
+            # (A flag, not an identity test: compiled, a tuple is copied by value.)
+            if queue:
+                first, queued = queue[0], True
+                if heap and heap[0][0] < first[0]:
+                    first, queued = heap[0], False
+            elif heap:
+                first, queued = heap[0], False
+            else:
+                break
+            if first[0][0] > until:
+                break
+            if queued:
+                queue.popleft()
+            else:
+                heapq.heappop(heap)
+            out.append(first)
+            most -= 1
+        return out
+
+    def first(self) -> tuple[HeldKey, T] | None:
+        """The entry taken next (None: none held)."""
+        heads = [held[0] for held in (self._heap, self._queue) if held]
+        return min(heads, key=lambda entry: entry[0]) if heads else None
+
+    def entries(self) -> list[tuple[HeldKey, T]]:
+        """Every entry held, in key order (a state to save: pushed back, it is all queued)."""
+        return sorted([*self._heap, *self._queue], key=lambda entry: entry[0])
+
 
 class Reorder(Generic[T]):
     """Admitted items given out in time order (arrival order within an instant) once the
@@ -222,16 +280,12 @@ class Reorder(Generic[T]):
         """Nothing at or before it comes any more (an advance)."""
         self.forced = 0
         """Items given out early because the buffer was full."""
-        # Held items, (time, arrival, item): those taken in time order (nearly all) queued,
-        # the rest in a heap; given out by merging the two (_pop) — a heap operation per item
-        # was most of the buffer's cost.
-        self._heap: list[tuple[int, int, T]] = []
-        self._queue: deque[tuple[int, int, T]] = deque()
+        self._held: Held[T] = Held()  # keyed (time, arrival)
         self._arrivals = 0
         self._now: int | None = None  # the clock's reading while frozen (freeze)
 
     def __len__(self) -> int:
-        return len(self._heap) + len(self._queue)
+        return len(self._held)
 
     def behind(self, t: int) -> str:
         """Why an item at ``t`` can no longer be taken in order ("": it can)."""
@@ -247,16 +301,12 @@ class Reorder(Generic[T]):
         """Take an item (the caller checked :meth:`behind`); what is now due, in order."""
         if self.newest is None or t > self.newest:
             self.newest = t
-        queue = self._queue
-        if not self._heap and not queue and t <= self._bound():
+        if len(self._held) == 0 and t <= self._bound():
             self._arrivals += 1
             if self.released is None or t > self.released:
                 self.released = t
             return [item]
-        if not queue or t >= queue[-1][0]:
-            queue.append((t, self._arrivals, item))
-        else:
-            heapq.heappush(self._heap, (t, self._arrivals, item))
+        self._held.push((t, self._arrivals), item)
         self._arrivals += 1
         return self._due()
 
@@ -298,39 +348,19 @@ class Reorder(Generic[T]):
 
     def _due(self) -> list[T]:
         out = self._pop(self._bound())
-        if len(self._heap) + len(self._queue) > self.capacity:
-            forced = self._pop(NEVER, len(self._heap) + len(self._queue) - self.capacity)
+        if len(self._held) > self.capacity:
+            forced = self._pop(NEVER, len(self._held) - self.capacity)
             self.forced += len(forced)
             out += forced
         return out
 
     def _pop(self, bound: int, most: int = -1) -> list[T]:
         """The held items at or before ``bound`` in order (at most ``most``; -1: all)."""
-        heap, queue = self._heap, self._queue
         out: list[T] = []
-        while most != 0:
-            # (A flag, not an identity test: compiled, a tuple is copied by value.)
-            if queue:
-                first, queued = queue[0], True
-                if heap:
-                    other = heap[0]
-                    if other[0] < first[0] or (other[0] == first[0] and other[1] < first[1]):
-                        first, queued = other, False
-            elif heap:
-                first, queued = heap[0], False
-            else:
-                break
-            t = first[0]
-            if t > bound:
-                break
-            if queued:
-                queue.popleft()
-            else:
-                heapq.heappop(heap)
-            if self.released is None or t > self.released:
-                self.released = t
-            out.append(first[2])
-            most -= 1
+        for key, item in self._held.take(bound, most):
+            if self.released is None or key[0] > self.released:
+                self.released = key[0]
+            out.append(item)
         return out
 
     @property
@@ -348,15 +378,12 @@ class Reorder(Generic[T]):
 
     def held(self) -> Iterator[T]:
         """The items held, in no particular order."""
-        return (item for _, _, item in (*self._heap, *self._queue))
+        return (item for _, item in self._held.entries())
 
     def oldest(self) -> tuple[int, T] | None:
         """(time, item) of the first item due (None: none held)."""
-        heads = [held[0] for held in (self._heap, self._queue) if held]
-        if not heads:
-            return None
-        first = min(heads, key=lambda entry: (entry[0], entry[1]))
-        return first[0], first[2]
+        first = self._held.first()
+        return (first[0][0], first[1]) if first is not None else None
 
 
 class Admission:
@@ -541,7 +568,7 @@ class Stream:
                     fresh[pair] = t
                     top = t if t > newest else newest
                     admission.newest = reorder.newest = top
-                    if not reorder._heap and not reorder._queue and t <= top - reorder.lateness:
+                    if len(reorder._held) == 0 and t <= top - reorder.lateness:
                         reorder._arrivals += 1
                         if released is None or t > released:
                             reorder.released = admission.released = t

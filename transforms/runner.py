@@ -50,12 +50,12 @@ from __future__ import annotations
 import base64
 import bisect
 import heapq
-from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
 from eva import ast
+from eva.admission import Held
 from eva.classes import compile_predicate
 from eva.engine import DeadLetter, Engine, EngineConfig
 from eva.events import PASSIVE, PRIMITIVE, Event
@@ -461,11 +461,9 @@ class Runner:
         for p in plans:
             self.profiles.append(self._profile(p))
         self._of: dict[int, _Profile] = {leaf.index: p for p in self.profiles for leaf in p.leaves}
-        # The events held until their visibility is final, in key order: those pushed in key
-        # order (the own feed's, nearly all) in a queue, the rest (learnt, out of order) in a
-        # heap; released by merging the two (_run) — a heap operation per event saved.
-        self._held: list[tuple[Key, Event]] = []
-        self._arrived: deque[tuple[Key, Event]] = deque()
+        # The events held until their visibility is final, released in key order (the own
+        # feed's come in that order, learnt ones out of it).
+        self._held: Held[Event] = Held()
         self._visible: dict[int, set[tuple[str, str]]] = {
             leaf.index: set() for leaf in self.leaves if leaf.external and not leaf.taken}
         self._readings: dict[int, list[tuple[Hashable, Any, Reading]]] = {}
@@ -589,12 +587,7 @@ class Runner:
             self.start = event.time - 1
         if event.time <= self.start or (self.end is not None and event.time > self.end):
             return  # outside the trace the profiles see
-        key = event.key
-        arrived = self._arrived
-        if not arrived or arrived[-1][0] < key:
-            arrived.append((key, event))
-        else:
-            heapq.heappush(self._held, (key, event))
+        self._held.push(event.key, event)
         if self._keep_known != -1:
             ident = (event.source, event.id)
             self._known[ident] = event
@@ -620,7 +613,7 @@ class Runner:
             self._known_order.append((event.time, ident))
         if self._done is not None and event.time <= self._done:
             return taken
-        heapq.heappush(self._held, (event.key, event))
+        self._held.push(event.key, event)
         self._learned.add(ident)
         if self._newest is None or event.time > self._newest:
             self._newest = event.time
@@ -697,7 +690,7 @@ class Runner:
             for p in self.profiles]
         return {"start": self.start, "end": self.end, "done": self._done,
                 "newest": self._newest, "learning": self.learning,
-                "held": sorted([*self._held, *self._arrived]),
+                "held": self._held.entries(),
                 "learned": self._learned, "visible": self._visible,
                 "readings": {i: [(key, value, (r.occurrences, r.visible, r.order))
                                  for key, value, r in rs] for i, rs in self._readings.items()},
@@ -716,8 +709,9 @@ class Runner:
                              f"{len(self.profiles)}")
         self.start, self.end, self._done = state["start"], state["end"], state["done"]
         self._newest, self.learning = state["newest"], state["learning"]
-        self._held = sorted(state["held"])  # (a heap)
-        self._arrived = deque()
+        self._held = Held()
+        for key, event in state["held"]:
+            self._held.push(tuple(key), event)
         self._learned = set(state["learned"])
         self._visible = {i: set(v) for i, v in state["visible"].items()}
         self._readings = {i: [(key, value, Reading(*r)) for key, value, r in rs]
@@ -759,7 +753,7 @@ class Runner:
         """What the runner holds now (:class:`RunnerStats`): a few counts per profile."""
         partitions = sum(len(p.partitions) for p in self.profiles)
         return RunnerStats(
-            held=len(self._held) + len(self._arrived),
+            held=len(self._held),
             visible=(sum(len(v) for v in self._visible.values())
                      + sum(len(p.visible) for p in self.profiles)),
             known=len(self._known),
@@ -785,14 +779,8 @@ class Runner:
             if p.profile.per is None and None not in p.partitions:
                 # Unpartitioned: one partition from the start, events or not (its clock).
                 p.partitions[None] = self._open(p, None, self.start)
-        held, arrived, release = self._held, self._arrived, self._release
-        while True:  # the queue and the heap merged, in key order
-            if arrived and arrived[0][0][0] <= bound and (not held or arrived[0][0] < held[0][0]):
-                release(arrived.popleft()[1])
-            elif held and held[0][0][0] <= bound:
-                release(heapq.heappop(held)[1])
-            else:
-                break
+        for _, event in self._held.take(bound):
+            self._release(event)
         for p in self.profiles:
             self._take_over(p, bound)
         out: list[Notification] = []
