@@ -47,7 +47,7 @@ from typing import Any
 import grpc
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_random_exponential
 
-from adapters.backends.registry import language
+from adapters.backends.registry import shared_language
 from adapters.client import _check_group, detection, publish_messages, query_error
 from adapters.links import Handle, InProcessLink, Link
 from adapters.wire import base_pb2, base_pb2_grpc
@@ -494,7 +494,7 @@ def connect(info: ServiceInfo, address: str, *, tick: int = 1_000_000, timeout: 
     address is a running base service (:class:`RemoteLink`; its group is checked at every
     connection)."""
     if address == EMBEDDED:
-        return InProcessLink(info, language(info.group, tick))
+        return InProcessLink(info, shared_language(info.group, tick))
     return RemoteLink(info, address, timeout=timeout, patience=patience)
 
 

@@ -54,7 +54,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from adapters.backends.native import Language
-from adapters.backends.registry import language
+from adapters.backends.registry import shared_language
 from adapters.federation import Federation, Late, language_refuses, publish
 from adapters.links import Handle, Link
 from adapters.service_link import AutonomousLink
@@ -1039,5 +1039,6 @@ __all__ = ["CUT", "Pipeline", "ServiceStatus", "Stopping", "close_links"]
 
 @functools.cache
 def _language(group: str) -> Language:
-    """A group's reference language (one per process: parsers are stateless)."""
-    return language(group)
+    """A group's reference language (one per process: parsers are stateless), sharing its
+    parses with the embedded services'."""
+    return shared_language(group)

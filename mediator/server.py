@@ -47,7 +47,7 @@ from adapters.backends.service import _bind_error as bind_error
 from adapters.links import Link
 from adapters.remote_link import connect
 from adapters.service_link import AutonomousLink
-from adapters.undecodable import RefuseUndecodable, peer_host
+from adapters.undecodable import RefuseUndecodable, Throttle, peer_host
 from mediator.brokers import Accept, Brokers, mediator_id
 from mediator.config import Config, ServiceConfig
 from mediator.dead_letters import DeadLetterLog
@@ -87,6 +87,8 @@ class Authenticator(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        # A client retrying with a bad token would otherwise write a line per call.
+        self._refused = Throttle()
 
     async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
                                 details: Any) -> Any:
@@ -108,7 +110,11 @@ class Authenticator(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         except StoreError as exc:  # not UNKNOWN: a status the client can act on (retry)
             await context.abort_with_status(store_unavailable(exc))
         if record is None:
-            log.info("refused a call: unknown or revoked token")
+            host = peer_host(context)
+            quiet = self._refused.due(host)
+            if quiet is not None:
+                log.info("refused a call from %s: unknown or revoked token%s", host,
+                         f" ({quiet} more since the last line)" if quiet else "")
             await context.abort(grpc.StatusCode.UNAUTHENTICATED,
                                 "the bearer token is not valid: unknown or revoked (ask the "
                                 "operator for a token: `evamed clients add NAME`)")

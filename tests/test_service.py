@@ -214,6 +214,20 @@ def test_every_call_needs_a_valid_bearer_token(mediator: Mediator) -> None:
     assert error.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
+def test_refused_tokens_are_logged_once_a_minute_per_client(
+        mediator: Mediator, caplog: pytest.LogCaptureFixture) -> None:
+    """A client retrying with a bad token cannot fill the log: one line, the rest counted."""
+    md = [("authorization", "Bearer evm_not-a-token-anyone-was-given")]
+    with caplog.at_level(logging.INFO, logger="evamed.server"):
+        for _ in range(20):
+            error = refusal(partial(mediator.stub.ListProfiles, mediator_pb2.ListProfilesRequest(),
+                                    metadata=md, timeout=TIMEOUT))
+            assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+    lines = [r.getMessage() for r in caplog.records if "refused a call" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "unknown or revoked token" in lines[0] and "evm_" not in lines[0]
+
+
 def test_health_and_reflection_need_no_token_and_reflection_lists_the_api(
         mediator: Mediator) -> None:
     health = health_pb2_grpc.HealthStub(mediator.channel)
