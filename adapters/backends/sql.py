@@ -787,6 +787,12 @@ def _parse_sql(language: str, text: str) -> exp.Expression:
                                "chain of NOT or of other prefix operators?)", 1, 1, text) from None
     except SqlglotError as exc:
         raise NativeQueryError(language, f"cannot read the query: {exc}", 1, 1, text) from None
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
+        # sqlglot's own slips on some malformed text (a `{…}` with no key, `AT(…)` after a
+        # table — found by fuzzing): still a refusal of this text, not a crash of the service.
+        raise NativeQueryError(language, "cannot read the query: the SQL parser failed on it "
+                               f"({type(exc).__name__}: {exc}); expected SELECT … FROM … "
+                               "in this language's subset", 1, 1, text) from None
     if not isinstance(tree, exp.Expression):
         raise NativeQueryError(language, "the query is empty; expected SELECT …", 1, 1, text)
     return tree
