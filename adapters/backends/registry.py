@@ -75,8 +75,12 @@ class Recalled:
         return query
 
 
-@functools.cache
 def shared_language(group: str, tick: int = 1_000_000) -> Language:
     """One :class:`Recalled` language per group and clock for the whole process (parsers are
     stateless): what the mediator plans with and its embedded services evaluate."""
+    return _shared(group, tick)  # (one cache key however the clock is passed)
+
+
+@functools.cache
+def _shared(group: str, tick: int) -> Language:
     return Recalled(language(group, tick))
