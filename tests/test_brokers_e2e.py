@@ -295,6 +295,11 @@ def test_brokers_feed_a_served_mediator_through_crashes_and_a_sink_hands_composi
             time.sleep(0.01)  # the alarm a later instant than the reading
         cellar_client.close()
         wait_for(lambda: each_of(reader.got, "r1")["r1"] == 1, 30, "the Redis reading")
+        # The alarm is read by another XREAD, maybe after the reading's composite came back:
+        # the day may end only once it is logged (after the end it would be late).
+        wait_for(lambda: "r2" in {from_json_line(line).id
+                                  for line in logged_lines(tmp_path / "mediator.db")},
+                 30, "the Redis alarm in the event log")
 
         # 5. The day ends: the client has what replay gives, mosquitto_sub the same composites.
         end = time.time_ns() // 1000 + 3_600_000_000  # an hour ahead of every arrival
