@@ -134,7 +134,8 @@ public class FlinkCepBench {
 """
 
 OPENCEP_DRIVER = r"""
-import json, sys, time
+import collections, collections.abc, json, sys, time
+collections.Callable = collections.abc.Callable  # OpenCEP imports it from where Python < 3.10 had it
 from datetime import datetime, timedelta
 from CEP import CEP
 from base.DataFormatter import DataFormatter, EventTypeClassifier
