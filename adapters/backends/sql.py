@@ -222,8 +222,10 @@ def _micros(node: exp.Interval) -> int:
     unit = unit[:-1] if unit.endswith("S") else unit
     if unit not in UNITS:
         raise _Reject(f"unknown interval unit {unit!r}; expected one of {', '.join(UNITS)}", node)
-    amount = node.this.name if isinstance(node.this, exp.Literal) else ""
-    if not re.fullmatch(r"[+-]?\d{1,12}", amount.strip()):
+    # Stripped once and read as checked: str.strip and int() disagree on what a blank is
+    # (int() refuses '\x1e5', which strip() reduces to '5': found by fuzzing).
+    amount = (node.this.name if isinstance(node.this, exp.Literal) else "").strip()
+    if not re.fullmatch(r"[+-]?\d{1,12}", amount):
         raise _Reject("an interval needs an integer amount (at most 12 digits): "
                       "INTERVAL '5' MINUTE", node)
     return int(amount) * UNITS[unit]
