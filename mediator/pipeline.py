@@ -43,7 +43,6 @@ the jobs' threads.
 from __future__ import annotations
 
 import contextlib
-import functools
 import io
 import json
 import logging
@@ -53,7 +52,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from adapters.backends.native import Language
 from adapters.backends.registry import shared_language
 from adapters.federation import Federation, Late, language_refuses, publish
 from adapters.links import Handle, Link
@@ -716,7 +714,7 @@ class Pipeline:
         asked (its group's reference language: the limits of bracket depth, chain length and
         query size a base service applies): a subtree one refuses is composed at the mediator,
         as ``replay --via`` does, rather than failing the subscription at the service."""
-        return language_refuses(doc, {name: _language(link.info.group)
+        return language_refuses(doc, {name: shared_language(link.info.group)
                                       for name, link in self.links.items()})
 
     def services(self) -> list[ServiceStatus]:
@@ -1035,10 +1033,3 @@ def _unsubscribe_fed(federation: Federation) -> None:
 
 
 __all__ = ["CUT", "Pipeline", "ServiceStatus", "Stopping", "close_links"]
-
-
-@functools.cache
-def _language(group: str) -> Language:
-    """A group's reference language (one per process: parsers are stateless), sharing its
-    parses with the embedded services'."""
-    return shared_language(group)

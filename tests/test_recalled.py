@@ -41,5 +41,6 @@ def test_a_text_is_parsed_once_and_refusals_are_not_kept() -> None:
 
 def test_one_shared_language_per_group_and_clock() -> None:
     assert shared_language("cg3") is shared_language("cg3", 1_000_000)  # the planner's, the link's
+    assert shared_language("cg3") is shared_language("cg3", 250_000)  # a clock it has not
     assert shared_language("cg5", 1000) is not shared_language("cg5")
     assert shared_language("cg2").group == "cg2"

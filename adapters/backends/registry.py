@@ -78,7 +78,10 @@ class Recalled:
 def shared_language(group: str, tick: int = 1_000_000) -> Language:
     """One :class:`Recalled` language per group and clock for the whole process (parsers are
     stateless): what the mediator plans with and its embedded services evaluate."""
-    return _shared(group, tick)  # (one cache key however the clock is passed)
+    # One cache key however the clock is passed, and the clock only where the language has
+    # one (a peer mediator's): the planner asks with the default, the links with the
+    # configured clock, and both must meet on one instance.
+    return _shared(group, tick if group == "cg5" else 1_000_000)
 
 
 @functools.cache
