@@ -466,6 +466,20 @@ class Session:
             raise _Lost(f"message {message.seq} could not be taken: {exc}") from None
         if message.seq > 0:
             self._delivered = message.seq
+        for ended in message.ended:
+            self._ended(ended.subscription_id, f"{ended.code}: {ended.reason}")
+
+    def _ended(self, ident: str, why: str) -> None:
+        """The service ended a registration (its evaluation passed a limit or failed): it is
+        forgotten here too (not registered again), and ``on_refused`` is told."""
+        with self._lock:
+            if self._registrations.pop(ident, None) is None:
+                return  # deregistered meanwhile, or told before (a message sent again)
+        log.error("%s: the service ended %s: %s", self._where(), ident, why)
+        try:
+            self._on_refused(ident, why)
+        except Exception:
+            log.exception("%s: on_refused failed", self._where())
 
     def _lose(self, reason: str) -> None:
         with self._lock:

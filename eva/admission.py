@@ -55,6 +55,9 @@ class Reason(StrEnum):
     COMPOSITE_LIMIT = "composite_limit"
     """An operator of a profile reached the limit on composites per event (those beyond it are
     never made; the mediator suspends the subscription)."""
+    SERVICE_LIMIT = "service_limit"
+    """A base service ended a query of a subscription at its work or store limit (the mediator
+    suspends the subscription)."""
     PAYLOAD = "payload"
     """A broker's payload the mapping cannot take (not JSON where JSON is required, …)."""
     TIME = "time"

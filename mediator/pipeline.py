@@ -59,7 +59,7 @@ from adapters.service_link import AutonomousLink
 from eva import ast
 from eva.admission import CAPACITY, Reason
 from eva.engine import COMPOSITE_LIMIT
-from eva.events import Event
+from eva.events import DeadLetter, Event
 from eva.notify import composite_line
 from eva.parser import parse
 from eva.semantics import Notification
@@ -242,6 +242,8 @@ class Pipeline:
         # Suspended at a limit (a subset of _failed): the letter's reason (composite_limit,
         # state_cap) — its owner is answered RESOURCE_EXHAUSTED.
         self._suspended: dict[Key, str] = {}
+        # Ended at a service's limit (its session's thread appends): suspended at the next round.
+        self._ended: list[tuple[Key, str]] = []
         known = store.get_meta(ORIGIN_KEY) if self._feeds else None
         self._origin: int | None = int(known) if known is not None else None
         self._batches = 0
@@ -347,13 +349,20 @@ class Pipeline:
         return lambda handle, why: self._refused(link, handle, why)
 
     def _refused(self, link: str, handle: Handle, why: str) -> None:
-        """An autonomous service refused a query registered while it was out of reach (in its
-        session's thread): the subscriptions holding it are failed, said."""
+        """An autonomous service refused a query registered while it was out of reach, or
+        ended one whose evaluation passed its limits (``RESOURCE_EXHAUSTED: …``), in its
+        session's thread: the subscriptions holding it are failed, said — at a limit,
+        suspended as at the mediator's own (their owners are answered RESOURCE_EXHAUSTED)."""
+        limited = why.startswith("RESOURCE_EXHAUSTED")
         for key, sub in list(self._subs.items()):
             if any(handle in f.handles.get(link, ()) for f in sub.federations):
-                reason = f"service {link} refuses its query {handle}: {why}"
-                self._failed[key] = reason
-                log.error("subscription %s/%s is no longer evaluated: %s", *key, reason)
+                if limited:  # suspended in the pipeline's thread (_suspend_limited)
+                    self._ended.append((key, f"service {link} ended its query {handle}: {why}"))
+                    self._wakeup.set()
+                else:
+                    reason = f"service {link} refuses its query {handle}: {why}"
+                    self._failed[key] = reason
+                    log.error("subscription %s/%s is no longer evaluated: %s", *key, reason)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Evaluate what the logs hold, then unsubscribe every federation at its services —
@@ -650,12 +659,19 @@ class Pipeline:
         return True
 
     def _suspend_limited(self) -> None:
-        """Every subscription one of whose runners reached a limit (Runner.limited): its
-        answers from there on would be incomplete, and its output or state is what the limit
-        bounds — it is dropped, its status says why (GetProfile, Subscribe), and a dead letter
-        is kept. The others go on as before."""
+        """Every subscription one of whose runners reached a limit (Runner.limited), or one of
+        whose queries a service ended at its own limit: its answers from there on would be
+        incomplete, and its output or state is what the limit bounds — it is dropped, its
+        status says why (GetProfile, Subscribe), and a dead letter is kept. The others go on
+        as before."""
+        ended: dict[Key, DeadLetter] = {}
+        while self._ended:  # (list.pop is atomic: the session threads append meanwhile)
+            key, detail = self._ended.pop(0)
+            ended.setdefault(key, DeadLetter(str(Reason.SERVICE_LIMIT), detail))
         for key, sub in list(self._subs.items()):
             letters = [letter for f in sub.federations for letter in f.runner.limited]
+            if key in ended:
+                letters.append(ended[key])
             if not letters:
                 continue
             first = letters[0]
@@ -757,6 +773,8 @@ class Pipeline:
                             # the own feed counts towards trim_every then).
                             self._trim()
                             self._trimmed = clock.monotonic()
+                    if self._ended:  # a service ended a query (perhaps while nothing was due)
+                        self._suspend_limited()
                     failed = self._sparks.failure() if self._sparks is not None else None
                     if failed is not None:  # a live job stopped: composites would stop too
                         raise failed

@@ -281,6 +281,8 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
         """The configured value of a limit a subscription was suspended at, for ErrorInfo."""
         if reason_ == "composite_limit":
             return f"{self.limits.composites} composites per step (limits.composites)"
+        if reason_ == "service_limit":
+            return "a base service's work or store limit (its message says which)"
         return "the engine's state cap (stored occurrences per profile)"
 
     @_answering

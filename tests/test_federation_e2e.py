@@ -23,6 +23,7 @@ subscribed at the services, its jobs fed the composer log, killed with the media
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import subprocess
@@ -33,6 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -40,7 +42,7 @@ from hypothesis import strategies as st
 from adapters.client import BaseClient
 from eva import ast
 from eva.events import Event, format_time, from_cloudevent, to_cloudevent
-from mediator.client import MediatorClient
+from mediator.client import MediatorClient, MediatorError
 from tests.helpers import Reader
 from tests.servers import free_port
 from tests.strategies import traces
@@ -143,13 +145,19 @@ def split(events: list[dict[str, Any]], first: int, last: int) -> dict[str, list
 
 @pytest.fixture
 def federation(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
-    composer = getattr(request, "param", "inprocess")
+    with federated(tmp_path, getattr(request, "param", "inprocess")) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def federated(tmp_path: Path, composer: str, *options: str) -> Iterator[dict[str, Any]]:
+    """The two services (each with ``options`` too) and a mediator federating them."""
     started: list[Process] = []
     try:
         services = {}
         for name, (group, _) in SERVICES.items():
             services[name] = Process("base-service", "--group", group, "--listen", "127.0.0.1:0",
-                                     "--data", str(tmp_path / name))
+                                     "--data", str(tmp_path / name), *options)
             started.append(services[name])
         config = tmp_path / "mediator.toml"
         parts = [f'listen = "127.0.0.1:{free_port()}"',
@@ -255,6 +263,48 @@ def through_crashes(federation: dict[str, Any], tmp_path: Path) -> None:
               f"stopped 10 s; lost 0, repeated 0, extra 0")
     finally:
         alice.close()
+
+
+BOOM = CLASSES + ("profile Boom = ((all_dup(((all_dup(C), all_dup(D))_1h)_all_pairs), "
+                  "all_dup(((all_dup(C), all_dup(D))_1h)_all_pairs))_1h)_all_pairs\n")
+"""Nested spanned conjunctions over one service's events: pushed to it whole (a self-join of
+four aliases at the SQL service), whose results grow with the cube of the events in the span."""
+
+
+@pytest.mark.xdist_group("service")
+def test_a_query_a_service_ends_at_its_limit_suspends_only_its_subscription(
+        tmp_path: Path) -> None:
+    """Issue 28: the SQL service ends the pushed query of a profile whose results multiply
+    (its --work-limit), its session tells the mediator, and the subscription is suspended —
+    ``Subscribe`` RESOURCE_EXHAUSTED naming the service's limit — while another client's
+    subscription over both services gets exactly the reference's composites."""
+    with federated(tmp_path, "inprocess", "--work-limit", "20000") as federation:
+        events = trace(5, 160)
+        expected = [e for e in replay(events, tmp_path) if e["subject"] == "Across"]
+        assert expected
+        producers = {name: Producer(federation["services"][name], seed)
+                     for seed, name in enumerate(SERVICES)}
+        alice = MediatorClient(federation["mediator"].address, federation["token"],
+                               backoff=(0.05, 0.5))
+        try:
+            assert alice.add_profile(BOOM, name="boom").plans == ("Boom: equivalent, sql",)
+            alice.add_profile(CLASSES + "profile Across = ((all_dup(A); all_dup(C))_4s)"
+                              "_all_pairs\n", name="across")
+            boom, across = (Reader(alice.subscribe(name=n)) for n in ("boom", "across"))
+            publish_all(producers, split(events, 0, len(events)),
+                        advance_to=from_cloudevent(events[-1]).time + 60_000_000)
+            across.wait_for(len(expected), federation["wait"])
+            boom.thread.join(federation["wait"])
+            assert isinstance(boom.error, MediatorError), boom.error
+            assert boom.error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "work_limit" in str(boom.error) and "service sql" in str(boom.error)
+            assert boom.error.reason == "SERVICE_LIMIT"
+            status = alice.profile("boom").status
+            assert status.startswith("suspended: service sql ended its query"), status
+            time.sleep(1.0)  # nothing more comes
+            assert [n.cloudevent for n in across.got] == expected
+        finally:
+            alice.close()
 
 
 # ------------------------------------------------------------------ random profiles, real sessions

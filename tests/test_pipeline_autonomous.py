@@ -621,6 +621,38 @@ def test_a_query_refused_when_the_service_is_back_fails_the_subscription_visibly
         store.close()
 
 
+def test_a_query_a_service_ended_at_its_limit_suspends_the_subscription(tmp_path: Path) -> None:
+    """Issue 28: a service that ends a query at its work or store limit (its session says
+    RESOURCE_EXHAUSTED) suspends the subscriptions holding it, as the mediator's own limits
+    do — status and reason ``service_limit`` — and only those."""
+    store = SqliteStore(tmp_path / "s.db")
+    links = services()
+    pipeline = Pipeline(store, links, tick=1, idle_default=30.0)
+    pipeline.start()
+    try:
+        subscribe(pipeline, store)
+        subscribe(pipeline, store, CLASSES + "profile Own = ((all_dup(D); all_dup(C))_5us)"
+                  "_all_pairs\n", name="other")
+        link = links["ab"]
+        assert isinstance(link, AutonomousLink)
+        (handle, *_) = next(iter(pipeline._subs.values())).federations[0].handles["ab"]
+        link.on_refused(handle, "RESOURCE_EXHAUSTED: work_limit: the query made more than "
+                                "100,000 intermediate results")
+        deadline = time.monotonic() + 10
+        while pipeline.suspended("alice", "s") is None:
+            assert time.monotonic() < deadline, "never suspended"
+            time.sleep(0.01)
+        assert pipeline.suspended("alice", "s") == "service_limit"
+        failure = pipeline.failure("alice", "s")
+        assert failure is not None and failure.startswith("suspended: service ab ended")
+        assert "work_limit" in failure
+        assert pipeline.failure("alice", "other") is None
+        assert ("alice", "s") not in pipeline._subs and ("alice", "other") in pipeline._subs
+    finally:
+        pipeline.stop()
+        store.close()
+
+
 # ------------------------------------------------------------------ checkpoints (issue 24.1)
 
 

@@ -115,6 +115,22 @@ def cut(session: Session) -> None:
     conn.call.cancel()
 
 
+def kept_messages(port: int, session: str = "s") -> list[bytes]:
+    """Every message the service keeps for ``session``, serialized (up to the first
+    heartbeat: the kept ones come first)."""
+    channel, stub = stub_of(f"127.0.0.1:{port}")
+    with channel:
+        call = stub.Open(base_pb2.OpenRequest(session=session, heartbeat_ms=100))
+        assert next(call).ready
+        out = []
+        for m in call:
+            if m.seq == 0:
+                break
+            out.append(m.SerializeToString())
+        call.cancel()
+        return out
+
+
 def code_and_details(call: Callable[[], Any]) -> tuple[grpc.StatusCode, str]:
     with pytest.raises(grpc.RpcError) as info:
         call()
@@ -585,19 +601,6 @@ def test_a_restarted_service_regenerates_the_same_messages_from_its_log(tmp_path
     withdrawn between messages, a clock-driven peer query — and sends the very same messages
     (seq numbers, detections, arrival numbers, watermarks); a re-sent event is a duplicate
     across the restart; the numbering of arrivals goes on."""
-    def all_messages(port: int) -> list[bytes]:
-        channel, stub = stub_of(f"127.0.0.1:{port}")
-        with channel:
-            call = stub.Open(base_pb2.OpenRequest(session="s", heartbeat_ms=100))
-            assert next(call).ready
-            out = []
-            for m in call:
-                if m.seq == 0:
-                    break
-                out.append(m.SerializeToString())
-            call.cancel()
-            return out
-
     running = serve("cg5", "127.0.0.1:0", tick=1, data=tmp_path)
     channel, stub = stub_of(f"127.0.0.1:{running.port}")
     with channel:
@@ -618,12 +621,12 @@ def test_a_restarted_service_regenerates_the_same_messages_from_its_log(tmp_path
         publish(stub, events[4:6])
         register("p", 'class A = type == "a"\nprofile A1 = A\n')  # the id again, anew
         publish(stub, events[6:])
-    before = all_messages(running.port)
+    before = kept_messages(running.port)
     assert len(before) >= 3
     running.stop()
     again = serve("cg5", "127.0.0.1:0", tick=1, data=tmp_path)
     try:
-        assert all_messages(again.port) == before
+        assert kept_messages(again.port) == before
         channel, stub = stub_of(f"127.0.0.1:{again.port}")
         with channel:
             reply = publish(stub, [*events[-2:], *trace_of("a9@60", "t")], advance=60)

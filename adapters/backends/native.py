@@ -65,6 +65,50 @@ class EventRejected(Exception):
         self.detail = detail
 
 
+WORK_LIMIT = 100_000
+"""Work an evaluator may do for one event or clock step: the intermediate results it makes
+(occurrences, partial rows, combined answers), each counted with its constituents. A query
+whose results multiply at every level (nested conjunctions keeping every occurrence) would
+otherwise take minutes of the service's CPU for a handful of events. About 0.1 s of CPU."""
+STORE_LIMIT = 1_000_000
+"""Results an evaluator may keep between events (its operators' stores): what bounds the
+memory of a query that keeps everything it ever matched."""
+
+
+class Exhausted(Exception):
+    """An evaluation past WORK_LIMIT or STORE_LIMIT: the service ends the subscription with
+    RESOURCE_EXHAUSTED and this message (what the query does is too much, not the event)."""
+
+
+class Work:
+    """The work meter of one evaluator: :meth:`start` before each event or clock step,
+    :meth:`spend` as results are made, :meth:`kept` after the step with what is stored."""
+
+    __slots__ = ("left", "limit", "store_limit")
+
+    def __init__(self) -> None:
+        # Read when the evaluator is made, so that a test (or an operator's patch) can lower them.
+        self.limit, self.store_limit = WORK_LIMIT, STORE_LIMIT
+        self.left = self.limit
+
+    def start(self) -> None:
+        self.left = self.limit
+
+    def spend(self, units: int) -> None:
+        self.left -= units
+        if self.left < 0:
+            raise Exhausted(f"work_limit: the query made more than {self.limit:,} intermediate "
+                            "results (counted with their constituents) for one event; its "
+                            "results multiply too fast — bound it (a time span, a context that "
+                            "consumes)")
+
+    def kept(self, stored: int) -> None:
+        if stored > self.store_limit:
+            raise Exhausted(f"store_limit: the query keeps more than {self.store_limit:,} "
+                            "results between events; bound it (a time span, a context that "
+                            "consumes)")
+
+
 class Evaluator(Protocol):
     """An incremental evaluation of one query. Events arrive in the service's total order."""
 

@@ -33,7 +33,10 @@ and not at all for an event the evaluator would refuse; the clock moves in slice
 detections never pile up; each subscription's
 queue is bounded: a publisher waits for a subscriber that is reading (back-pressure, before it
 takes the order lock), never for one that has read nothing for ``stall_timeout`` — that one is
-dropped with RESOURCE_EXHAUSTED once its queue is full, so it cannot stall the others;
+dropped with RESOURCE_EXHAUSTED once its queue is full, so it cannot stall the others; a query
+whose evaluation passes the evaluators' work or store limit (``native.Exhausted``) is ended
+with RESOURCE_EXHAUSTED naming the limit — a session's registration is deregistered and its
+session told (``SessionMessage.ended``) — and the event still counts for the others;
 Unsubscribe never waits and releases whoever waited on that subscriber; a second server on a
 taken port fails to start; shutdown reports NOT_SERVING while it drains.
 
@@ -79,7 +82,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
-from adapters.backends.native import MAX_QUERY_BYTES, Detection, EventRejected, Language, NativeQueryError
+from adapters.backends.native import (
+    MAX_QUERY_BYTES,
+    Detection,
+    EventRejected,
+    Exhausted,
+    Language,
+    NativeQueryError,
+)
 from adapters.backends.registry import language as language_of
 from adapters.backends.sessions import (
     HEARTBEAT_MS,
@@ -640,6 +650,10 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
             detections = step(sub.evaluator)
         except EventRejected as exc:
             return str(exc)
+        except Exhausted as exc:  # the query's fault, not the event's: the others take it
+            log.warning("subscription %s ended on %s: %s", sub.ident, what, exc)
+            self._fail(sub, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            return ""
         except Exception as exc:  # a bug in one evaluator must not take the service down
             log.exception("subscription %s failed on %s", sub.ident, what)
             self._fail(sub, grpc.StatusCode.INTERNAL,
@@ -1013,23 +1027,48 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
             await self._pause()
         before, self.watermark, self._clock = self.watermark, until, entry.clock
         found: dict[Session, list[tuple[str, list[Detection]]]] = {}
+        ended: dict[Session, list[Any]] = {}
         for registration in live:
             sub = registration.subscription
+            session = registration.session
             if sub.found:
-                found.setdefault(registration.session, []).append((registration.ident, sub.found))
+                found.setdefault(session, []).append((registration.ident, sub.found))
                 sub.found = []
-        for session, detections in found.items():
+            if sub.failure is not None and session.registrations.get(registration.ident) is registration:
+                ended.setdefault(session, []).append(base_pb2.EndedRegistration(
+                    subscription_id=registration.ident, code=sub.failure[0].name,
+                    reason=sub.failure[1]))
+                self._end_registration(registration, entry.number)
+        for session in {**found, **ended}:
             if session.dropped is None:
-                self._keep(session, detections, before, until)
+                self._keep(session, found.get(session, []), ended.get(session, []), before, until)
         for session in list(self._sessions.values()):
             session.wake()
 
-    def _keep(self, session: Session, found: list[tuple[str, list[Detection]]],
+    def _end_registration(self, registration: Registration, number: int) -> None:
+        """A registration whose evaluation failed or passed a limit while logged message
+        ``number`` was evaluated: deregistered there, as if its session had asked (a restart
+        replays it up to there, and it ends there again)."""
+        session = registration.session
+        del session.registrations[registration.ident]
+        self._deactivate(registration)
+        log.warning("session %s: %s ended: %s", session.name, registration.ident,
+                    registration.subscription.failure[1])
+        if registration.deregistered is not None:  # a replay: stored already
+            return
+        registration.deregistered = number
+        try:
+            self.store.deregister(registration.ordinal, number)
+        except LogError as exc:
+            log.error("session %s: the end of %s could not be stored: %s", session.name,
+                      registration.ident, exc)
+
+    def _keep(self, session: Session, found: list[tuple[str, list[Detection]]], ended: list[Any],
               before: int | None, after: int | None) -> None:
         """One Publish message's detections as the session's next message (split at the
         pack's bounds: every part but the last carries the watermark from before the
-        message), kept until acknowledged; a session that would keep more than ``retention``
-        is dropped."""
+        message), with the registrations it ended in the last part, kept until acknowledged;
+        a session that would keep more than ``retention`` is dropped."""
         parts: list[list[Any]] = [[]]
         size = 0
         for ident, detections in found:
@@ -1046,14 +1085,16 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
                 parts[-1].append(item)
                 size += (len(item.text) + len(item.extra_json)
                          + sum(map(len, item.constituents)) + 8 * len(item.arrivals))
-        if not parts[-1]:
+        if not parts[-1] and not ended:
             return
         for index, part in enumerate(parts):
             session.seq += 1
             if session.seq <= session.acked:  # regenerated by a replay, acknowledged before
                 continue
-            watermark = after if index == len(parts) - 1 else before
-            message = base_pb2.SessionMessage(seq=session.seq, detections=part)
+            last = index == len(parts) - 1
+            watermark = after if last else before
+            message = base_pb2.SessionMessage(seq=session.seq, detections=part,
+                                              ended=ended if last else ())
             if watermark is not None:
                 message.has_watermark, message.watermark_us = True, watermark
             if session.origin is not None:

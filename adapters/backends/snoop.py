@@ -27,7 +27,7 @@ from typing import Any
 
 from lark import Lark, Transformer
 
-from adapters.backends.native import Untimed, parse_lark
+from adapters.backends.native import Untimed, Work, parse_lark
 from eva.events import Event
 from transforms.capability import CG2, Capability
 from transforms.dialects.base import Detection
@@ -117,17 +117,24 @@ class Occ:
         return min(e.time for e in self.constituents)
 
 
-def _join(*parts: Occ | list[Occ]) -> tuple[Event, ...]:
-    out: tuple[Event, ...] = ()
-    for p in parts:
-        for o in p if isinstance(p, list) else [p]:
-            out += o.constituents
-    return out
-
-
 class _Node:
+    work: Work
+    """The evaluator's meter, shared by its nodes: every occurrence an operator makes is paid
+    for with its constituents (Work.spend), so that nesting cannot multiply them unseen."""
+
     def feed(self, event: Event) -> list[Occ]:
         raise NotImplementedError
+
+    def stored(self) -> int:
+        return 0
+
+    def _occ(self, time: int, *parts: Occ | list[Occ]) -> Occ:
+        out: tuple[Event, ...] = ()
+        for p in parts:
+            for o in p if isinstance(p, list) else [p]:
+                out += o.constituents
+        self.work.spend(len(out))
+        return Occ(time, out)
 
 
 class _Leaf(_Node):
@@ -145,6 +152,9 @@ class _Or(_Node):
     def feed(self, event: Event) -> list[Occ]:
         return self.kids[0].feed(event) + self.kids[1].feed(event)
 
+    def stored(self) -> int:
+        return self.kids[0].stored() + self.kids[1].stored()
+
 
 class _Seq(_Node):
     """E1 ; E2 — E1 is stored (the initiator), E2 triggers (§3.2, first table)."""
@@ -153,6 +163,9 @@ class _Seq(_Node):
         self.kids = (left, right)
         self.context = context
         self.store: list[Occ] = []
+
+    def stored(self) -> int:
+        return len(self.store) + self.kids[0].stored() + self.kids[1].stored()
 
     def feed(self, event: Event) -> list[Occ]:
         initiators = self.kids[0].feed(event)
@@ -174,7 +187,7 @@ class _Seq(_Node):
             for x in terminators:
                 for i, y in enumerate(before):
                     if y.time < x.time:
-                        out.append(Occ(x.time, _join(y, x)))
+                        out.append(self._occ(x.time, y, x))
                         used.add(i)
             self.store = [y for i, y in enumerate(before) if i not in used]
             return out
@@ -183,13 +196,13 @@ class _Seq(_Node):
             if not eligible:
                 continue
             if ctx in ("unrestricted", "recent"):
-                out.extend(Occ(x.time, _join(y, x)) for y in eligible)
+                out.extend(self._occ(x.time, y, x) for y in eligible)
             elif ctx == "chronicle":
                 y = eligible[0]
                 self.store.remove(y)
-                out.append(Occ(x.time, _join(y, x)))
+                out.append(self._occ(x.time, y, x))
             else:  # cumulative
-                out.append(Occ(x.time, _join(eligible, x)))
+                out.append(self._occ(x.time, eligible, x))
                 self.store = [y for y in self.store if y not in eligible]
         return out
 
@@ -201,6 +214,10 @@ class _And(_Node):
         self.kids = (left, right)
         self.context = context
         self.sides: tuple[list[Occ], list[Occ]] = ([], [])
+
+    def stored(self) -> int:
+        return (len(self.sides[0]) + len(self.sides[1]) + self.kids[0].stored()
+                + self.kids[1].stored())
 
     def feed(self, event: Event) -> list[Occ]:
         batches = (self.kids[0].feed(event), self.kids[1].feed(event))
@@ -220,7 +237,7 @@ class _And(_Node):
             for x in batch:
                 for i, y in enumerate(before):
                     if y != x:
-                        out.append(Occ(x.time, _join(y, x)))
+                        out.append(self._occ(x.time, y, x))
                         used.add(i)
             other[:] = [y for i, y in enumerate(before) if i not in used]
             mine.extend(batch)  # a terminator that can initiate is kept
@@ -228,20 +245,20 @@ class _And(_Node):
         for x in batch:
             partners = [y for y in other if y != x]
             if ctx == "unrestricted":
-                out.extend(Occ(x.time, _join(y, x)) for y in partners)
+                out.extend(self._occ(x.time, y, x) for y in partners)
                 mine.append(x)
             elif ctx == "recent":
                 if partners:
-                    out.append(Occ(x.time, _join(partners[-1], x)))
+                    out.append(self._occ(x.time, partners[-1], x))
                 mine[:] = [x]
             elif ctx == "chronicle":
                 if partners:
                     other.remove(partners[0])
-                    out.append(Occ(x.time, _join(partners[0], x)))
+                    out.append(self._occ(x.time, partners[0], x))
                 else:
                     mine.append(x)
             elif partners:  # cumulative
-                out.append(Occ(x.time, _join(partners, x)))
+                out.append(self._occ(x.time, partners, x))
                 other[:] = [y for y in other if y not in partners]
             else:
                 mine.append(x)
@@ -257,6 +274,10 @@ class _Not(_Node):
         self.context = context
         self.open: list[Occ] = []
 
+    def stored(self) -> int:
+        return (len(self.open) + self.negated.stored() + self.opener.stored()
+                + self.closer.stored())
+
     def feed(self, event: Event) -> list[Occ]:
         cancels = self.negated.feed(event)
         closes = self.closer.feed(event)
@@ -268,40 +289,49 @@ class _Not(_Node):
             live = [o for o in self.open if o.time <= x.time and o != x]
             if live:
                 if self.context in ("unrestricted", "continuous"):
-                    out.extend(Occ(x.time, _join(o, x)) for o in live)
+                    out.extend(self._occ(x.time, o, x) for o in live)
                 elif self.context == "recent":
-                    out.append(Occ(x.time, _join(live[-1], x)))
+                    out.append(self._occ(x.time, live[-1], x))
                 elif self.context == "chronicle":
-                    out.append(Occ(x.time, _join(live[0], x)))
+                    out.append(self._occ(x.time, live[0], x))
                 else:
-                    out.append(Occ(x.time, _join(live, x)))
+                    out.append(self._occ(x.time, live, x))
             self.open = []
         if opens:
             self.open = [opens[-1]] if self.context == "recent" else self.open + opens
         return out
 
 
-def _build(expr: Expr, context: str) -> _Node:
+def _build(expr: Expr, context: str, work: Work) -> _Node:
+    node: _Node
     if isinstance(expr, Leaf):
-        return _Leaf(expr.type)
-    kids = [_build(k, context) for k in expr.children]
-    if expr.kind == "or":
-        return _Or(kids[0], kids[1])
-    if expr.kind == "seq":
-        return _Seq(kids[0], kids[1], context)
-    if expr.kind == "and":
-        return _And(kids[0], kids[1], context)
-    return _Not(kids[0], kids[1], kids[2], context)
+        node = _Leaf(expr.type)
+    else:
+        kids = [_build(k, context, work) for k in expr.children]
+        if expr.kind == "or":
+            node = _Or(kids[0], kids[1])
+        elif expr.kind == "seq":
+            node = _Seq(kids[0], kids[1], context)
+        elif expr.kind == "and":
+            node = _And(kids[0], kids[1], context)
+        else:
+            node = _Not(kids[0], kids[1], kids[2], context)
+    node.work = work
+    return node
 
 
 class Evaluator(Untimed):
     def __init__(self, expr: Expr, context: str) -> None:
-        self._root = _build(expr, context)
+        self._work = Work()
+        self._root = _build(expr, context, self._work)
 
     def push(self, event: Event) -> list[Detection]:
+        self._work.start()
+        found = self._root.feed(event)
+        self._work.kept(self._root.stored())
         return [Detection(o.time, o.constituents,
                           "{" + ", ".join(e.id for e in o.constituents) + f"}}@{o.time}")
-                for o in self._root.feed(event)]
+                for o in found]
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from adapters.backends.native import (
     Lexical,
     NativeQueryError,
     Untimed,
+    Work,
     check_text,
     depth_error,
     number,
@@ -660,9 +661,11 @@ class Evaluator(Untimed):
         self.pools: list[list[list[Event]]] = [[[] for _ in b.names] for b in branches]
         self.newest: int | None = None
         """The latest event time seen: the watermark (no lateness) that retention runs on."""
+        self._work = Work()
 
     def push(self, event: Event) -> list[Detection]:
         self._refuse_late(event)
+        self._work.start()
         self.newest = event.time if self.newest is None else max(self.newest, event.time)
         out: list[Detection] = []
         for b, branch in enumerate(self.branches):
@@ -677,7 +680,7 @@ class Evaluator(Untimed):
                     pools[i] if i < first else [event] if i == first else
                     pools[i] + ([event] if fits[i] else [])
                     for i in range(len(branch.names))]
-                for row in _rows(branch, candidates):
+                for row in _rows(branch, candidates, self._work):
                     constituents = tuple(row[p] for p in branch.projection if p is not None)
                     events = tuple(e for e in constituents if e is not None)
                     text = "(" + ", ".join(e.id for e in events) + ")"
@@ -692,6 +695,7 @@ class Evaluator(Untimed):
                     while expired < len(pool) and pool[expired].time < limit:
                         expired += 1
                     del pool[:expired]
+        self._work.kept(self.stored())
         return out
 
     def _refuse_late(self, event: Event) -> None:
@@ -717,14 +721,19 @@ class Evaluator(Untimed):
         return stream is None or event.type == stream
 
 
-def _rows(branch: _Branch, candidates: list[list[Event]]) -> list[Row]:
+def _rows(branch: _Branch, candidates: list[list[Event]], work: Work) -> list[Row]:
+    """The rows of the join over ``candidates``, each alias bound in turn and its checks
+    applied as soon as it is bound; every partial row tried is paid for (a join of many
+    aliases whose checks fail late could otherwise try a product of its pools)."""
     out: list[Row] = []
     row: Row = [None] * len(candidates)
 
     def bind(i: int) -> None:
         if i == len(candidates):
+            work.spend(len(row))
             out.append(list(row))
             return
+        work.spend(len(candidates[i]))
         for e in candidates[i]:
             row[i] = e
             if all(check(row) is True for check in branch.checks[i]):

@@ -42,6 +42,7 @@ from lark import Lark, Token, Transformer
 from adapters.backends.native import (
     EventRejected,
     Untimed,
+    Work,
     number_token,
     parse_lark,
     string_token,
@@ -301,18 +302,20 @@ def _union(a: tuple[Event, ...], b: tuple[Event, ...]) -> tuple[Event, ...]:
 
 
 class _Node:
-    def __init__(self, query: Query, horizon: int | None) -> None:
+    def __init__(self, query: Query, horizon: int | None, work: Work) -> None:
         self.query = query
         self.horizon = horizon
+        self.work = work
+        """The evaluator's meter, shared by its nodes: every combination tried is paid for."""
         span = query.span if isinstance(query, Within) else None
         inner = horizon if span is None else span if horizon is None else min(span, horizon)
         if isinstance(query, Composite):
-            self.kids = [_Node(q, inner) for q in query.operands]
+            self.kids = [_Node(q, inner, work) for q in query.operands]
         elif isinstance(query, Within):
-            self.kids = [_Node(query.query, inner)]
+            self.kids = [_Node(query.query, inner, work)]
         elif isinstance(query, Without):
             # Excluded answers must be kept as long as the span they could fall into.
-            self.kids = [_Node(query.excluded, inner), _Node(query.during, inner)]
+            self.kids = [_Node(query.excluded, inner, work), _Node(query.during, inner, work)]
         else:
             self.kids = []
         self.stored: list[Answer] = []
@@ -329,6 +332,7 @@ class _Node:
             excluded.step(event)
             new = []
             for a in self.kids[1].step(event):
+                self.work.spend(len(excluded.stored))
                 kept = frozenset(s for s in a.subst if not any(
                     a.begin.key <= x.begin.key and x.end.key <= a.end.key and _join(
                         frozenset([s]), x.subst) for x in excluded.stored))
@@ -346,6 +350,10 @@ class _Node:
             self.stored = [a for a in self.stored if a.begin.time >= limit]
         return new
 
+    def kept(self) -> int:
+        """Answers stored here and below."""
+        return len(self.stored) + sum(k.kept() for k in self.kids)
+
     def _conjoin(self, event: Event, ordered: bool) -> list[Answer]:
         """n-ary and/andthen as a left fold of binary ones over the operands' answers."""
         olds = [list(k.stored) for k in self.kids]
@@ -356,10 +364,11 @@ class _Node:
         last = len(self.kids) - 1
         for position, (old, new) in enumerate(zip(olds[1:], news[1:], strict=True), start=1):
             both = [*old, *new]
-            fresh = [c for a in acc_old for b in new if (c := _combine(a, b, ordered))]
-            fresh += [c for a in acc_new for b in both if (c := _combine(a, b, ordered))]
+            fresh = [c for a in acc_old for b in new if (c := _combine(a, b, ordered, self.work))]
+            fresh += [c for a in acc_new for b in both if (c := _combine(a, b, ordered, self.work))]
             if position < last:  # old × old is needed only to combine with later operands
-                acc_old = [c for a in acc_old for b in old if (c := _combine(a, b, ordered))]
+                acc_old = [c for a in acc_old for b in old
+                           if (c := _combine(a, b, ordered, self.work))]
             acc_new = []
             for c in fresh:
                 if c not in acc_new:
@@ -367,12 +376,14 @@ class _Node:
         return acc_new
 
 
-def _combine(a: Answer, b: Answer, ordered: bool) -> Answer | None:
+def _combine(a: Answer, b: Answer, ordered: bool, work: Work) -> Answer | None:
+    work.spend(1)
     if ordered and not a.end.key <= b.begin.key:
         return None
     subst = _join(a.subst, b.subst)
     if not subst:
         return None
+    work.spend(len(a.events) + len(b.events))
     return Answer(_union(a.events, b.events), subst)
 
 
@@ -389,7 +400,8 @@ def _released(node: _Node, combined: bool = False) -> list[Term]:
 
 class Evaluator(Untimed):
     def __init__(self, query: Query) -> None:
-        self._root = _Node(query, None)
+        self._work = Work()
+        self._root = _Node(query, None, self._work)
         self._bounded = _released(self._root)
         self._newest: int | None = None
 
@@ -397,8 +409,11 @@ class Evaluator(Untimed):
         self._refuse_late(event)
         if self._newest is None or event.time > self._newest:
             self._newest = event.time
+        self._work.start()
+        answers = self._root.step(event)
+        self._work.kept(self._root.kept())
         out = []
-        for a in self._root.step(event):
+        for a in answers:
             bindings = [dict(b) for b in sorted(a.subst, key=sorted)]
             extra = {"substitutions": [{k: json.loads(v) for k, v in b.items()} for b in bindings]}
             text = "⟨" + ", ".join(e.id for e in a.events) + "⟩"

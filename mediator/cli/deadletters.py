@@ -31,7 +31,7 @@ app = typer.Typer(invoke_without_command=True, help=(
     "one for an operator (address and token: --server/--token or EVAMED_SERVER/EVAMED_TOKEN)."))
 
 REASONS = ("malformed", "too_large", "duplicate", "late", "future", "misrouted", "forbidden",
-           "state_cap", "composite_limit", "payload", "time", "id", "topic", "attribute",
+           "state_cap", "composite_limit", "service_limit", "payload", "time", "id", "topic", "attribute",
            "deleted")
 """eva.admission.Reason's values (not imported: the command line starts without the engine)."""
 

@@ -34,6 +34,12 @@ def base_service(
         min=0.001, help="Seconds a session may go without an open stream before it is "
                         "dropped.")] = 86_400.0,  # sessions.SESSION_TIMEOUT (not imported:
     # the CLI loads no adapter until a command runs, tests/test_startup.py)
+    work_limit: Annotated[int, typer.Option(
+        min=1, help="Intermediate results a query's evaluation may make for one event; a "
+                    "query past it is ended (RESOURCE_EXHAUSTED).")] = 100_000,  # native.WORK_LIMIT
+    store_limit: Annotated[int, typer.Option(
+        min=1, help="Results a query's evaluation may keep between events; a query past it "
+                    "is ended (RESOURCE_EXHAUSTED).")] = 1_000_000,  # native.STORE_LIMIT
 ) -> None:
     """Run the reference base service of a language group: eva.base.v1.BaseService (native
     queries in, native notifications out; durable sessions for autonomous producers),
@@ -44,9 +50,12 @@ def base_service(
     """
     import asyncio
 
+    from adapters.backends import native
     from adapters.backends.service import run
 
     group_option(group, "group")
+    # This process is one service: its evaluators read the limits when they are made.
+    native.WORK_LIMIT, native.STORE_LIMIT = work_limit, store_limit
     tick_us = span_option(tick, "tick") or 1_000_000
     host = listen.rsplit(":", 1)[0]
     try:
