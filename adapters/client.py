@@ -26,7 +26,7 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
-from adapters.backends.native import EventRejected, Language, NativeQueryError, Query
+from adapters.backends.native import EventRejected, Exhausted, Language, NativeQueryError, Query
 from adapters.backends.registry import language
 from adapters.wire import SERVICE_NAME, base_pb2, base_pb2_grpc
 from eva import ast
@@ -214,20 +214,39 @@ class _Evaluation:
     def __init__(self, query: Query, rejected: Rejected | None = None) -> None:
         self.evaluator = query.evaluator()
         self.rejected = rejected
+        self.ended = ""
+        """Why the evaluation ended (its work or store limit, ``native.Exhausted``): from then
+        on it answers nothing, as a base service ends such a subscription."""
+        self.on_ended: Callable[[str], None] = lambda why: None
 
     def push(self, event: Event) -> list[Detection]:
+        if self.ended:
+            return []
         try:
             return self.evaluator.push(event)
         except EventRejected as exc:
             if self.rejected is not None:
                 self.rejected(event, exc)
             return []
+        except Exhausted as exc:
+            self._end(exc)
+            return []
 
     def advance(self, time: int) -> list[Detection]:
-        return self.evaluator.advance(time)
+        if self.ended:
+            return []
+        try:
+            return self.evaluator.advance(time)
+        except Exhausted as exc:
+            self._end(exc)
+            return []
 
     def close(self, until: int) -> list[Detection]:
-        return self.evaluator.advance(until)
+        return self.advance(until)
+
+    def _end(self, exc: Exhausted) -> None:
+        self.ended = str(exc)
+        self.on_ended(self.ended)
 
 
 def in_process(lang: Language, rejected: Rejected | None = None) -> Connect:

@@ -12,7 +12,7 @@ steps one subscription of any transport per handle (``replay --via``, whose tran
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from adapters.backends.native import Language, Query
@@ -69,6 +69,11 @@ class SubscriptionLink:
         self._subs: dict[Handle, Subscription] = {}
         self._ids = itertools.count(1)
         self._newest: int | None = None
+        self._ended: list[tuple[Handle, str]] = []  # since the last publish returned
+        self.on_refused: Callable[[Handle, str], None] = lambda handle, why: None
+        """Told, once a publish is done, of each handle whose evaluation passed the service's
+        work or store limit (``RESOURCE_EXHAUSTED: …``): it answers nothing from then on, as
+        a base service ends such a subscription (the pipeline suspends its holders)."""
 
     def subscribe(self, text: str, name: str = "") -> Handle:
         return self._add(self.connect(text))
@@ -76,6 +81,8 @@ class SubscriptionLink:
     def _add(self, subscription: Subscription) -> Handle:
         handle = f"{self.info.name}-{next(self._ids)}"
         self._subs[handle] = subscription
+        if isinstance(subscription, Evaluation):
+            subscription.on_ended = lambda why: self._ended.append((handle, why))
         return handle
 
     def unsubscribe(self, handle: Handle) -> None:
@@ -98,6 +105,9 @@ class SubscriptionLink:
             for handle, sub in self._subs.items():
                 out[handle].extend(sub.advance(until))
             self._newest = until if self._newest is None else max(self._newest, until)
+        while self._ended:
+            handle, why = self._ended.pop(0)
+            self.on_refused(handle, f"RESOURCE_EXHAUSTED: {why}")
         return out
 
     def close(self) -> None:

@@ -40,7 +40,7 @@ import random
 import secrets
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,6 +136,10 @@ class RemoteLink:
         self._lock = threading.RLock()  # one call at a time: the pipeline's and the API's threads
         self._inbox: queue.Queue[tuple[int, Handle | None, Any]] = queue.Queue()
         self._queries: dict[Handle, str] = {}
+        self.on_refused: Callable[[Handle, str], None] = lambda handle, why: None
+        """Told of each handle whose subscription the service ended at its work or store
+        limit (``RESOURCE_EXHAUSTED: …``): it answers nothing from then on and is not
+        subscribed again; the others go on (the pipeline suspends its holders)."""
         self._conn: _Connection | None = None
         self._generation = 0
         self._broken = False  # the connection is known to be lost
@@ -266,6 +270,11 @@ class RemoteLink:
                 continue  # a connection given up, or a handle unsubscribed
             if handle is None:
                 raise self._failure("its Publish stream", item.exception())
+            if isinstance(item, grpc.RpcError) and _exhausted(item):
+                self._queries.pop(handle, None)
+                waiting.discard(handle)
+                self.on_refused(handle, f"RESOURCE_EXHAUSTED: {item.details()}")
+                continue
             if item is _END or isinstance(item, grpc.RpcError):
                 raise self._failure(f"subscription {handle}", None if item is _END else item)
             try:
@@ -464,6 +473,8 @@ class RemoteLink:
         except grpc.RpcError as exc:
             end = exc
         self._inbox.put((generation, handle, end))
+        if isinstance(end, grpc.RpcError) and _exhausted(end):
+            return  # that query ended, not the service: the next publish reads why
         if (generation == self._generation and handle in self._queries and not self._broken
                 and not self._closing.is_set()):
             self._broken = True  # unexpected: the service went away (or ended it)
@@ -485,6 +496,13 @@ class RemoteLink:
         except Exception as exc:  # the next call tries again and raises it to its caller
             if not self._closing.is_set():
                 log.error("%s: %s", self._where(), exc)
+
+
+def _exhausted(error: grpc.RpcError) -> bool:
+    """Whether a subscription stream ended because its query passed the service's work or
+    store limit (adapters/backends/native.py), not because the service went away."""
+    return bool(error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                and (error.details() or "").startswith(("work_limit", "store_limit")))
 
 
 def connect(info: ServiceInfo, address: str, *, tick: int = 1_000_000, timeout: float = 10.0,

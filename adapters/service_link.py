@@ -131,13 +131,21 @@ class AutonomousLink:
     def subscribe(self, text: str, name: str = "") -> Handle:
         if not name:
             raise ValueError("a query at an autonomous service needs a durable name")
+        from adapters.session import Ended
+
         with self._lock:
             if self._session is None:
                 raise ConnectionError(f"the link to {self.info.name!r} is not started")
             # NativeQueryError if the service refuses it now; one out of reach is not waited
             # for: the query is registered when it is back (a refusal then: on_refused).
-            self._session.register(name, text, wait=False)
-            self._queries[name] = text
+            try:
+                self._session.register(name, text, wait=False)
+            except Ended as ended:  # at its limit before: the handle answers nothing
+                why = str(ended)
+            else:
+                self._queries[name] = text
+                return name
+        self.on_refused(name, why)
         return name
 
     def unsubscribe(self, handle: Handle) -> None:

@@ -67,6 +67,11 @@ _LOST_CODES = frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NO
 """What ends a session for good: dropped by the service, unknown to it, superseded."""
 
 
+class Ended(Exception):
+    """The service refuses to register a query again that it ended at its work or store limit
+    (the same query under the same id): ``str(exc)`` is ``RESOURCE_EXHAUSTED: reason``."""
+
+
 @dataclass(frozen=True)
 class Message:
     """One message of a session: the detections one Publish message caused at the service,
@@ -196,6 +201,10 @@ class Session:
                         raise query_error(exc, self._language, query) from None
                     if code == grpc.StatusCode.ALREADY_EXISTS:
                         raise ValueError(f"{self._where()}: {exc.details()}") from None
+                    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                        # The service ended this very query under this id at its limit
+                        # before: it would again.
+                        raise Ended(f"RESOURCE_EXHAUSTED: {exc.details()}") from None
                     if code in _LOST_CODES:
                         raise ConnectionError(f"{self._where()}: {exc.details()}") from None
                     failure = f"{code.name}: {exc.details()}"
@@ -409,13 +418,17 @@ class Session:
                     session=self.name, subscription_id=ident, query=query), timeout=self.timeout)
             except grpc.RpcError as exc:
                 if exc.code() not in (grpc.StatusCode.INVALID_ARGUMENT,
-                                      grpc.StatusCode.ALREADY_EXISTS):
+                                      grpc.StatusCode.ALREADY_EXISTS,
+                                      grpc.StatusCode.RESOURCE_EXHAUSTED):
                     raise
                 log.error("%s: %s is no longer registered: %s", self._where(), ident,
                           exc.details())
                 del self._registrations[ident]
+                why = exc.details() or exc.code().name
+                if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    why = f"RESOURCE_EXHAUSTED: {why}"
                 try:
-                    self._on_refused(ident, exc.details() or exc.code().name)
+                    self._on_refused(ident, why)
                 except Exception:
                     log.exception("%s: on_refused failed", self._where())
 
@@ -467,17 +480,18 @@ class Session:
         if message.seq > 0:
             self._delivered = message.seq
         for ended in message.ended:
-            self._ended(ended.subscription_id, f"{ended.code}: {ended.reason}")
+            with self._lock:  # (not if deregistered meanwhile, or told before: a message again)
+                known = self._registrations.pop(ended.subscription_id, None) is not None
+            if known:
+                self._told_ended(ended.subscription_id, ended.reason, ended.code)
 
-    def _ended(self, ident: str, why: str) -> None:
-        """The service ended a registration (its evaluation passed a limit or failed): it is
-        forgotten here too (not registered again), and ``on_refused`` is told."""
-        with self._lock:
-            if self._registrations.pop(ident, None) is None:
-                return  # deregistered meanwhile, or told before (a message sent again)
-        log.error("%s: the service ended %s: %s", self._where(), ident, why)
+    def _told_ended(self, ident: str, reason: str, code: str) -> None:
+        """The service ended a registration (its evaluation passed a limit, or failed), or
+        refuses to take again one it ended: it is not registered again, and ``on_refused``
+        is told ``CODE: reason``."""
+        log.error("%s: the service ended %s: %s: %s", self._where(), ident, code, reason)
         try:
-            self._on_refused(ident, why)
+            self._on_refused(ident, f"{code}: {reason}")
         except Exception:
             log.exception("%s: on_refused failed", self._where())
 

@@ -54,7 +54,8 @@ from typing import Any
 
 from adapters.backends.registry import shared_language
 from adapters.federation import Federation, Late, language_refuses, publish
-from adapters.links import Handle, Link
+from adapters.links import Handle, Link, SubscriptionLink
+from adapters.remote_link import RemoteLink
 from adapters.service_link import AutonomousLink
 from eva import ast
 from eva.admission import CAPACITY, Reason
@@ -236,14 +237,16 @@ class Pipeline:
         # Who takes each autonomous handle's detections: (subscription, federation).
         self._users: dict[tuple[str, Handle], Takers] = {}
         for name, link in self.links.items():
-            if isinstance(link, AutonomousLink):
+            if isinstance(link, (AutonomousLink, SubscriptionLink, RemoteLink)):
                 link.on_refused = self._refusals(name)
         self._failed: dict[Key, str] = {}  # subscriptions not evaluated, and why
         # Suspended at a limit (a subset of _failed): the letter's reason (composite_limit,
         # state_cap) — its owner is answered RESOURCE_EXHAUSTED.
         self._suspended: dict[Key, str] = {}
-        # Ended at a service's limit (its session's thread appends): suspended at the next round.
-        self._ended: list[tuple[Key, str]] = []
+        # Handles a service ended at its limit (a link's thread adds): their holders are
+        # suspended at the next round, and so is a later holder (_ended_seen: all checked).
+        self._ended_handles: dict[tuple[str, Handle], str] = {}
+        self._ended_seen = True
         known = store.get_meta(ORIGIN_KEY) if self._feeds else None
         self._origin: int | None = int(known) if known is not None else None
         self._batches = 0
@@ -353,16 +356,18 @@ class Pipeline:
         ended one whose evaluation passed its limits (``RESOURCE_EXHAUSTED: …``), in its
         session's thread: the subscriptions holding it are failed, said — at a limit,
         suspended as at the mediator's own (their owners are answered RESOURCE_EXHAUSTED)."""
-        limited = why.startswith("RESOURCE_EXHAUSTED")
+        if why.startswith("RESOURCE_EXHAUSTED"):
+            # Kept: a subscription that takes the handle later (one restored, one sharing
+            # it) is suspended too — in the pipeline's thread (_suspend_limited).
+            self._ended_handles[(link, handle)] = f"service {link} ended its query {handle}: {why}"
+            self._ended_seen = False
+            self._wakeup.set()
+            return
         for key, sub in list(self._subs.items()):
             if any(handle in f.handles.get(link, ()) for f in sub.federations):
-                if limited:  # suspended in the pipeline's thread (_suspend_limited)
-                    self._ended.append((key, f"service {link} ended its query {handle}: {why}"))
-                    self._wakeup.set()
-                else:
-                    reason = f"service {link} refuses its query {handle}: {why}"
-                    self._failed[key] = reason
-                    log.error("subscription %s/%s is no longer evaluated: %s", *key, reason)
+                reason = f"service {link} refuses its query {handle}: {why}"
+                self._failed[key] = reason
+                log.error("subscription %s/%s is no longer evaluated: %s", *key, reason)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Evaluate what the logs hold, then unsubscribe every federation at its services —
@@ -529,6 +534,8 @@ class Pipeline:
                     federation.unsubscribe()
                 raise
             self._subs[key] = sub
+            if self._ended_handles:  # it may hold a handle a service ended already
+                self._ended_seen = False
             self._failed.pop(key, None)
             self._suspended.pop(key, None)
             self._count(sub, 1)
@@ -664,10 +671,7 @@ class Pipeline:
         incomplete, and its output or state is what the limit bounds — it is dropped, its
         status says why (GetProfile, Subscribe), and a dead letter is kept. The others go on
         as before."""
-        ended: dict[Key, DeadLetter] = {}
-        while self._ended:  # (list.pop is atomic: the session threads append meanwhile)
-            key, detail = self._ended.pop(0)
-            ended.setdefault(key, DeadLetter(str(Reason.SERVICE_LIMIT), detail))
+        ended = self._holders_of_ended() if not self._ended_seen else {}
         for key, sub in list(self._subs.items()):
             letters = [letter for f in sub.federations for letter in f.runner.limited]
             if key in ended:
@@ -688,6 +692,20 @@ class Pipeline:
                 self.on_append(*key, self.store.notification_bounds(*key)[1])
             except Exception:
                 log.exception("waking the streams of %s/%s failed", *key)
+
+    def _holders_of_ended(self) -> dict[Key, DeadLetter]:
+        """The subscriptions holding a handle a service ended, each with the first such end."""
+        self._ended_seen = True  # (before reading: a link thread's addition now is seen next)
+        ended = dict(self._ended_handles)
+        out: dict[Key, DeadLetter] = {}
+        for key, sub in self._subs.items():
+            for f in sub.federations:
+                for link, handles in f.handles.items():
+                    for handle in handles:
+                        detail = ended.get((link, handle))
+                        if detail is not None and key not in out:
+                            out[key] = DeadLetter(str(Reason.SERVICE_LIMIT), detail)
+        return out
 
     def _retarget(self) -> None:
         """What the origins index keeps: the types and horizons of the live documents."""
@@ -773,7 +791,7 @@ class Pipeline:
                             # the own feed counts towards trim_every then).
                             self._trim()
                             self._trimmed = clock.monotonic()
-                    if self._ended:  # a service ended a query (perhaps while nothing was due)
+                    if not self._ended_seen:  # a service ended a query (nothing due, perhaps)
                         self._suspend_limited()
                     failed = self._sparks.failure() if self._sparks is not None else None
                     if failed is not None:  # a live job stopped: composites would stop too

@@ -307,6 +307,59 @@ def test_a_query_a_service_ends_at_its_limit_suspends_only_its_subscription(
             alice.close()
 
 
+@pytest.mark.xdist_group("service")
+@pytest.mark.parametrize("mode", ["embedded", "fed"])
+def test_a_query_a_fed_service_ends_at_its_limit_suspends_only_its_subscription(
+        mode: str, tmp_path: Path) -> None:
+    """Issue 28: the same through services the mediator feeds — evaluated in its own process
+    (``embedded``, the default) or running ones (``mode = "fed"``, with a lower
+    ``--work-limit``): the pushed query ends at the service's limit, its subscription is
+    suspended with SERVICE_LIMIT, and the mediator goes on — another subscription over both
+    services exact, health SERVING."""
+    started: list[Process] = []
+    parts = [f'listen = "127.0.0.1:{free_port()}"', f'store = "sqlite:///{tmp_path / "m.db"}"',
+             'composer = "inprocess"', 'log_level = "INFO"', "[limits]", "rate = 0",
+             "composites = 1000000"]  # (the service's limit, not the mediator's, is the test)
+    try:
+        for name, (group, kinds) in SERVICES.items():
+            address = "embedded"
+            if mode == "fed":
+                started.append(Process("base-service", "--group", group, "--listen",
+                                       "127.0.0.1:0", "--work-limit", "20000"))
+                address = started[-1].address
+            parts += ["[[services]]", f'name = "{name}"', f'group = "{group}"',
+                      f'address = "{address}"', f"types = {json.dumps(list(kinds))}",
+                      'mode = "fed"']
+        config = tmp_path / "mediator.toml"
+        config.write_text("\n".join(parts) + "\n")
+        token = cli("clients", "add", "alice", "--operator", "--config", str(config)).strip()
+        mediator = Process("serve", "--config", str(config))
+        started.append(mediator)
+        events = trace(5, 240 if mode == "embedded" else 160)
+        expected = [e for e in replay(events, tmp_path) if e["subject"] == "Across"]
+        with MediatorClient(mediator.address, token, backoff=(0.05, 0.5)) as alice:
+            assert alice.add_profile(BOOM, name="boom").plans == ("Boom: equivalent, sql",)
+            alice.add_profile(CLASSES + "profile Across = ((all_dup(A); all_dup(C))_4s)"
+                              "_all_pairs\n", name="across")
+            boom, across = (Reader(alice.subscribe(name=n)) for n in ("boom", "across"))
+            for start in range(0, len(events), 20):
+                assert alice.publish(events[start:start + 20]).accepted == len(
+                    events[start:start + 20])
+            alice.publish([], advance_to=from_cloudevent(events[-1]).time + 60_000_000)
+            across.wait_for(len(expected), 60)
+            boom.thread.join(60)
+            assert isinstance(boom.error, MediatorError), boom.error
+            assert boom.error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert boom.error.reason == "SERVICE_LIMIT"
+            assert "work_limit" in str(boom.error) and "service sql" in str(boom.error)
+            time.sleep(1.0)  # nothing more comes
+            assert [n.cloudevent for n in across.got] == expected
+            assert alice.status().health == "SERVING"
+    finally:
+        for process in reversed(started):
+            process.stop()
+
+
 # ------------------------------------------------------------------ random profiles, real sessions
 
 

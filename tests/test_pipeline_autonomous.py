@@ -621,33 +621,47 @@ def test_a_query_refused_when_the_service_is_back_fails_the_subscription_visibly
         store.close()
 
 
-def test_a_query_a_service_ended_at_its_limit_suspends_the_subscription(tmp_path: Path) -> None:
+def test_a_query_a_service_ended_at_its_limit_suspends_every_holder_and_only_those(
+        tmp_path: Path) -> None:
     """Issue 28: a service that ends a query at its work or store limit (its session says
     RESOURCE_EXHAUSTED) suspends the subscriptions holding it, as the mediator's own limits
-    do — status and reason ``service_limit`` — and only those."""
+    do — status and reason ``service_limit`` —: both that share the handle, and one that
+    takes it later (restored, or subscribed anew); one with other handles at that service
+    goes on."""
     store = SqliteStore(tmp_path / "s.db")
     links = services()
     pipeline = Pipeline(store, links, tick=1, idle_default=30.0)
     pipeline.start()
-    try:
-        subscribe(pipeline, store)
-        subscribe(pipeline, store, CLASSES + "profile Own = ((all_dup(D); all_dup(C))_5us)"
-                  "_all_pairs\n", name="other")
-        link = links["ab"]
-        assert isinstance(link, AutonomousLink)
-        (handle, *_) = next(iter(pipeline._subs.values())).federations[0].handles["ab"]
-        link.on_refused(handle, "RESOURCE_EXHAUSTED: work_limit: the query made more than "
-                                "100,000 intermediate results")
+    only_a = CLASSES + "profile OnlyA = ((all_dup(A); all_dup(C))_5us)_all_pairs\n"
+    only_b = CLASSES + "profile OnlyB = ((all_dup(B); all_dup(C))_5us)_all_pairs\n"
+
+    def suspended(name: str) -> None:
         deadline = time.monotonic() + 10
-        while pipeline.suspended("alice", "s") is None:
-            assert time.monotonic() < deadline, "never suspended"
+        while pipeline.suspended("alice", name) is None:
+            assert time.monotonic() < deadline, f"{name} never suspended"
             time.sleep(0.01)
-        assert pipeline.suspended("alice", "s") == "service_limit"
-        failure = pipeline.failure("alice", "s")
+        assert pipeline.suspended("alice", name) == "service_limit"
+        failure = pipeline.failure("alice", name)
         assert failure is not None and failure.startswith("suspended: service ab ended")
         assert "work_limit" in failure
+
+    try:
+        subscribe(pipeline, store, only_a, name="s")
+        subscribe(pipeline, store, only_a, name="t")  # shares the handle of A at ab
+        subscribe(pipeline, store, only_b, name="other")  # a handle of its own at ab
+        (shared,) = pipeline._subs[("alice", "s")].federations[0].handles["ab"]
+        assert pipeline._subs[("alice", "t")].federations[0].handles["ab"] == [shared]
+        assert shared not in pipeline._subs[("alice", "other")].federations[0].handles["ab"]
+        link = links["ab"]
+        assert isinstance(link, AutonomousLink)
+        link.on_refused(shared, "RESOURCE_EXHAUSTED: work_limit: the query made more than "
+                                "100,000 intermediate results")
+        suspended("s")
+        suspended("t")
+        subscribe(pipeline, store, only_a, name="u")  # later: the same query, the same handle
+        suspended("u")
         assert pipeline.failure("alice", "other") is None
-        assert ("alice", "s") not in pipeline._subs and ("alice", "other") in pipeline._subs
+        assert set(pipeline._subs) == {("alice", "other")}
     finally:
         pipeline.stop()
         store.close()

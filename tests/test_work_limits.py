@@ -1,6 +1,7 @@
 """A base service's evaluators are bounded per event and in what they keep (issue 28: the
-work limit): a native query whose results multiply — nested Snoop conjunctions in the
-unrestricted context, an SQL self-join of many aliases, nested XChange conjunctions — ends with
+work limit): a native query whose results multiply — nested boolean ANDs, nested Snoop
+conjunctions in the unrestricted context, an SQL self-join of many aliases, nested XChange
+conjunctions — ends with
 ``Exhausted`` instead of taking the service's CPU and memory; the service ends that
 subscription with RESOURCE_EXHAUSTED naming the limit and goes on for the others; a session's
 registration ends the same way and its session is told (``SessionMessage.ended``), durably."""
@@ -26,13 +27,14 @@ from eva.events import Event
 from tests.test_sessions import Inbox, kept_messages, publish, stub_of
 
 NESTED = {  # results multiply at every level, nothing bounds them but the limits
+    "cg1": 'AND(AND([type = "a"], [type = "b"]), AND([type = "a"], [type = "b"]))',
     "cg2": "((a AND b) AND (a AND b)) AND ((a AND b) AND (a AND b))",
     "cg3": ("SELECT w.id, x.id, y.id, z.id FROM a AS w JOIN b AS x ON x.time >= w.time "
             "JOIN a AS y ON y.time >= x.time JOIN b AS z ON z.time >= y.time"),
     "cg4": "and{and{a, b}, and{a, b}, and{a, b}}",
 }
-BENIGN = {"cg2": "a ; b CONTEXT chronicle", "cg3": "SELECT x.id FROM b AS x",
-          "cg4": "andthen[a, b] within 2us"}
+BENIGN = "a ; b CONTEXT chronicle"
+"""A Snoop query that consumes what it pairs: as many detections as pairs of events."""
 
 
 def alternating(count: int, start: int = 1, tag: str = "") -> list[Event]:
@@ -83,6 +85,46 @@ def test_a_query_that_keeps_everything_ends_at_the_store_limit(
     assert why.startswith("store_limit") and taken == 50, (taken, why)
 
 
+LONG_BENIGN = {  # every one is linear in what it keeps: 2,000 events stay far inside the limits
+    "a filter (CG-0)": ("cg0", '[type = "a"]'),
+    "a filter (CG-1)": ("cg1", '[type = "a"]'),
+    "an OR over an AND (CG-1)": ("cg1", 'OR(AND([type = "a"], [type = "b"]), [type = "c"])'),
+    "a Snoop sequence (chronicle)": ("cg2", "a ; b CONTEXT chronicle"),
+    "a Snoop sequence (cumulative)": ("cg2", "a ; b CONTEXT cumulative"),
+    "an SQL filter": ("cg3", "SELECT x.id FROM a AS x"),
+    "an XChange filter": ("cg4", "a"),
+    "an XChange or": ("cg4", "or{a, b}"),
+    "an XChange conjunction": ("cg4", "and{a, b}"),
+    "an XChange sequence within a span": ("cg4", "andthen[a, b] within 2us"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LONG_BENIGN))
+def test_queries_whose_work_is_linear_run_long_within_the_limits(
+        case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What is kept only where it is read, repeats dropped in linear time, consumed
+    occurrences found without scanning: 1,900 events of one type and then 100 of another,
+    with the store limit at 2,000 (a filter's matches are not kept; a conjunction keeps its
+    operands' — CG-1's AND here: every ``a`` once)."""
+    monkeypatch.setattr(native, "STORE_LIMIT", 2_000)
+    group, text = LONG_BENIGN[case]
+    events = [Event(f"a{i}", "s", "a", i + 1, i) for i in range(1_900)] + [
+        Event(f"b{i}", "s", "b", 2_000 + i, 1_900 + i) for i in range(100)]
+    taken, why = pushed_until_exhausted(group, text, events)
+    assert (taken, why) == (len(events), "")
+
+
+def test_matching_a_terms_children_is_paid_for() -> None:
+    """XChange matches a term's children to an event's data injectively and unordered: six
+    variables against nine fields are 60,480 assignments — paid for, so a wider term ends at
+    the limit instead of running for minutes."""
+    data = {f"f{i}": i for i in range(9)}
+    wide = "a{{" + ", ".join(f"var V{i}" for i in range(8)) + "}}"
+    event = Event("a1", "s", "a", 1, 0, data)
+    taken, why = pushed_until_exhausted("cg4", wide, [event])
+    assert (taken, why[:10]) == (0, "work_limit")
+
+
 @pytest.fixture
 def snoop() -> Iterator[Running]:
     running = serve("cg2", "127.0.0.1:0")
@@ -96,7 +138,7 @@ def test_the_service_ends_only_the_exhausted_subscription(snoop: Running) -> Non
     events = alternating(400)
     with BaseClient(f"127.0.0.1:{snoop.port}") as client:
         hostile = client.subscribe(NESTED["cg2"])
-        benign = client.subscribe(BENIGN["cg2"])
+        benign = client.subscribe(BENIGN)
         assert next(hostile).ready and next(benign).ready
         ended: list[grpc.RpcError] = []
         found: list[str] = []
@@ -129,11 +171,12 @@ def test_the_service_ends_only_the_exhausted_subscription(snoop: Running) -> Non
 
 
 def test_a_sessions_registration_ends_at_the_limit_and_the_session_is_told(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The registration's detections before the event that exhausted it, then its end in the
-    same message (RESOURCE_EXHAUSTED, the limit named), durably: the client's ``on_refused``
-    hears it once, a restart regenerates the same messages, and the other registration goes
-    on."""
+    message of that event (RESOURCE_EXHAUSTED, the limit named), durably: the client's
+    ``on_refused`` hears it once; a restart regenerates the same messages even with the limit
+    raised (the end is stored, not evaluated again); the same query under the same id is
+    refused from then on, another query is taken; the other registration goes on."""
     running = serve("cg2", "127.0.0.1:0", data=tmp_path)
     refused: list[tuple[str, str]] = []
     told = threading.Event()
@@ -147,7 +190,7 @@ def test_a_sessions_registration_ends_at_the_limit_and_the_session_is_told(
     session = Session(address, "m", "cg2", on_message=inbox, on_refused=on_refused)
     try:
         session.register("hostile", NESTED["cg2"])
-        session.register("benign", BENIGN["cg2"])
+        session.register("benign", BENIGN)
         channel, stub = stub_of(address)
         with channel:
             for start in range(0, 400, 50):
@@ -156,25 +199,36 @@ def test_a_sessions_registration_ends_at_the_limit_and_the_session_is_told(
         inbox.wait(lambda: len(inbox.found("benign")) == 200)
         assert refused[0][0] == "hostile" and len(refused) == 1
         assert refused[0][1].startswith("RESOURCE_EXHAUSTED: work_limit")
-        ended = [m for m in inbox.numbered() if any(i == "hostile" for i, _ in m.detections)]
-        assert ended, "the detections made before the limit are delivered"
+        assert inbox.found("hostile"), "the detections made before the limit are delivered"
     finally:
         session.close()
 
     before = kept_messages(running.port, "m")
-    assert sum(len(base_pb2.SessionMessage.FromString(m).ended) for m in before) == 1
+    messages = [base_pb2.SessionMessage.FromString(m) for m in before]
+    (end,) = [m for m in messages if m.ended]
+    assert [(e.subscription_id, e.code) for e in end.ended] == [("hostile", "RESOURCE_EXHAUSTED")]
+    assert max(m.seq for m in messages if any(
+        d.subscription_id == "hostile" for d in m.detections)) <= end.seq
     running.stop()
+    monkeypatch.setattr(native, "WORK_LIMIT", 10**9)  # the end is read, not evaluated again
     again = serve("cg2", "127.0.0.1:0", data=tmp_path)
     try:
         assert kept_messages(again.port, "m") == before
         channel, stub = stub_of(f"127.0.0.1:{again.port}")
         with channel:
+            with pytest.raises(grpc.RpcError) as same:
+                stub.Register(base_pb2.RegisterRequest(session="m", subscription_id="hostile",
+                                                       query=NESTED["cg2"]))
+            assert same.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert (same.value.details() or "").startswith("work_limit")
+            stub.Register(base_pb2.RegisterRequest(session="m", subscription_id="hostile",
+                                                   query="a ; b CONTEXT recent"))
             publish(stub, alternating(2, start=1000, tag="later-"))
             deadline = time.monotonic() + 10
             call = stub.Open(base_pb2.OpenRequest(session="m", resume_after=len(before)))
             message = next(m for m in call if m.seq or time.monotonic() > deadline)
             call.cancel()
-        assert {d.subscription_id for d in message.detections} == {"benign"}
+        assert {d.subscription_id for d in message.detections} == {"benign", "hostile"}
     finally:
         again.stop()
 

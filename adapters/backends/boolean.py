@@ -32,7 +32,7 @@ from typing import Any
 from lark import Lark
 
 from adapters.backends.filters import FILTER_GRAMMAR, FILTER_TERMINALS, FilterBuild
-from adapters.backends.native import NativeQueryError, Untimed, parse_lark
+from adapters.backends.native import NativeQueryError, Untimed, Work, parse_lark
 from eva import ast
 from eva.classes import compile_predicate
 from eva.events import Event
@@ -136,9 +136,11 @@ _Det = tuple[Event, ...]
 class _Eval:
     """Per node: every detection so far; a step returns the detections containing the new event."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, work: Work, keep: bool = False) -> None:
         self.node = node
-        self.kids = [_Eval(k) for k in _kids(node)]
+        self.work = work  # the evaluator's meter, shared by its nodes
+        self.keep = keep  # whether ``seen`` is kept: only an AND reads its operands'
+        self.kids = [_Eval(k, work, isinstance(node, And)) for k in _kids(node)]
         self.seen: list[_Det] = []
         self.matcher = compile_predicate(_as_predicate(node), {}) if single_event(node) else None
 
@@ -147,18 +149,23 @@ class _Eval:
         if self.matcher is not None:  # single-event queries reduce to one predicate
             new = [(event,)] if self.matcher(event) else []
         elif isinstance(self.node, Or):
-            new = []
-            for d in self.kids[0].step(event) + self.kids[1].step(event):
-                if d not in new:
-                    new.append(d)
+            new = _distinct(self.kids[0].step(event) + self.kids[1].step(event), self.work)
         else:
             left, right = self.kids
             old_left, old_right = list(left.seen), list(right.seen)
             new_left, new_right = left.step(event), right.step(event)
+            # Paid before they are tried: a product of stored detections can be large.
+            self.work.spend(len(new_left) * len(old_right) + len(old_left) * len(new_right))
             new = [a + b for a in new_left for b in old_right if _disjoint(a, b)]
             new += [a + b for a in old_left for b in new_right if _disjoint(a, b)]
-        self.seen.extend(new)
+            self.work.spend(sum(map(len, new)))
+        if self.keep:
+            self.seen.extend(new)
         return new
+
+    def kept(self) -> int:
+        """Detections stored here and below."""
+        return len(self.seen) + sum(k.kept() for k in self.kids)
 
 
 def _kids(node: Node) -> list[Node]:
@@ -179,6 +186,20 @@ def _as_predicate(node: Node) -> ast.Predicate:
     raise AssertionError("AND is not a single-event query")
 
 
+def _distinct(found: list[_Det], work: Work) -> list[_Det]:
+    """``found`` without repeats, in order, in linear time: looked up by the events'
+    identities, compared in full only with detections that share them."""
+    work.spend(len(found))
+    seen: dict[tuple[tuple[str, str, int, int], ...], list[_Det]] = {}
+    out: list[_Det] = []
+    for d in found:
+        alike = seen.setdefault(tuple((e.source, e.id, e.time, e.seq) for e in d), [])
+        if d not in alike:
+            alike.append(d)
+            out.append(d)
+    return out
+
+
 def _disjoint(a: _Det, b: _Det) -> bool:
     ids = {(e.source, e.id) for e in a}
     return not any((e.source, e.id) in ids for e in b)
@@ -186,11 +207,15 @@ def _disjoint(a: _Det, b: _Det) -> bool:
 
 class Evaluator(Untimed):
     def __init__(self, node: Node) -> None:
-        self._root = _Eval(node)
+        self._work = Work()
+        self._root = _Eval(node, self._work)
 
     def push(self, event: Event) -> list[Detection]:
+        self._work.start()
+        found = self._root.step(event)
+        self._work.kept(self._root.kept())
         return [Detection(event.time, d, "{" + ", ".join(e.id for e in d) + "}")
-                for d in self._root.step(event)]
+                for d in found]
 
 
 @dataclass(frozen=True)

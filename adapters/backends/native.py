@@ -10,10 +10,11 @@ as native text, reading notifications back — is the group's dialect (:mod:`tra
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -73,6 +74,20 @@ otherwise take minutes of the service's CPU for a handful of events. About 0.1 s
 STORE_LIMIT = 1_000_000
 """Results an evaluator may keep between events (its operators' stores): what bounds the
 memory of a query that keeps everything it ever matched."""
+
+
+@contextlib.contextmanager
+def limits(work: int, store: int) -> Iterator[None]:
+    """Evaluators made meanwhile (in this thread's turn) have these limits: a restarted
+    service replays a registration it ended with the limits it had then, so that the end
+    comes at the same event, after no more work than then."""
+    global WORK_LIMIT, STORE_LIMIT
+    before = WORK_LIMIT, STORE_LIMIT
+    WORK_LIMIT, STORE_LIMIT = work, store
+    try:
+        yield
+    finally:
+        WORK_LIMIT, STORE_LIMIT = before
 
 
 class Exhausted(Exception):

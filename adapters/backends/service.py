@@ -82,6 +82,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
+from adapters.backends import native
 from adapters.backends.native import (
     MAX_QUERY_BYTES,
     Detection,
@@ -857,6 +858,11 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
         if not ident:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a registration needs a "
                                 "subscription_id")
+        exhausted = session.exhausted.get(ident)
+        if exhausted is not None and exhausted[0] == text:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, (
+                f"{exhausted[1]} (subscription {ident!r} was ended with this query: it would "
+                "be again; register a bounded query, or this one under another id)"))
         if await self._registered(session, ident, text, context):
             return base_pb2.RegisterReply()
         evaluator, failure = self._compile(text)
@@ -943,7 +949,7 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
     def _activate(self, session: Session, stored: StoredRegistration, evaluator: Any) -> None:
         sub = _Subscription(stored.ident, evaluator, asyncio.Queue(maxsize=1), found=[])
         registration = Registration(stored.ordinal, session, stored.ident, stored.query,
-                                    stored.position, sub, stored.deregistered)
+                                    stored.position, sub, stored.deregistered, stored.ended)
         session.registrations[stored.ident] = registration
         self._live[stored.ordinal] = registration
 
@@ -1034,31 +1040,43 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
             if sub.found:
                 found.setdefault(session, []).append((registration.ident, sub.found))
                 sub.found = []
-            if sub.failure is not None and session.registrations.get(registration.ident) is registration:
+            if session.registrations.get(registration.ident) is not registration:
+                continue
+            end: tuple[str, str] | None = None
+            if registration.ended is not None:  # a replay: where, and as, it ended before
+                if registration.deregistered == entry.number:
+                    end = registration.ended
+            elif sub.failure is not None and registration.deregistered is None:
+                end = (sub.failure[0].name, sub.failure[1])
+            if end is not None:
                 ended.setdefault(session, []).append(base_pb2.EndedRegistration(
-                    subscription_id=registration.ident, code=sub.failure[0].name,
-                    reason=sub.failure[1]))
-                self._end_registration(registration, entry.number)
+                    subscription_id=registration.ident, code=end[0], reason=end[1]))
+                self._end_registration(registration, entry.number, end)
         for session in {**found, **ended}:
             if session.dropped is None:
                 self._keep(session, found.get(session, []), ended.get(session, []), before, until)
         for session in list(self._sessions.values()):
             session.wake()
 
-    def _end_registration(self, registration: Registration, number: int) -> None:
+    def _end_registration(self, registration: Registration, number: int,
+                          end: tuple[str, str]) -> None:
         """A registration whose evaluation failed or passed a limit while logged message
-        ``number`` was evaluated: deregistered there, as if its session had asked (a restart
-        replays it up to there, and it ends there again)."""
+        ``number`` was evaluated: deregistered there, as if its session had asked, with how
+        it ended — stored, so that a restart's replay ends it at the same message with the
+        same words (whatever the limits are then: the messages stay the same)."""
         session = registration.session
         del session.registrations[registration.ident]
         self._deactivate(registration)
-        log.warning("session %s: %s ended: %s", session.name, registration.ident,
-                    registration.subscription.failure[1])
+        if end[0] == grpc.StatusCode.RESOURCE_EXHAUSTED.name:
+            session.exhausted[registration.ident] = (registration.query, end[1])
         if registration.deregistered is not None:  # a replay: stored already
             return
+        log.warning("session %s: %s ended: %s: %s", session.name, registration.ident, *end)
         registration.deregistered = number
+        registration.ended = end
         try:
-            self.store.deregister(registration.ordinal, number)
+            self.store.deregister(registration.ordinal, number, end,
+                                  (native.WORK_LIMIT, native.STORE_LIMIT))
         except LogError as exc:
             log.error("session %s: the end of %s could not be stored: %s", session.name,
                       registration.ident, exc)
@@ -1193,7 +1211,10 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
             owner = self._sessions.get(stored.session)
             if owner is None:
                 continue  # dropped during the replay
-            evaluator, failure = self._compile(stored.query)
+            # One the service ended: with the limits it had then, so that it ends at the same
+            # event after no more work than then (a raised limit must not let it run on).
+            with native.limits(*stored.limits) if stored.limits else contextlib.nullcontext():
+                evaluator, failure = self._compile(stored.query)
             if failure is not None:
                 log.error("session %s: %s can no longer be registered: %s", stored.session,
                           stored.ident, failure.details)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import json
 import os
 import sqlite3
 import time
@@ -90,6 +91,9 @@ class Registration:
     deregistered: int | None = None
     """Where it ends in the log (a replay evaluates a deregistered one up to there, so that
     its session's messages are numbered as before)."""
+    ended: tuple[str, str] | None = None
+    """(status name, reason) if the service ended it there (a limit, a failure): a replay
+    ends it at the same message with the same words, whatever its evaluation does."""
 
 
 @dataclass(eq=False)
@@ -105,6 +109,9 @@ class Session:
     """seq → SessionMessage, every one after ``acked`` (contiguous, in order)."""
     registrations: dict[str, Registration] = field(default_factory=dict)
     """Live ones, by subscription id, in registration order."""
+    exhausted: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Subscription id → (query, reason) of the registrations ended at the service's work or
+    store limit: the same query under the same id is refused (it would be again)."""
     stream: Stream | None = None
     detached: float = field(default_factory=time.monotonic)
     """When its last stream ended (or it was restored): the session timeout runs from here."""
@@ -142,6 +149,17 @@ class StoredRegistration:
     query: str
     position: int
     deregistered: int | None
+    ended: tuple[str, str] | None = None
+    """(status name, reason) when the service ended it at ``deregistered``."""
+    limits: tuple[int, int] | None = None
+    """The work and store limits it was evaluated with, when it ended (native.limits)."""
+
+
+def _end(stored: list[Any] | None) -> tuple[tuple[str, str] | None, tuple[int, int] | None]:
+    """A stored end — ``[code, reason, work limit, store limit]`` — as (ended, limits)."""
+    if not stored:
+        return None, None
+    return (stored[0], stored[1]), (stored[2], stored[3]) if len(stored) == 4 else None
 
 
 @dataclass(frozen=True)
@@ -190,7 +208,8 @@ class Store(Protocol):
 
     def register(self, r: StoredRegistration) -> None: ...
 
-    def deregister(self, ordinal: int, position: int) -> None: ...
+    def deregister(self, ordinal: int, position: int, ended: tuple[str, str] | None = None,
+                   limits: tuple[int, int] | None = None) -> None: ...
 
     def drop(self, name: str, reason: str) -> None: ...
 
@@ -250,7 +269,8 @@ class MemoryStore:
     def register(self, r: StoredRegistration) -> None:
         pass
 
-    def deregister(self, ordinal: int, position: int) -> None:
+    def deregister(self, ordinal: int, position: int, ended: tuple[str, str] | None = None,
+                   limits: tuple[int, int] | None = None) -> None:
         pass
 
     def drop(self, name: str, reason: str) -> None:
@@ -370,9 +390,14 @@ class SqliteStore:
         self._write("INSERT INTO registrations VALUES (?, ?, ?, ?, ?, NULL)",
                     (r.ordinal, r.session, r.ident, r.query, r.position))
 
-    def deregister(self, ordinal: int, position: int) -> None:
-        self._write("UPDATE registrations SET deregistered = ? WHERE ordinal = ?",
-                    (position, ordinal))
+    def deregister(self, ordinal: int, position: int, ended: tuple[str, str] | None = None,
+                   limits: tuple[int, int] | None = None) -> None:
+        with self.transaction():
+            self._write("UPDATE registrations SET deregistered = ? WHERE ordinal = ?",
+                        (position, ordinal))
+            if ended is not None:  # in meta: the table's shape stays what older logs have
+                self._write("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                            (f"ended:{ordinal}", json.dumps([*ended, *(limits or ())])))
 
     def drop(self, name: str, reason: str) -> None:
         with self.transaction():
@@ -389,9 +414,15 @@ class SqliteStore:
                     out.dropped[name] = dropped
                 else:
                     out.sessions.append(StoredSession(name, origin, acked))
-            out.registrations = [StoredRegistration(*row) for row in db.execute(
-                "SELECT ordinal, session, ident, query, position, deregistered "
-                "FROM registrations ORDER BY ordinal")]
+            ended = {int(key.removeprefix("ended:")): json.loads(value)
+                     for key, value in db.execute(
+                         "SELECT key, value FROM meta WHERE key LIKE 'ended:%'")}
+            out.registrations = [
+                StoredRegistration(ordinal, session, ident, query, position, deregistered,
+                                   *_end(ended.get(ordinal)))
+                for ordinal, session, ident, query, position, deregistered in db.execute(
+                    "SELECT ordinal, session, ident, query, position, deregistered "
+                    "FROM registrations ORDER BY ordinal")]
             out.messages = db.execute("SELECT COALESCE(MAX(number), 0) FROM messages"
                                       ).fetchone()[0]
             out.next_seq = db.execute("SELECT COALESCE(MAX(position) + 1, 0) FROM events"

@@ -21,8 +21,10 @@ verified mapping of research/snoop.md §5.3 holds (a flat operator over distinct
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from itertools import chain
 from typing import Any
 
 from lark import Lark, Transformer
@@ -129,12 +131,22 @@ class _Node:
         return 0
 
     def _occ(self, time: int, *parts: Occ | list[Occ]) -> Occ:
-        out: tuple[Event, ...] = ()
-        for p in parts:
-            for o in p if isinstance(p, list) else [p]:
-                out += o.constituents
-        self.work.spend(len(out))
-        return Occ(time, out)
+        occs = [o for p in parts for o in (p if isinstance(p, list) else [p])]
+        self.work.spend(sum(len(o.constituents) for o in occs))  # paid before it is built
+        return Occ(time, tuple(chain.from_iterable(o.constituents for o in occs)))
+
+    def _first(self, found: list[Occ], fits: Callable[[Occ], bool], last: bool = False) -> int:
+        """The index of the first (``last``: the last) occurrence of ``found`` that ``fits``
+        (-1: none), paid for by the occurrences looked at — most often one."""
+        order = range(len(found) - 1, -1, -1) if last else range(len(found))
+        looked = 0
+        for i in order:
+            looked += 1
+            if fits(found[i]):
+                self.work.spend(looked)
+                return i
+        self.work.spend(looked)
+        return -1
 
 
 class _Leaf(_Node):
@@ -185,6 +197,7 @@ class _Seq(_Node):
             before = list(self.store)
             used: set[int] = set()
             for x in terminators:
+                self.work.spend(len(before))
                 for i, y in enumerate(before):
                     if y.time < x.time:
                         out.append(self._occ(x.time, y, x))
@@ -192,18 +205,20 @@ class _Seq(_Node):
             self.store = [y for i, y in enumerate(before) if i not in used]
             return out
         for x in terminators:
+            if ctx == "chronicle":  # the oldest eligible one: at the front, as a rule
+                i = self._first(self.store, lambda y: y.time < x.time)  # noqa: B023
+                if i >= 0:
+                    out.append(self._occ(x.time, self.store.pop(i), x))
+                continue
+            self.work.spend(len(self.store))
             eligible = [y for y in self.store if y.time < x.time]
             if not eligible:
                 continue
             if ctx in ("unrestricted", "recent"):
                 out.extend(self._occ(x.time, y, x) for y in eligible)
-            elif ctx == "chronicle":
-                y = eligible[0]
-                self.store.remove(y)
-                out.append(self._occ(x.time, y, x))
-            else:  # cumulative
+            else:  # cumulative: every eligible one is consumed (those equal to one are too)
                 out.append(self._occ(x.time, eligible, x))
-                self.store = [y for y in self.store if y not in eligible]
+                self.store = [y for y in self.store if y.time >= x.time]
         return out
 
 
@@ -235,6 +250,7 @@ class _And(_Node):
             before = list(other)
             used: set[int] = set()
             for x in batch:
+                self.work.spend(len(before))
                 for i, y in enumerate(before):
                     if y != x:
                         out.append(self._occ(x.time, y, x))
@@ -243,23 +259,25 @@ class _And(_Node):
             mine.extend(batch)  # a terminator that can initiate is kept
             return out
         for x in batch:
+            if ctx in ("recent", "chronicle"):  # the newest or the oldest partner
+                i = self._first(other, lambda y: y != x, last=ctx == "recent")  # noqa: B023
+                if ctx == "recent":
+                    if i >= 0:
+                        out.append(self._occ(x.time, other[i], x))
+                    mine[:] = [x]
+                elif i >= 0:
+                    out.append(self._occ(x.time, other.pop(i), x))
+                else:
+                    mine.append(x)
+                continue
+            self.work.spend(len(other))
             partners = [y for y in other if y != x]
             if ctx == "unrestricted":
                 out.extend(self._occ(x.time, y, x) for y in partners)
                 mine.append(x)
-            elif ctx == "recent":
-                if partners:
-                    out.append(self._occ(x.time, partners[-1], x))
-                mine[:] = [x]
-            elif ctx == "chronicle":
-                if partners:
-                    other.remove(partners[0])
-                    out.append(self._occ(x.time, partners[0], x))
-                else:
-                    mine.append(x)
-            elif partners:  # cumulative
+            elif partners:  # cumulative: every partner is consumed (those equal to one are too)
                 out.append(self._occ(x.time, partners, x))
-                other[:] = [y for y in other if y not in partners]
+                other[:] = [y for y in other if y == x]
             else:
                 mine.append(x)
         return out
@@ -283,9 +301,11 @@ class _Not(_Node):
         closes = self.closer.feed(event)
         opens = self.opener.feed(event)
         for c in cancels:
+            self.work.spend(len(self.open))
             self.open = [o for o in self.open if o.time > c.time]
         out: list[Occ] = []
         for x in closes:
+            self.work.spend(len(self.open))
             live = [o for o in self.open if o.time <= x.time and o != x]
             if live:
                 if self.context in ("unrestricted", "continuous"):
@@ -298,7 +318,10 @@ class _Not(_Node):
                     out.append(self._occ(x.time, live, x))
             self.open = []
         if opens:
-            self.open = [opens[-1]] if self.context == "recent" else self.open + opens
+            if self.context == "recent":
+                self.open = [opens[-1]]
+            else:
+                self.open.extend(opens)
         return out
 
 

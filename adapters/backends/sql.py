@@ -33,6 +33,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import sqlglot
@@ -672,13 +673,13 @@ class Evaluator(Untimed):
             pools = self.pools[b]
             fits = [self._fits(branch, i, event) for i in range(len(branch.names))]
             for first in range(len(branch.names)):
-                if not fits[first]:
-                    continue
+                if not fits[first] or any(not pools[i] for i in range(first)):
+                    continue  # (an earlier alias without stored events: no row)
                 # Rows whose first use of the new event is at ``first``: earlier aliases come
                 # from stored events only, later ones from stored events or the new one.
-                candidates = [
-                    pools[i] if i < first else [event] if i == first else
-                    pools[i] + ([event] if fits[i] else [])
+                candidates: list[tuple[list[Event], Event | None]] = [
+                    (pools[i], None) if i < first else ([], event) if i == first else
+                    (pools[i], event if fits[i] else None)
                     for i in range(len(branch.names))]
                 for row in _rows(branch, candidates, self._work):
                     constituents = tuple(row[p] for p in branch.projection if p is not None)
@@ -686,7 +687,7 @@ class Evaluator(Untimed):
                     text = "(" + ", ".join(e.id for e in events) + ")"
                     out.append(Detection(max(e.time for e in events), events, text))
             for i in range(len(branch.names)):
-                if fits[i]:
+                if fits[i] and len(branch.names) > 1:  # (a single alias never reads its pool)
                     pools[i].append(event)
             if branch.horizon is not None:
                 limit = self.newest - branch.horizon
@@ -721,10 +722,12 @@ class Evaluator(Untimed):
         return stream is None or event.type == stream
 
 
-def _rows(branch: _Branch, candidates: list[list[Event]], work: Work) -> list[Row]:
-    """The rows of the join over ``candidates``, each alias bound in turn and its checks
-    applied as soon as it is bound; every partial row tried is paid for (a join of many
-    aliases whose checks fail late could otherwise try a product of its pools)."""
+def _rows(branch: _Branch, candidates: list[tuple[list[Event], Event | None]],
+          work: Work) -> list[Row]:
+    """The rows of the join over ``candidates`` (per alias: stored events, then the new one
+    if it may stand there), each alias bound in turn and its checks applied as soon as it is
+    bound; every check of every partial row tried is paid for (a join of many aliases whose
+    checks fail late could otherwise try a product of its pools)."""
     out: list[Row] = []
     row: Row = [None] * len(candidates)
 
@@ -733,10 +736,12 @@ def _rows(branch: _Branch, candidates: list[list[Event]], work: Work) -> list[Ro
             work.spend(len(row))
             out.append(list(row))
             return
-        work.spend(len(candidates[i]))
-        for e in candidates[i]:
+        pool, extra = candidates[i]
+        checks = branch.checks[i]
+        work.spend((len(pool) + (extra is not None)) * (1 + len(checks)))
+        for e in pool if extra is None else chain(pool, (extra,)):
             row[i] = e
-            if all(check(row) is True for check in branch.checks[i]):
+            if all(check(row) is True for check in checks):
                 bind(i + 1)
         row[i] = None
 

@@ -227,7 +227,8 @@ def _data_children(value: Any) -> list[tuple[str | None, Any]]:
     return [(None, value)]
 
 
-def _match_child(q: Child, key: str | None, value: Any, binding: dict[str, str]) -> list[dict[str, str]]:
+def _match_child(q: Child, key: str | None, value: Any, binding: dict[str, str],
+                 work: Work) -> list[dict[str, str]]:
     if isinstance(q, Var):
         text = json.dumps({key: value} if key is not None else value, sort_keys=True)
         if q.name in binding and binding[q.name] != text:
@@ -238,12 +239,14 @@ def _match_child(q: Child, key: str | None, value: Any, binding: dict[str, str])
             value, q.value) else []
     if key != q.label and q.label != "*":
         return []
-    return _match_children(q.children, _data_children(value), q.partial, binding)
+    return _match_children(q.children, _data_children(value), q.partial, binding, work)
 
 
 def _match_children(queries: tuple[Child, ...], data: list[tuple[str | None, Any]], partial: bool,
-                    binding: dict[str, str]) -> list[dict[str, str]]:
-    """Injective, unordered: each query child to a distinct data child (all used if total)."""
+                    binding: dict[str, str], work: Work) -> list[dict[str, str]]:
+    """Injective, unordered: each query child to a distinct data child (all used if total).
+    Every partial assignment tried is paid for: their number grows factorially with the
+    children (``{{var A, …, var F}}`` against nine data fields: 60,480)."""
     if not partial and len(queries) != len(data):
         return []
     out: list[dict[str, str]] = []
@@ -252,24 +255,26 @@ def _match_children(queries: tuple[Child, ...], data: list[tuple[str | None, Any
     stack: list[tuple[int, frozenset[int], dict[str, str]]] = [(0, frozenset(), binding)]
     while stack:
         i, used, b = stack.pop()
+        work.spend(1 + len(data))
         if i == len(queries):
             out.append(b)
             continue
         for j, (key, value) in enumerate(data):
             if j not in used:
-                for b2 in _match_child(queries[i], key, value, b):
+                for b2 in _match_child(queries[i], key, value, b, work):
                     stack.append((i + 1, used | {j}, b2))
     return out
 
 
-def match_term(term: Term, event: Event) -> Subst:
+def match_term(term: Term, event: Event, work: Work) -> Subst:
     if term.label != "*" and term.label != event.type:
         return frozenset()
-    found = _match_children(term.children, _data_children(event.data), term.partial, {})
+    found = _match_children(term.children, _data_children(event.data), term.partial, {}, work)
     return frozenset(frozenset(b.items()) for b in found)
 
 
-def _join(a: Subst, b: Subst) -> Subst:
+def _join(a: Subst, b: Subst, work: Work) -> Subst:
+    work.spend(len(a) * len(b))
     out = set()
     for x in a:
         dx = dict(x)
@@ -302,20 +307,25 @@ def _union(a: tuple[Event, ...], b: tuple[Event, ...]) -> tuple[Event, ...]:
 
 
 class _Node:
-    def __init__(self, query: Query, horizon: int | None, work: Work) -> None:
+    def __init__(self, query: Query, horizon: int | None, work: Work, keep: bool = False) -> None:
         self.query = query
         self.horizon = horizon
         self.work = work
         """The evaluator's meter, shared by its nodes: every combination tried is paid for."""
+        self.keep = keep
+        """Whether its answers are stored: only where its parent reads them (a conjunction's
+        operands, a ``without``'s excluded query) — the others would be kept for nothing."""
         span = query.span if isinstance(query, Within) else None
         inner = horizon if span is None else span if horizon is None else min(span, horizon)
         if isinstance(query, Composite):
-            self.kids = [_Node(q, inner, work) for q in query.operands]
+            combines = query.kind != "or"
+            self.kids = [_Node(q, inner, work, combines) for q in query.operands]
         elif isinstance(query, Within):
             self.kids = [_Node(query.query, inner, work)]
         elif isinstance(query, Without):
             # Excluded answers must be kept as long as the span they could fall into.
-            self.kids = [_Node(query.excluded, inner, work), _Node(query.during, inner, work)]
+            self.kids = [_Node(query.excluded, inner, work, True),
+                         _Node(query.during, inner, work)]
         else:
             self.kids = []
         self.stored: list[Answer] = []
@@ -323,7 +333,7 @@ class _Node:
     def step(self, event: Event) -> list[Answer]:
         q = self.query
         if isinstance(q, Term):
-            subst = match_term(q, event)
+            subst = match_term(q, event, self.work)
             new = [Answer((event,), subst)] if subst else []
         elif isinstance(q, Within):
             new = [a for a in self.kids[0].step(event) if a.end.time - a.begin.time <= q.span]
@@ -332,20 +342,22 @@ class _Node:
             excluded.step(event)
             new = []
             for a in self.kids[1].step(event):
-                self.work.spend(len(excluded.stored))
+                self.work.spend(len(a.subst) * len(excluded.stored))
                 kept = frozenset(s for s in a.subst if not any(
                     a.begin.key <= x.begin.key and x.end.key <= a.end.key and _join(
-                        frozenset([s]), x.subst) for x in excluded.stored))
+                        frozenset([s]), x.subst, self.work) for x in excluded.stored))
                 if kept:
                     new.append(Answer(a.events, kept))
         elif q.kind == "or":
             new = []
             for kid in self.kids:
-                new.extend(a for a in kid.step(event) if a not in new)
+                new.extend(kid.step(event))
+            new = _distinct(new, self.work)
         else:
             new = self._conjoin(event, q.kind == "andthen")
-        self.stored.extend(new)
-        if self.horizon is not None:
+        if self.keep:
+            self.stored.extend(new)
+        if self.horizon is not None and self.stored:
             limit = event.time - self.horizon
             self.stored = [a for a in self.stored if a.begin.time >= limit]
         return new
@@ -369,18 +381,30 @@ class _Node:
             if position < last:  # old × old is needed only to combine with later operands
                 acc_old = [c for a in acc_old for b in old
                            if (c := _combine(a, b, ordered, self.work))]
-            acc_new = []
-            for c in fresh:
-                if c not in acc_new:
-                    acc_new.append(c)
+            acc_new = _distinct(fresh, self.work)
         return acc_new
+
+
+def _distinct(answers: list[Answer], work: Work) -> list[Answer]:
+    """``answers`` without repeats, in their order, in linear time: looked up by their
+    events' identities and substitutions, compared in full only with those that share them."""
+    work.spend(len(answers))
+    seen: dict[Any, list[Answer]] = {}
+    out: list[Answer] = []
+    for a in answers:
+        alike = seen.setdefault(
+            (tuple((e.source, e.id, e.time, e.seq) for e in a.events), a.subst), [])
+        if a not in alike:
+            alike.append(a)
+            out.append(a)
+    return out
 
 
 def _combine(a: Answer, b: Answer, ordered: bool, work: Work) -> Answer | None:
     work.spend(1)
     if ordered and not a.end.key <= b.begin.key:
         return None
-    subst = _join(a.subst, b.subst)
+    subst = _join(a.subst, b.subst, work)
     if not subst:
         return None
     work.spend(len(a.events) + len(b.events))
@@ -406,10 +430,10 @@ class Evaluator(Untimed):
         self._newest: int | None = None
 
     def push(self, event: Event) -> list[Detection]:
+        self._work.start()
         self._refuse_late(event)
         if self._newest is None or event.time > self._newest:
             self._newest = event.time
-        self._work.start()
         answers = self._root.step(event)
         self._work.kept(self._root.kept())
         out = []
@@ -428,7 +452,7 @@ class Evaluator(Untimed):
         newest = self._newest
         if newest is None or event.time >= newest:
             return
-        if any(match_term(term, event) for term in self._bounded):
+        if any(match_term(term, event, self._work) for term in self._bounded):
             raise EventRejected(
                 "late", f"event {event.id!r} at {event.time} µs arrived after one at {newest} µs; "
                 "this query keeps answers only as long as its `within` span behind the newest "
