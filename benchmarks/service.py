@@ -23,6 +23,7 @@ a temporary directory unless --store, embedded services):
 
     .venv/bin/python benchmarks/service.py [--part subscribe|latency|publish|where|all] [--quick]
         [--profiles 10,100,1000,10000] [--services 1,3,6] [--per-client 100] [--concurrency 1]
+        [--process]
         [--rates 1000,10000] [--store URL] [--composers inprocess,spark] [--trigger "200 milliseconds"]
 """
 
@@ -30,8 +31,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -93,30 +96,88 @@ def profile(i: int) -> str:
             f"profile P{i} = ((all_dup(X); all_dup(Y))_10s)_all_pairs\n")
 
 
+@contextmanager
+def mediator_process(services: int, clients: int, per_client: int = PER_CLIENT
+                     ) -> Iterator[list[MediatorClient]]:
+    """``evamed serve`` as its own process, as a user runs it (SQLite in a temporary
+    directory, ``services`` embedded services as :func:`mediator` lays them out), and
+    ``clients`` clients of it in this process: their gRPC work is not the mediator's."""
+    from mediator.store import open_store
+
+    with tempfile.TemporaryDirectory() as directory:
+        url = f"sqlite:///{directory}/bench.db"
+        lines = ['listen = "127.0.0.1:0"', f'store = "{url}"', 'composer = "inprocess"',
+                 'log_level = "WARNING"', "[limits]", f"profiles = {per_client}", "rate = 0"]
+        for j in range(services):
+            types = [f"t{k}" for k in range(TYPES) if k % services == j]
+            lines += ["[[services]]", f'name = "s{j}"', f'group = "{GROUPS[j]}"',
+                      'address = "embedded"', f"types = {json.dumps(types)}"]
+        config = Path(directory) / "mediator.toml"
+        config.write_text("\n".join(lines) + "\n")
+        store = open_store(url)
+        try:  # the tokens in the store before it starts (a CLI call each would take longer)
+            tokens = [add_client(store, f"bench{c}", operator=True) for c in range(clients)]
+        finally:
+            store.close()
+        evamed = str(Path(sys.executable).with_name("evamed"))
+        errors = Path(directory) / "serve.err"
+        with errors.open("w") as err:
+            root = str(Path(__file__).resolve().parents[1])  # this tree's code, as here
+            proc = subprocess.Popen([evamed, "serve", "--config", str(config)],
+                                    stdout=subprocess.PIPE, stderr=err, text=True,
+                                    env={**os.environ, "PYTHONPATH": root})
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if not line.startswith("serving "):
+                raise SystemExit(f"evamed serve did not start: {line!r}\n{errors.read_text()}")
+            address = line.split()[-1]
+            made = [MediatorClient(address, token, timeout=120) for token in tokens]
+            try:
+                yield made
+            finally:
+                for client in made:
+                    client.close()
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+
 def subscribe(sizes: list[int], services: list[int], store: str | None,
-              per_client: int = PER_CLIENT, concurrency: int = 1) -> None:
+              per_client: int = PER_CLIENT, concurrency: int = 1, process: bool = False) -> None:
     at_once = "one at a time" if concurrency == 1 else f"{concurrency} clients at once"
+    where = "`evamed serve` in its own process" if process else "the mediator in this process"
     print(f"subscription time: AddProfile × N from N / {per_client} clients ({at_once}), "
-          "S embedded services")
+          f"S embedded services, {where}")
     print(f"{'services':>8} {'profiles':>9} {'total s':>9} {'per profile ms':>15} {'profiles/s':>11}")
     for s in services:
         for n in sizes:
-            with mediator(s, store, per_client) as (running, first):
-                clients = [first] + [client_of(running) for _ in range((n - 1) // per_client)]
-                texts = [profile(i) for i in range(n)]
-                threads = [threading.Thread(target=register, args=(
-                    clients[part::concurrency], texts, per_client, part, concurrency))
-                    for part in range(concurrency)]
-                started = time.perf_counter()
-                for thread in threads:
-                    thread.start()
-                for thread in threads:
-                    thread.join()
-                elapsed = time.perf_counter() - started
-                for client in clients[1:]:
-                    client.close()
+            if process:
+                with mediator_process(s, (n - 1) // per_client + 1, per_client) as clients:
+                    elapsed = timed_registration(clients, n, per_client, concurrency)
+            else:
+                with mediator(s, store, per_client) as (running, first):
+                    clients = [first] + [client_of(running) for _ in range((n - 1) // per_client)]
+                    elapsed = timed_registration(clients, n, per_client, concurrency)
+                    for client in clients[1:]:
+                        client.close()
             print(f"{s:>8} {n:>9,} {elapsed:>9.2f} {elapsed / n * 1e3:>15.2f} {n / elapsed:>11,.0f}",
                   flush=True)
+
+
+def timed_registration(clients: list[MediatorClient], n: int, per_client: int,
+                       concurrency: int) -> float:
+    """Seconds to register ``n`` profiles through ``clients`` (``concurrency`` at once)."""
+    texts = [profile(i) for i in range(n)]
+    threads = [threading.Thread(target=register, args=(
+        clients[part::concurrency], texts, per_client, part, concurrency))
+        for part in range(concurrency)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - started
 
 
 def register(clients: list[MediatorClient], texts: list[str], per_client: int, part: int,
@@ -353,6 +414,9 @@ def main() -> None:
                         help="Profiles per client (and the limit per client).")
     parser.add_argument("--concurrency", type=int, default=1,
                         help="Clients registering at once (subscribe).")
+    parser.add_argument("--process", action="store_true",
+                        help="subscribe: `evamed serve` in a process of its own, the clients in "
+                             "this one (as users run them), not all in this process.")
     parser.add_argument("--rates", default="1000,10000")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--events", type=int, default=100_000)
@@ -372,7 +436,8 @@ def main() -> None:
         sizes, services, rates = [10, 100], [1, 6], [1000]
         args.seconds, args.events = 2.0, 10_000
     if args.part in ("subscribe", "all"):
-        subscribe(sizes, services, args.store, args.per_client, max(1, args.concurrency))
+        subscribe(sizes, services, args.store, args.per_client, max(1, args.concurrency),
+                  args.process)
     if args.part in ("latency", "all"):
         latency(rates, args.seconds, args.store, args.composers.split(","), args.trigger)
     if args.part in ("publish", "all"):

@@ -252,6 +252,9 @@ WORST = {
     "a predicate in brackets nested 500,000 deep":
         ("class C = " + "(" * 500_000 + "x == 1" + ")" * 500_000 + "\nprofile P = C\n",
          grpc.StatusCode.RESOURCE_EXHAUSTED, "took longer than 2s, the limit (limits.read_time)"),
+    "4 KiB of brackets nested 2,000 deep (small: read in the registration's thread)":
+        (HOSTILE_A + "profile P = " + "(" * 2000 + "A" + ")" * 2000,
+         grpc.StatusCode.INVALID_ARGUMENT, "expected an operator inside them"),
     "1 MiB of escaped quotes without their end":
         ('class A = type == "' + '\\"' * ((1 << 19) - 20), grpc.StatusCode.INVALID_ARGUMENT,
          "profile:1:19: error: found an unterminated string"),
