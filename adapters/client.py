@@ -217,7 +217,9 @@ class _Evaluation:
         self.ended = ""
         """Why the evaluation ended (its work or store limit, ``native.Exhausted``): from then
         on it answers nothing, as a base service ends such a subscription."""
-        self.on_ended: Callable[[str], None] = lambda why: None
+        self.on_ended: Callable[[str], None] | None = None
+        """Told instead of raising (a link that ends the handle and goes on); None: the
+        ``Exhausted`` is raised to the caller (``replay --native``)."""
 
     def push(self, event: Event) -> list[Detection]:
         if self.ended:
@@ -246,6 +248,8 @@ class _Evaluation:
 
     def _end(self, exc: Exhausted) -> None:
         self.ended = str(exc)
+        if self.on_ended is None:
+            raise exc
         self.on_ended(self.ended)
 
 
@@ -343,10 +347,10 @@ class _Remote:
             raise
 
     def push(self, event: Event) -> list[Detection]:
-        return self.link.publish([event])[self.handle]
+        return self.link.publish([event]).get(self.handle, [])
 
     def advance(self, time: int) -> list[Detection]:
-        return self.link.publish([], until=time)[self.handle]
+        return self.link.publish([], until=time).get(self.handle, [])
 
     def close(self, until: int) -> list[Detection]:
         try:

@@ -47,6 +47,7 @@ from typing import Any
 import grpc
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_random_exponential
 
+from adapters.backends.native import Exhausted
 from adapters.backends.registry import shared_language
 from adapters.client import _check_group, detection, publish_messages, query_error
 from adapters.links import Handle, InProcessLink, Link
@@ -136,7 +137,7 @@ class RemoteLink:
         self._lock = threading.RLock()  # one call at a time: the pipeline's and the API's threads
         self._inbox: queue.Queue[tuple[int, Handle | None, Any]] = queue.Queue()
         self._queries: dict[Handle, str] = {}
-        self.on_refused: Callable[[Handle, str], None] = lambda handle, why: None
+        self.on_refused: Callable[[Handle, str], None] = _raise_ended
         """Told of each handle whose subscription the service ended at its work or store
         limit (``RESOURCE_EXHAUSTED: …``): it answers nothing from then on and is not
         subscribed again; the others go on (the pipeline suspends its holders)."""
@@ -496,6 +497,12 @@ class RemoteLink:
         except Exception as exc:  # the next call tries again and raises it to its caller
             if not self._closing.is_set():
                 log.error("%s: %s", self._where(), exc)
+
+
+def _raise_ended(handle: Handle, why: str) -> None:
+    """What the link does with an ended handle when nobody is told (``replay --native``/
+    ``--via`` at a running service): the run stops with the service's words."""
+    raise Exhausted(f"the service ended query {handle}: {why}")
 
 
 def _exhausted(error: grpc.RpcError) -> bool:

@@ -95,8 +95,10 @@ class AutonomousLink:
                        heartbeat=self.heartbeat, timeout=self.timeout)
 
     def _refused(self, handle: Handle, why: str) -> None:
-        with self._lock:
-            self._queries.pop(handle, None)
+        # Without the link's lock: the session calls this holding its own (re-registering after
+        # a reconnect), while the pipeline holds this one to call the session — the two orders
+        # would deadlock. A dict's pop is atomic.
+        self._queries.pop(handle, None)
         self.on_refused(handle, why)
 
     def _lost(self, reason: str) -> None:

@@ -67,6 +67,13 @@ _LOST_CODES = frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NO
 """What ends a session for good: dropped by the service, unknown to it, superseded."""
 
 
+def _limit_end(exc: grpc.RpcError) -> bool:
+    """A refusal because the service ended this query at its work or store limit (not gRPC's
+    own RESOURCE_EXHAUSTED: a message too large, a quota)."""
+    return bool(exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                and (exc.details() or "").startswith(("work_limit", "store_limit")))
+
+
 class Ended(Exception):
     """The service refuses to register a query again that it ended at its work or store limit
     (the same query under the same id): ``str(exc)`` is ``RESOURCE_EXHAUSTED: reason``."""
@@ -201,7 +208,7 @@ class Session:
                         raise query_error(exc, self._language, query) from None
                     if code == grpc.StatusCode.ALREADY_EXISTS:
                         raise ValueError(f"{self._where()}: {exc.details()}") from None
-                    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and _limit_end(exc):
                         # The service ended this very query under this id at its limit
                         # before: it would again.
                         raise Ended(f"RESOURCE_EXHAUSTED: {exc.details()}") from None
@@ -418,8 +425,7 @@ class Session:
                     session=self.name, subscription_id=ident, query=query), timeout=self.timeout)
             except grpc.RpcError as exc:
                 if exc.code() not in (grpc.StatusCode.INVALID_ARGUMENT,
-                                      grpc.StatusCode.ALREADY_EXISTS,
-                                      grpc.StatusCode.RESOURCE_EXHAUSTED):
+                                      grpc.StatusCode.ALREADY_EXISTS) and not _limit_end(exc):
                     raise
                 log.error("%s: %s is no longer registered: %s", self._where(), ident,
                           exc.details())

@@ -699,12 +699,13 @@ class Pipeline:
         ended = dict(self._ended_handles)
         out: dict[Key, DeadLetter] = {}
         for key, sub in self._subs.items():
-            for f in sub.federations:
-                for link, handles in f.handles.items():
-                    for handle in handles:
-                        detail = ended.get((link, handle))
-                        if detail is not None and key not in out:
-                            out[key] = DeadLetter(str(Reason.SERVICE_LIMIT), detail)
+            held = [(link, h) for f in sub.federations for link, handles in f.handles.items()
+                    for h in handles] + list(sub.sparked)  # (its Spark filters' handles too)
+            for pair in held:
+                detail = ended.get(pair)
+                if detail is not None:
+                    out[key] = DeadLetter(str(Reason.SERVICE_LIMIT), detail)
+                    break
         return out
 
     def _retarget(self) -> None:

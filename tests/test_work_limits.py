@@ -8,6 +8,7 @@ registration ends the same way and its session is told (``SessionMessage.ended``
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -243,3 +244,41 @@ def test_the_command_lines_defaults_are_the_evaluators() -> None:
     defaults = {name: p.default for name, p in inspect.signature(base_service).parameters.items()}
     assert (defaults["work_limit"], defaults["store_limit"]) == (native.WORK_LIMIT,
                                                                  native.STORE_LIMIT)
+
+
+def test_replay_native_stops_with_the_limit_named(tmp_path: Path) -> None:
+    """`evamed replay --native` (nobody to suspend anything) stops at the limit: exit 2 and
+    one line naming it, not a traceback, not output quietly cut short."""
+    from typer.testing import CliRunner
+
+    from eva.events import to_cloudevent
+    from mediator.cli import app
+
+    query, events = tmp_path / "q.snoop", tmp_path / "e.jsonl"
+    query.write_text(NESTED["cg2"])
+    events.write_text("".join(json.dumps(to_cloudevent(e)) + "\n"
+                              for e in alternating(400, start=1_000_000)))
+    result = CliRunner().invoke(app, ["replay", "--native", "cg2", "--query", str(query),
+                                      "--events", str(events)])
+    assert result.exit_code == 2, result.output
+    assert "work_limit" in result.output and "Traceback" not in result.output
+
+
+def test_a_link_nobody_listens_to_raises_what_ended(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A link whose handle ended, with no pipeline told (`replay --via`): the publish raises
+    the service's words instead of answering without that query."""
+    from adapters.links import InProcessLink
+    from transforms.capability import PRESETS
+    from transforms.federated import ServiceInfo
+
+    link = InProcessLink(ServiceInfo("s", "cg2", PRESETS["cg2"]), language("cg2"))
+    link.subscribe(NESTED["cg2"])
+    with pytest.raises(Exhausted, match="work_limit"):
+        link.publish(alternating(400))
+    told: list[tuple[str, str]] = []
+    link = InProcessLink(ServiceInfo("s", "cg2", PRESETS["cg2"]), language("cg2"))
+    link.on_refused = lambda handle, why: told.append((handle, why))
+    hostile, benign = link.subscribe(NESTED["cg2"]), link.subscribe(BENIGN)
+    found = link.publish(alternating(400))
+    assert [h for h, _ in told] == [hostile] and told[0][1].startswith("RESOURCE_EXHAUSTED")
+    assert len(found[benign]) == 200 and link.publish(alternating(2, 5000, "x"))[hostile] == []

@@ -858,11 +858,7 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
         if not ident:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a registration needs a "
                                 "subscription_id")
-        exhausted = session.exhausted.get(ident)
-        if exhausted is not None and exhausted[0] == text:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, (
-                f"{exhausted[1]} (subscription {ident!r} was ended with this query: it would "
-                "be again; register a bounded query, or this one under another id)"))
+        await self._refuse_exhausted(session, ident, text, context)
         if await self._registered(session, ident, text, context):
             return base_pb2.RegisterReply()
         evaluator, failure = self._compile(text)
@@ -871,6 +867,7 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
         async with self._order:  # between two Publish messages: it sees the next one on
             if session.dropped is not None:
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, session.dropped)
+            await self._refuse_exhausted(session, ident, text, context)  # (ended meanwhile?)
             if await self._registered(session, ident, text, context):
                 return base_pb2.RegisterReply()
             stored = StoredRegistration(self._ordinal, session.name, ident, text,
@@ -884,6 +881,15 @@ class BaseService(base_pb2_grpc.BaseServiceServicer):  # type: ignore[misc]
             self._activate(session, stored, evaluator)
         log.info("session %s: registered %s: %s", session.name, ident, _short(text))
         return base_pb2.RegisterReply()
+
+    async def _refuse_exhausted(self, session: Session, ident: str, text: str,
+                                context: grpc.aio.ServicerContext) -> None:
+        """RESOURCE_EXHAUSTED if ``ident`` was ended at a limit with this very query."""
+        exhausted = session.exhausted.get(ident)
+        if exhausted is not None and exhausted[0] == text:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, (
+                f"{exhausted[1]} (subscription {ident!r} was ended with this query: it would "
+                "be again; register a bounded query, or this one under another id)"))
 
     async def _registered(self, session: Session, ident: str, text: str,
                           context: grpc.aio.ServicerContext) -> bool:

@@ -376,9 +376,10 @@ class SqliteStore:
         self._write("INSERT INTO messages VALUES (?, ?, ?)", (number, newest, advance))
 
     def create_session(self, name: str, origin: int | None) -> None:
-        self._write("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, 0, NULL)",
-                    (name, time.time(), origin))
-        self._write("DELETE FROM registrations WHERE session = ?", (name,))
+        with self.transaction():
+            self._write("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, 0, NULL)",
+                        (name, time.time(), origin))
+            self._forget_registrations(name)
 
     def set_origin(self, name: str, origin: int) -> None:
         self._write("UPDATE sessions SET origin = ? WHERE name = ?", (origin, name))
@@ -402,7 +403,14 @@ class SqliteStore:
     def drop(self, name: str, reason: str) -> None:
         with self.transaction():
             self._write("UPDATE sessions SET dropped = ? WHERE name = ?", (reason, name))
-            self._write("DELETE FROM registrations WHERE session = ?", (name,))
+            self._forget_registrations(name)
+
+    def _forget_registrations(self, name: str) -> None:
+        """A session's registrations and their stored ends (an ordinal may be given again
+        after a restart: a new registration must not find an old end)."""
+        self._write("DELETE FROM meta WHERE key IN (SELECT 'ended:' || ordinal FROM "
+                    "registrations WHERE session = ?)", (name,))
+        self._write("DELETE FROM registrations WHERE session = ?", (name,))
 
     def restore(self) -> Restored:
         try:
@@ -419,7 +427,7 @@ class SqliteStore:
                          "SELECT key, value FROM meta WHERE key LIKE 'ended:%'")}
             out.registrations = [
                 StoredRegistration(ordinal, session, ident, query, position, deregistered,
-                                   *_end(ended.get(ordinal)))
+                                   *_end(ended.get(ordinal) if deregistered is not None else None))
                 for ordinal, session, ident, query, position, deregistered in db.execute(
                     "SELECT ordinal, session, ident, query, position, deregistered "
                     "FROM registrations ORDER BY ordinal")]

@@ -249,12 +249,13 @@ def _via(group: str, doc: ast.Document, wanted: list[str] | None, lines: runs.Li
     """:func:`runs.replay_via`; exit 2 if the service cannot be reached or refuses a query."""
     from rich.markup import escape
 
+    from adapters.backends.native import Exhausted
     from adapters.federation import PushRefused
     from mediator.cli import runs
 
     try:
         return runs.replay_via(group, doc, wanted, lines, config, end, address, out, dead, emit)
-    except ConnectionError as exc:
+    except (ConnectionError, Exhausted) as exc:  # (a query past the service's limits)
         fail(str(exc))
     except PushRefused as exc:  # a limit of the native language: one line, no traceback
         fail(escape(str(exc)), one_line=True)
@@ -264,7 +265,7 @@ def _native(group: str, query_file: Path, events_file: Path, end: int | None, ti
             address: str | None) -> None:
     """:func:`runs.replay_native` of the query in ``query_file``, checked first: exit 2 with
     the parser's message if it is not UTF-8 or not a query of the group's language."""
-    from adapters.backends.native import MAX_QUERY_BYTES, NativeQueryError
+    from adapters.backends.native import MAX_QUERY_BYTES, Exhausted, NativeQueryError
     from adapters.backends.registry import language
     from eva.parser import ProfileError, decode
     from mediator.cli import runs
@@ -284,5 +285,5 @@ def _native(group: str, query_file: Path, events_file: Path, end: int | None, ti
         try:
             runs.replay_native(group, text, event_lines(events_file, stack), end, tick, address,
                                sys.stdout, sys.stderr)
-        except ConnectionError as exc:
+        except (ConnectionError, Exhausted) as exc:  # (a query past the service's limits)
             fail(str(exc))
