@@ -20,6 +20,9 @@ MARKER = "EVAMED_STOPPING_TEST"
 """Set in the mediator's environment, inherited by its children: what is looked for."""
 
 PROFILE = 'class J = type == "traffic.jam"\nprofile P = J\n'
+READ_APART = PROFILE + " " * 5000 + "\n"
+"""A document over 4 KiB (mediator.service.SMALL_DOCUMENT): read in a reader process, which the
+mediator starts then — a child that must stop with it (a smaller one is read in-thread)."""
 
 
 def running(tag: str) -> list[int]:
@@ -72,7 +75,7 @@ def test_each_stop_signal_stops_a_serving_mediator_and_its_children(tmp_path: Pa
         line = mediator.stdout.readline()
         assert line.startswith("serving on 127.0.0.1:"), line
         with MediatorClient(line.split()[-1], token) as client:
-            client.add_profile(PROFILE)
+            client.add_profile(READ_APART)
         assert len(running(tag)) >= 2  # the mediator and its reader
         sent = time.monotonic()
         mediator.send_signal(sig)
@@ -95,7 +98,7 @@ def test_a_killed_mediator_leaves_no_child_running(tmp_path: Path) -> None:
     assert mediator.stdout is not None
     line = mediator.stdout.readline()
     with MediatorClient(line.split()[-1], token) as client:
-        client.add_profile(PROFILE)
+        client.add_profile(READ_APART)
     assert len(running(tag)) >= 2
     mediator.kill()
     mediator.communicate(timeout=30)
