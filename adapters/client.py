@@ -204,6 +204,14 @@ Rejected = Callable[[Event, EventRejected], None]
 """Told of each event an evaluator refuses (a dead letter for the caller to write)."""
 
 
+def limit_end(error: grpc.RpcError) -> bool:
+    """Whether a base service ended a query because it passed its work or store limit
+    (adapters/backends/native.py) — not gRPC's own RESOURCE_EXHAUSTED (a message too large, a
+    quota), nor a service that went away."""
+    return bool(error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                and (error.details() or "").startswith(("work_limit", "store_limit")))
+
+
 class _Evaluation:
     """The service's evaluator in this process: an event the evaluator refuses is left out and
     the run goes on, as a base service does — and ``rejected`` is told (a base service counts

@@ -70,7 +70,7 @@ class SubscriptionLink:
         self._ids = itertools.count(1)
         self._newest: int | None = None
         self._ended: list[tuple[Handle, str]] = []  # since the last publish returned
-        self.on_refused: Callable[[Handle, str], None] = _raise
+        self.on_refused: Callable[[Handle, str], None] = raise_ended
         """Told, once a publish is done, of each handle whose evaluation passed the service's
         work or store limit (``RESOURCE_EXHAUSTED: …``): it answers nothing from then on, as
         a base service ends such a subscription (the pipeline suspends its holders)."""
@@ -118,8 +118,8 @@ class SubscriptionLink:
         return "SERVING"  # each subscription answers or raises (in this process: always there)
 
 
-def _raise(handle: Handle, why: str) -> None:
-    """What a link does with an ended handle when nobody is told (``replay --via``): the run
+def raise_ended(handle: Handle, why: str) -> None:
+    """What a link does with an ended handle when nobody is told (``replay --native``/``--via``): the run
     stops with the service's words rather than go on without that query's answers."""
     raise Exhausted(f"the service ended query {handle}: {why}")
 

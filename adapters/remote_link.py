@@ -47,10 +47,9 @@ from typing import Any
 import grpc
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_random_exponential
 
-from adapters.backends.native import Exhausted
 from adapters.backends.registry import shared_language
-from adapters.client import _check_group, detection, publish_messages, query_error
-from adapters.links import Handle, InProcessLink, Link
+from adapters.client import _check_group, detection, limit_end, publish_messages, query_error
+from adapters.links import Handle, InProcessLink, Link, raise_ended
 from adapters.wire import base_pb2, base_pb2_grpc
 from eva.events import Event, EventError, from_json_line
 from transforms.dialects.base import Detection
@@ -137,7 +136,7 @@ class RemoteLink:
         self._lock = threading.RLock()  # one call at a time: the pipeline's and the API's threads
         self._inbox: queue.Queue[tuple[int, Handle | None, Any]] = queue.Queue()
         self._queries: dict[Handle, str] = {}
-        self.on_refused: Callable[[Handle, str], None] = _raise_ended
+        self.on_refused: Callable[[Handle, str], None] = raise_ended
         """Told of each handle whose subscription the service ended at its work or store
         limit (``RESOURCE_EXHAUSTED: …``): it answers nothing from then on and is not
         subscribed again; the others go on (the pipeline suspends its holders)."""
@@ -271,7 +270,7 @@ class RemoteLink:
                 continue  # a connection given up, or a handle unsubscribed
             if handle is None:
                 raise self._failure("its Publish stream", item.exception())
-            if isinstance(item, grpc.RpcError) and _exhausted(item):
+            if isinstance(item, grpc.RpcError) and limit_end(item):
                 self._queries.pop(handle, None)
                 waiting.discard(handle)
                 self.on_refused(handle, f"RESOURCE_EXHAUSTED: {item.details()}")
@@ -474,7 +473,7 @@ class RemoteLink:
         except grpc.RpcError as exc:
             end = exc
         self._inbox.put((generation, handle, end))
-        if isinstance(end, grpc.RpcError) and _exhausted(end):
+        if isinstance(end, grpc.RpcError) and limit_end(end):
             return  # that query ended, not the service: the next publish reads why
         if (generation == self._generation and handle in self._queries and not self._broken
                 and not self._closing.is_set()):
@@ -497,19 +496,6 @@ class RemoteLink:
         except Exception as exc:  # the next call tries again and raises it to its caller
             if not self._closing.is_set():
                 log.error("%s: %s", self._where(), exc)
-
-
-def _raise_ended(handle: Handle, why: str) -> None:
-    """What the link does with an ended handle when nobody is told (``replay --native``/
-    ``--via`` at a running service): the run stops with the service's words."""
-    raise Exhausted(f"the service ended query {handle}: {why}")
-
-
-def _exhausted(error: grpc.RpcError) -> bool:
-    """Whether a subscription stream ended because its query passed the service's work or
-    store limit (adapters/backends/native.py), not because the service went away."""
-    return bool(error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-                and (error.details() or "").startswith(("work_limit", "store_limit")))
 
 
 def connect(info: ServiceInfo, address: str, *, tick: int = 1_000_000, timeout: float = 10.0,

@@ -38,7 +38,7 @@ from typing import Any
 import grpc
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_random_exponential
 
-from adapters.client import _check_group, detection, query_error
+from adapters.client import _check_group, detection, limit_end, query_error
 from adapters.remote_link import BACKOFF_MAX
 from adapters.wire import base_pb2, base_pb2_grpc
 from eva.events import EventError, from_json_line
@@ -65,13 +65,6 @@ session's first connection: a service that is up is connected to in milliseconds
 _LOST_CODES = frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND,
                          grpc.StatusCode.ABORTED})
 """What ends a session for good: dropped by the service, unknown to it, superseded."""
-
-
-def _limit_end(exc: grpc.RpcError) -> bool:
-    """A refusal because the service ended this query at its work or store limit (not gRPC's
-    own RESOURCE_EXHAUSTED: a message too large, a quota)."""
-    return bool(exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-                and (exc.details() or "").startswith(("work_limit", "store_limit")))
 
 
 class Ended(Exception):
@@ -208,7 +201,7 @@ class Session:
                         raise query_error(exc, self._language, query) from None
                     if code == grpc.StatusCode.ALREADY_EXISTS:
                         raise ValueError(f"{self._where()}: {exc.details()}") from None
-                    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and _limit_end(exc):
+                    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and limit_end(exc):
                         # The service ended this very query under this id at its limit
                         # before: it would again.
                         raise Ended(f"RESOURCE_EXHAUSTED: {exc.details()}") from None
@@ -425,7 +418,7 @@ class Session:
                     session=self.name, subscription_id=ident, query=query), timeout=self.timeout)
             except grpc.RpcError as exc:
                 if exc.code() not in (grpc.StatusCode.INVALID_ARGUMENT,
-                                      grpc.StatusCode.ALREADY_EXISTS) and not _limit_end(exc):
+                                      grpc.StatusCode.ALREADY_EXISTS) and not limit_end(exc):
                     raise
                 log.error("%s: %s is no longer registered: %s", self._where(), ident,
                           exc.details())

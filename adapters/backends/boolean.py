@@ -32,7 +32,7 @@ from typing import Any
 from lark import Lark
 
 from adapters.backends.filters import FILTER_GRAMMAR, FILTER_TERMINALS, FilterBuild
-from adapters.backends.native import NativeQueryError, Untimed, Work, parse_lark
+from adapters.backends.native import NativeQueryError, Untimed, Work, distinct, parse_lark
 from eva import ast
 from eva.classes import compile_predicate
 from eva.events import Event
@@ -149,7 +149,8 @@ class _Eval:
         if self.matcher is not None:  # single-event queries reduce to one predicate
             new = [(event,)] if self.matcher(event) else []
         elif isinstance(self.node, Or):
-            new = _distinct(self.kids[0].step(event) + self.kids[1].step(event), self.work)
+            new = distinct(self.kids[0].step(event) + self.kids[1].step(event),
+                           lambda d: d, lambda d: None, self.work)
         else:
             left, right = self.kids
             old_left, old_right = list(left.seen), list(right.seen)
@@ -184,20 +185,6 @@ def _as_predicate(node: Node) -> ast.Predicate:
     if isinstance(node, Or):
         return ast.Or(_as_predicate(node.left), _as_predicate(node.right))
     raise AssertionError("AND is not a single-event query")
-
-
-def _distinct(found: list[_Det], work: Work) -> list[_Det]:
-    """``found`` without repeats, in order, in linear time: looked up by the events'
-    identities, compared in full only with detections that share them."""
-    work.spend(len(found))
-    seen: dict[tuple[tuple[str, str, int, int], ...], list[_Det]] = {}
-    out: list[_Det] = []
-    for d in found:
-        alike = seen.setdefault(tuple((e.source, e.id, e.time, e.seq) for e in d), [])
-        if d not in alike:
-            alike.append(d)
-            out.append(d)
-    return out
 
 
 def _disjoint(a: _Det, b: _Det) -> bool:

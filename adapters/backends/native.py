@@ -124,6 +124,26 @@ class Work:
                             "consumes)")
 
 
+R = TypeVar("R")
+
+
+def distinct(found: list[R], events: Callable[[R], tuple[Event, ...]], key: Callable[[R], Any],
+             work: Work) -> list[R]:
+    """``found`` without repeats, in order, in linear time: looked up by their events'
+    identities (and ``key``), compared in full only with those that share them (an event's
+    ``data`` may be a dict: events are not always hashable)."""
+    work.spend(len(found))
+    seen: dict[Any, list[R]] = {}
+    out: list[R] = []
+    for d in found:
+        alike = seen.setdefault(
+            (tuple((e.source, e.id, e.time, e.seq) for e in events(d)), key(d)), [])
+        if d not in alike:
+            alike.append(d)
+            out.append(d)
+    return out
+
+
 class Evaluator(Protocol):
     """An incremental evaluation of one query. Events arrive in the service's total order."""
 

@@ -43,6 +43,7 @@ from adapters.backends.native import (
     EventRejected,
     Untimed,
     Work,
+    distinct,
     number_token,
     parse_lark,
     string_token,
@@ -301,6 +302,10 @@ class Answer:
         return self.events[-1]
 
 
+def _distinct(answers: list[Answer], work: Work) -> list[Answer]:
+    return distinct(answers, lambda a: a.events, lambda a: a.subst, work)
+
+
 def _union(a: tuple[Event, ...], b: tuple[Event, ...]) -> tuple[Event, ...]:
     merged = {(e.key, e.source, e.id): e for e in a + b}
     return tuple(merged[k] for k in sorted(merged, key=lambda k: k[0]))
@@ -383,21 +388,6 @@ class _Node:
                            if (c := _combine(a, b, ordered, self.work))]
             acc_new = _distinct(fresh, self.work)
         return acc_new
-
-
-def _distinct(answers: list[Answer], work: Work) -> list[Answer]:
-    """``answers`` without repeats, in their order, in linear time: looked up by their
-    events' identities and substitutions, compared in full only with those that share them."""
-    work.spend(len(answers))
-    seen: dict[Any, list[Answer]] = {}
-    out: list[Answer] = []
-    for a in answers:
-        alike = seen.setdefault(
-            (tuple((e.source, e.id, e.time, e.seq) for e in a.events), a.subst), [])
-        if a not in alike:
-            alike.append(a)
-            out.append(a)
-    return out
 
 
 def _combine(a: Answer, b: Answer, ordered: bool, work: Work) -> Answer | None:
