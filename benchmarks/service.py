@@ -98,10 +98,11 @@ def profile(i: int) -> str:
 
 @contextmanager
 def mediator_process(services: int, clients: int, per_client: int = PER_CLIENT
-                     ) -> Iterator[list[MediatorClient]]:
+                     ) -> Iterator[tuple[list[MediatorClient], int]]:
     """``evamed serve`` as its own process, as a user runs it (SQLite in a temporary
     directory, ``services`` embedded services as :func:`mediator` lays them out), and
-    ``clients`` clients of it in this process: their gRPC work is not the mediator's."""
+    ``clients`` clients of it in this process (their gRPC work is not the mediator's), with
+    the process id."""
     from mediator.store import open_store
 
     with tempfile.TemporaryDirectory() as directory:
@@ -134,7 +135,7 @@ def mediator_process(services: int, clients: int, per_client: int = PER_CLIENT
             address = line.split()[-1]
             made = [MediatorClient(address, token, timeout=120) for token in tokens]
             try:
-                yield made
+                yield made, proc.pid
             finally:
                 for client in made:
                     client.close()
@@ -149,20 +150,32 @@ def subscribe(sizes: list[int], services: list[int], store: str | None,
     where = "`evamed serve` in its own process" if process else "the mediator in this process"
     print(f"subscription time: AddProfile × N from N / {per_client} clients ({at_once}), "
           f"S embedded services, {where}")
-    print(f"{'services':>8} {'profiles':>9} {'total s':>9} {'per profile ms':>15} {'profiles/s':>11}")
+    print(f"{'services':>8} {'profiles':>9} {'total s':>9} {'per profile ms':>15} {'profiles/s':>11}"
+          + (f" {'server CPU s':>13}" if process else ""))
     for s in services:
         for n in sizes:
+            cpu = ""
             if process:
-                with mediator_process(s, (n - 1) // per_client + 1, per_client) as clients:
+                with mediator_process(s, (n - 1) // per_client + 1, per_client) as (clients,
+                                                                                     pid):
+                    before = process_cpu(pid)
                     elapsed = timed_registration(clients, n, per_client, concurrency)
+                    # (what the machine's other load hardly moves, unlike the wall time)
+                    cpu = f" {process_cpu(pid) - before:>13.2f}"
             else:
                 with mediator(s, store, per_client) as (running, first):
                     clients = [first] + [client_of(running) for _ in range((n - 1) // per_client)]
                     elapsed = timed_registration(clients, n, per_client, concurrency)
                     for client in clients[1:]:
                         client.close()
-            print(f"{s:>8} {n:>9,} {elapsed:>9.2f} {elapsed / n * 1e3:>15.2f} {n / elapsed:>11,.0f}",
-                  flush=True)
+            print(f"{s:>8} {n:>9,} {elapsed:>9.2f} {elapsed / n * 1e3:>15.2f} {n / elapsed:>11,.0f}"
+                  + cpu, flush=True)
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user and system, every thread) another process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def timed_registration(clients: list[MediatorClient], n: int, per_client: int,

@@ -84,6 +84,8 @@ log = logging.getLogger(__name__)
 
 POLL = 1.0
 """Seconds the thread sleeps without a wake before it looks at the log again."""
+MEASURED = 1.0
+"""Seconds the state gauge may lag behind subscriptions added while no input moved."""
 LOCK_SLICE = 0.1
 """Seconds between looks, while waiting for the lock, whether the pipeline stops."""
 CUT = 1.0
@@ -247,6 +249,14 @@ class Pipeline:
         # suspended at the next round, and so is a later holder (_ended_seen: all checked).
         self._ended_handles: dict[tuple[str, Handle], str] = {}
         self._ended_seen = True
+        # A round decides every subscription only when an input moved (the states differ from
+        # _settled, or a round evaluated something: None); otherwise only those added since
+        # (_fresh) — a registration costs its own decision, not one of every subscription.
+        self._settled: list[State] | None = None
+        self._fresh: list[_Subscription] = []
+        self._held = RunnerStats()  # the state gauge's sum, kept up as subscriptions come
+        self._remeasure = False  # one was dropped: the sum is walked again (once per MEASURED)
+        self._measured = clock.monotonic()
         known = store.get_meta(ORIGIN_KEY) if self._feeds else None
         self._origin: int | None = int(known) if known is not None else None
         self._batches = 0
@@ -534,6 +544,7 @@ class Pipeline:
                     federation.unsubscribe()
                 raise
             self._subs[key] = sub
+            self._fresh.append(sub)
             if self._ended_handles:  # it may hold a handle a service ended already
                 self._ended_seen = False
             self._failed.pop(key, None)
@@ -658,6 +669,7 @@ class Pipeline:
         if sub is None:
             return False
         self._count(sub, -1)
+        self._remeasure = True
         for federation in sub.federations:
             federation.unsubscribe()
         if sub.composed and self._sparks is not None:
@@ -665,14 +677,19 @@ class Pipeline:
         self._retarget()
         return True
 
-    def _suspend_limited(self) -> None:
+    def _suspend_limited(self, among: list[_Subscription] | None = None) -> None:
         """Every subscription one of whose runners reached a limit (Runner.limited), or one of
         whose queries a service ended at its own limit: its answers from there on would be
         incomplete, and its output or state is what the limit bounds — it is dropped, its
         status says why (GetProfile, Subscribe), and a dead letter is kept. The others go on
-        as before."""
+        as before. ``among``: only these were evaluated since the last check (None: all)."""
         ended = self._holders_of_ended() if not self._ended_seen else {}
-        for key, sub in list(self._subs.items()):
+        checked = list(self._subs.values()) if among is None else among
+        for sub in [*checked, *(self._subs[key] for key in ended
+                                if among is not None and key in self._subs)]:
+            key = sub.key
+            if self._subs.get(key) is not sub:
+                continue  # (dropped already: listed twice)
             letters = [letter for f in sub.federations for letter in f.runner.limited]
             if key in ended:
                 letters.append(ended[key])
@@ -825,6 +842,7 @@ class Pipeline:
         if not origins:
             return False
         self._origin = min(origins)
+        self._settled = None
         self.store.set_meta(ORIGIN_KEY, str(self._origin))
         log.info("the merged trace starts after %d µs: the profiles' clocks start there",
                  self._origin)
@@ -859,6 +877,7 @@ class Pipeline:
         """The own feed's batch (or, with ``until`` and no events, a watermark) to every
         federation that takes it, each fed link with subscriptions published once, with the
         ticks every federation asks of it; each federation takes its handles' detections."""
+        self._settled = None
         feds = [(s, f) for s in self._subs.values() for f in s.federations if f.own_inputs]
         late = self._sparks.begin(events) if self._sparks is not None else []
         ticks: dict[str, list[Event]] = {}
@@ -911,6 +930,8 @@ class Pipeline:
             if self.metrics and notices:
                 self.metrics.notifications_in.labels(name).inc(
                     sum(len(n.detections) for n in notices))
+        if read:
+            self._settled = None
         if late:
             self._late(late)
         return read
@@ -942,10 +963,16 @@ class Pipeline:
         own = self._own.state()
         states = {name: feed.state() for name, feed in self._feeds.items()}
         everything = [own, *states.values()]
+        whole = everything != self._settled
+        # Nothing moved since every subscription was decided: deciding one again at the same
+        # bound settles nothing new; those added since are decided now.
+        subs = list(self._subs.values()) if whole else [
+            s for s in self._fresh if self._subs.get(s.key) is s]
+        self._fresh = []
         decided: dict[Key, list[Notification]] = {}
         slowest: int | None = None  # the least bound decided: a composite still to come of
         # the federation behind the others may name what lies a horizon before it
-        for sub in self._subs.values():
+        for sub in subs:
             for federation in sub.federations:
                 used = ([own] if federation.own_inputs else []) + [
                     states[name] for name in federation.inputs]
@@ -965,25 +992,37 @@ class Pipeline:
         if self.metrics:
             if decided:
                 self.metrics.composer_latency.observe(clock.perf_counter() - began)
-            self._measure(self.metrics)
-        if slowest is not None:
-            self._origins.forget(slowest)
-        self._suspend_limited()
+            if whole or (self._remeasure
+                         and clock.monotonic() - self._measured >= MEASURED):
+                self._measure(self.metrics)
+            elif subs:  # (the others' state did not change: added to the sum)
+                self._measure(self.metrics, subs)
+        if whole:
+            self._settled = everything
+            if slowest is not None:  # (the slowest of all: only a whole round knows it)
+                self._origins.forget(slowest)
+        self._suspend_limited(None if whole else subs)
         if self._sparks is not None and self._sparks.subs:
             used = ([own] if self._sparks.own_inputs else []) + [
                 states[name] for name in sorted(self._sparks.inputs)]
             self._sparks.release(bound(used or everything),
                                  self._origin if self._feeds else own.origin)
 
-    def _measure(self, metrics: Metrics) -> None:
+    def _measure(self, metrics: Metrics, added: list[_Subscription] | None = None) -> None:
         """After a round: what the runners hold, summed over every subscription per part (a
         fixed label set however many subscriptions there are), with the pipeline's own index
-        of origins; and the services' answers the post-filters dropped, per service."""
-        held = RunnerStats()
-        for federation in (f for sub in self._subs.values() for f in sub.federations):
+        of origins; and the services' answers the post-filters dropped, per service.
+        ``added``: only these were evaluated since the last sum, they are added to it."""
+        if added is None:
+            self._remeasure = False
+            self._measured = clock.monotonic()
+        held = RunnerStats() if added is None else self._held
+        for federation in (f for sub in (self._subs.values() if added is None else added)
+                           for f in sub.federations):
             held += federation.stats()
             for service, count in federation.take_drops().items():
                 metrics.post_filter_drops.labels(service).inc(count)
+        self._held = held
         for part, value in [*asdict(held).items(), ("origins", len(self._origins))]:
             metrics.state_size.labels(part).set(value)
 

@@ -29,6 +29,7 @@ from mediator import checkpoints
 from mediator.config import RESERVED_SERVICE as OWN_FEED
 from mediator.dead_letters import DeadLetterLog
 from mediator.metrics import STATE_PARTS, Metrics
+from mediator.pipeline import POLL as POLL_SECONDS
 from mediator.pipeline import Pipeline
 from mediator.placement import spark_composes as composed_by_spark
 from mediator.store.base import Store, SubscriptionRecord
@@ -871,3 +872,43 @@ def test_a_query_a_service_s_language_refuses_is_composed_at_the_mediator(store:
         pipeline.stop()
     got = logged(store, "alice", "long")
     assert got and got == replayed(text, DAY[:400])
+
+
+def test_a_registration_decides_itself_not_every_subscription(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While no input moves, a round decides only the subscriptions added since the last one
+    (a registration costs its own decision, not one of all: 10,000 registrations were
+    quadratic); an event moves the inputs, and the next round decides every subscription.
+    Counted calls of Federation.decide, not time."""
+    from adapters.federation import Federation
+
+    text = ('class A = type == "a{i}"\nclass B = type == "b"\n'
+            "profile P{i} = ((all_dup(A); all_dup(B))_10s)_all_pairs\n")
+    pipeline = Pipeline(store, {}, idle_default=3600.0)  # (no input turns idle meanwhile)
+    pipeline.start()
+    try:
+        for i in range(30):
+            subscribe(pipeline, store, f"s{i}", text.format(i=i))
+        publish(store, pipeline, [at_second(f"e{i}", "b", i) for i in range(5)])
+        settle(pipeline, store)
+        time.sleep(2 * POLL_SECONDS)  # (the round after the last batch has decided)
+        calls: list[int] = []
+        decide = Federation.decide
+
+        def counted(self: Federation, bound: int) -> list[Any]:
+            calls.append(bound)
+            return decide(self, bound)
+
+        monkeypatch.setattr(Federation, "decide", counted)
+        for i in range(30, 40):
+            subscribe(pipeline, store, f"s{i}", text.format(i=i))
+            pipeline.wake()
+        time.sleep(2.5 * POLL_SECONDS)  # rounds on wakes and on the poll
+        assert 10 <= len(calls) <= 20, len(calls)  # each new one once (a wake may race an add)
+        calls.clear()
+        publish(store, pipeline, [at_second("moved", "b", 6)])
+        settle(pipeline, store)
+        time.sleep(POLL_SECONDS)
+        assert len(calls) >= 40, len(calls)  # the inputs moved: every subscription decided
+    finally:
+        pipeline.stop()

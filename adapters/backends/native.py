@@ -11,6 +11,7 @@ as native text, reading notifications back — is the group's dialect (:mod:`tra
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import re
@@ -311,7 +312,9 @@ def check_text(language: str, text: str, lexical: Lexical = JSON_STRINGS) -> Non
     deeper than :data:`MAX_NESTING` (one pass over the text, no recursion)."""
     check_size(language, text)
     depth, i, n = 0, 0, len(text)
-    while i < n:
+    notable = _notable(lexical).search
+    while (found := notable(text, i)) is not None:
+        i = found.start()  # (what lies before is neither a quote, a comment nor a bracket)
         c = text[i]
         if c in lexical.quotes:
             end = _string_end(text, i, lexical)
@@ -342,6 +345,16 @@ def check_text(language: str, text: str, lexical: Lexical = JSON_STRINGS) -> Non
             elif c in ")]}":
                 depth = max(0, depth - 1)  # an unbalanced one is the parser's to report
             i += 1
+
+
+@functools.cache
+def _notable(lexical: Lexical) -> re.Pattern[str]:
+    """Where :func:`check_text` has something to do: a quote, a comment's start, a bracket
+    (the characters between are skipped in C, not one by one)."""
+    starts = [re.escape(lexical.line_comment)] if lexical.line_comment else []
+    if lexical.block_comment:
+        starts.append(re.escape(lexical.block_comment[0]))
+    return re.compile("|".join([f"[{re.escape(lexical.quotes + '([{)]}')}]", *starts]))
 
 
 def _line_end(text: str, i: int) -> int:

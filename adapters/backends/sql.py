@@ -36,11 +36,10 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
-import sqlglot
 from sqlglot import exp
+from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ParseError, SqlglotError
-from sqlglot.tokenizer_core import TokenType
-from sqlglot.tokens import Tokenizer
+from sqlglot.tokenizer_core import Token, TokenType
 
 from adapters.backends.native import (
     EventRejected,
@@ -780,8 +779,10 @@ class SqlLanguage:
 def _parse_sql(language: str, text: str) -> exp.Expression:
     """sqlglot's tree of the query; its errors as query errors with a position."""
     try:
-        _every_join_has_on(language, text)
-        tree = _sqlglot_tree(language, text)
+        dialect = Dialect.get_or_raise(None)  # (what sqlglot.parse_one reads with)
+        tokens = dialect.tokenize(text)  # once: the check and the parse read the same tokens
+        _every_join_has_on(language, text, tokens)
+        tree = _sqlglot_tree(language, text, dialect, tokens)
     except ParseError as exc:
         err = exc.errors[0] if exc.errors else {}
         line = int(err.get("line") or 1)
@@ -808,24 +809,30 @@ def _parse_sql(language: str, text: str) -> exp.Expression:
     return tree
 
 
-def _sqlglot_tree(language: str, text: str) -> exp.Expr | None:
-    """``sqlglot.parse_one``, its own slips on some malformed text (a ``{…}`` with no key,
-    ``AT`` after a parameter — found by fuzzing) refused like its ParseErrors. Only sqlglot's
-    call is covered: such an error in this module's own code stays a bug, not a refusal."""
+def _sqlglot_tree(language: str, text: str, dialect: Dialect, tokens: list[Token]
+                  ) -> exp.Expr | None:
+    """What ``sqlglot.parse_one`` does after tokenizing (``tokens``: ``text``'s), its own
+    slips on some malformed text (a ``{…}`` with no key, ``AT`` after a parameter — found by
+    fuzzing) refused like its ParseErrors. Only sqlglot's call is covered: such an error in
+    this module's own code stays a bug, not a refusal."""
     try:
-        return sqlglot.parse_one(text)
+        result = dialect.parser().parse(tokens, text)
+        if not result or result[0] is None:
+            raise ParseError(f"No expression was parsed from '{text}'")
+        return exp.Block(expressions=result) if len(result) > 1 else result[0]
     except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
         raise NativeQueryError(language, "cannot read the query: the SQL parser failed on it "
                                f"({type(exc).__name__}: {exc}); expected SELECT … FROM … "
                                "in this language's subset", 1, 1, text) from exc
 
 
-def _every_join_has_on(language: str, text: str) -> None:
-    """Refuse a JOIN whose ON does not come before the next JOIN. This language has no nested
-    joins, and sqlglot tries them on each such JOIN and backtracks: its time doubles per JOIN
-    (a 600-byte query took minutes). Tokenizing is linear."""
+def _every_join_has_on(language: str, text: str, tokens: list[Token]) -> None:
+    """Refuse a JOIN whose ON does not come before the next JOIN (``tokens``: ``text``'s).
+    This language has no nested joins, and sqlglot tries them on each such JOIN and
+    backtracks: its time doubles per JOIN (a 600-byte query took minutes). Tokenizing is
+    linear."""
     pending = None
-    for token in Tokenizer().tokenize(text):
+    for token in tokens:
         if token.token_type in (TokenType.JOIN, TokenType.STRAIGHT_JOIN):
             if pending is not None:
                 break
