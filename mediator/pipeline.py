@@ -472,7 +472,8 @@ class Pipeline:
 
     # ---------------------------------------------------------------- subscriptions
 
-    def add(self, record: SubscriptionRecord, doc: ast.Document | None = None) -> list[Plan]:
+    def add(self, record: SubscriptionRecord, doc: ast.Document | None = None,
+            summary: Callable[[list[Plan]], str] | None = None) -> list[Plan]:
         """Plan every profile of the record's document over the connected services, subscribe
         the federation, and evaluate it on what comes after the record's start: the events
         after its position in the event log (the log's head when it was registered: the
@@ -483,12 +484,20 @@ class Pipeline:
         and stored, if the record is (a restart replays it from there): store it before
         ``add``. ``ProfileError`` for a document that does not parse, ``ValueError``
         (``PushRefused``) for one a service refuses. ``doc``: the record's text parsed already
-        (parsing is most of the cost)."""
-        return self._add(record, doc, restoring=False)
+        (parsing is most of the cost). ``summary``: the record is not stored yet — the pipeline
+        stores it once planned, its ``plans`` the summary of the plans, in one write
+        (:meth:`record` reads it back)."""
+        return self._add(record, doc, restoring=False, summary=summary)
+
+    def record(self, owner: str, name: str) -> SubscriptionRecord | None:
+        """The record of a live subscription as the pipeline stored it (None: not live)."""
+        sub = self._subs.get((owner, name))
+        return sub.record if sub is not None else None
 
     def _add(self, record: SubscriptionRecord, doc: ast.Document | None,
              restoring: bool, saved: list[Any] | None = None,
-             checkpoint: dict[str, Any] | None = None) -> list[Plan]:
+             checkpoint: dict[str, Any] | None = None,
+             summary: Callable[[list[Plan]], str] | None = None) -> list[Plan]:
         doc = doc if doc is not None else parse(record.text)
         # A fed service out of reach is planned around (the own feed holds its events): an
         # AddProfile never waits on it. An autonomous one holds events nobody else has: its
@@ -513,10 +522,14 @@ class Pipeline:
                     # Registered while events were on their way, or evaluated past its start
                     # already (the services have seen those events): it starts here.
                     record = stamped
-                    if self.store.subscription(record.owner, record.name) is not None:
+                    if summary is None and self.store.subscription(
+                            record.owner, record.name) is not None:
                         self.store.put_subscription(record)
             plans = [plan_federated(p, doc, infos, live=True, refuses=self._refuses(doc))
                      for p in doc.profiles]
+            if summary is not None:  # (before its federations: what they append needs it)
+                record = replace(record, plans=summary(plans))
+                self.store.put_subscription(record)
             sparked = [p for p in plans if self._composer(p, doc) == "spark"]
             ran = [p for p in plans if p not in sparked]
             federations: list[Federation] = []

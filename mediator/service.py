@@ -34,7 +34,6 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from dataclasses import replace
 from functools import wraps
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -96,7 +95,9 @@ ERROR_DOMAIN = "evamed"
 class Pipeline(Protocol):
     """What the service asks of the pipeline (mediator/pipeline.py)."""
 
-    def add(self, record: SubscriptionRecord, doc: ast.Document | None = None) -> list[Plan]: ...
+    def add(self, record: SubscriptionRecord, doc: ast.Document | None = None,
+            summary: Callable[[list[Plan]], str] | None = None) -> list[Plan]: ...
+    def record(self, owner: str, name: str) -> SubscriptionRecord | None: ...
     def remove(self, owner: str, name: str) -> bool: ...
     def wake(self) -> None: ...
     def handed(self, head: int, lines: list[str], events: list[Event]) -> None: ...
@@ -461,18 +462,18 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
         record = SubscriptionRecord(owner, name, text, time.time_ns() // 1000,
                                     start_position=self.store.event_head(),
                                     start_time=self._newest_time())
-        self.store.put_subscription(record)  # first: what the pipeline appends needs it
         try:
-            plans = self.pipeline.add(record, doc)
+            # Stored by the pipeline once planned, with where it starts and its plans: one
+            # write per registration.
+            plans = self.pipeline.add(record, doc, summary=_plans_json)
         except Exception as exc:
             self.store.delete_subscription(owner, name)
             raise _planning_refusal(exc) from None
         if self.brokers is not None:
             self.brokers.added((owner, name), doc)
-        # Re-read: the pipeline may have moved the record's start to where it is.
-        record = replace(self.store.subscription(owner, name) or record, plans=json.dumps(
-            [_plan_summary(p) for p in plans], ensure_ascii=False))
-        self.store.put_subscription(record)
+        # (suspended already, it is no longer live: read back)
+        record = (self.pipeline.record(owner, name) or self.store.subscription(owner, name)
+                  or record)
         return (record, self.store.notification_bounds(owner, name)), plans
 
     def _parse_here(self, text: str) -> ast.Document:
@@ -748,6 +749,11 @@ def _planning_refusal(exc: Exception) -> Refusal:
     log.error("planning failed", exc_info=exc)
     return Refusal(grpc.StatusCode.INTERNAL, f"planning failed: {type(exc).__name__}: "
                    f"{str(exc)[:200]}")
+
+
+def _plans_json(plans: list[Plan]) -> str:
+    """A subscription record's ``plans``: each plan's summary."""
+    return json.dumps([_plan_summary(p) for p in plans], ensure_ascii=False)
 
 
 def _plan_summary(p: Plan) -> dict[str, Any]:

@@ -74,12 +74,19 @@ class Pipeline:
     def start(self) -> None: ...
     def stop(self, timeout: float = 5.0) -> None: ...
 
-    def add(self, record: SubscriptionRecord, doc: ast.Document | None = None) -> list[Plan]:
+    def add(self, record: SubscriptionRecord, doc: ast.Document | None = None,
+            summary: Callable[[list[Plan]], str] | None = None) -> list[Plan]:
         doc = doc if doc is not None else parse(record.text)
         if any(p.name == "Refused" for p in doc.profiles):
             raise PushRefused("the service refused the query Refused")
+        if summary is not None:  # stored once planned, as the pipeline does
+            record = replace(record, plans=summary([]))
+            self.store.put_subscription(record)
         self.live[(record.owner, record.name)] = record
         return []
+
+    def record(self, owner: str, name: str) -> SubscriptionRecord | None:
+        return self.live.get((owner, name))
 
     def remove(self, owner: str, name: str) -> bool:
         return self.live.pop((owner, name), None) is not None
