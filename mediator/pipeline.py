@@ -253,7 +253,7 @@ class Pipeline:
         # _settled, or a round evaluated something: None); otherwise only those added since
         # (_fresh) — a registration costs its own decision, not one of every subscription.
         self._settled: list[State] | None = None
-        self._fresh: list[_Subscription] = []
+        self._fresh: dict[Key, _Subscription] = {}  # (a dropped one leaves it: _drop)
         self._held = RunnerStats()  # the state gauge's sum, kept up as subscriptions come
         self._remeasure = False  # one was dropped: the sum is walked again (once per MEASURED)
         self._measured = clock.monotonic()
@@ -557,7 +557,7 @@ class Pipeline:
                     federation.unsubscribe()
                 raise
             self._subs[key] = sub
-            self._fresh.append(sub)
+            self._fresh[key] = sub
             if self._ended_handles:  # it may hold a handle a service ended already
                 self._ended_seen = False
             self._failed.pop(key, None)
@@ -682,6 +682,7 @@ class Pipeline:
         if sub is None:
             return False
         self._count(sub, -1)
+        self._fresh.pop(key, None)
         self._remeasure = True
         for federation in sub.federations:
             federation.unsubscribe()
@@ -980,8 +981,8 @@ class Pipeline:
         # Nothing moved since every subscription was decided: deciding one again at the same
         # bound settles nothing new; those added since are decided now.
         subs = list(self._subs.values()) if whole else [
-            s for s in self._fresh if self._subs.get(s.key) is s]
-        self._fresh = []
+            s for s in self._fresh.values() if self._subs.get(s.key) is s]
+        self._fresh = {}
         decided: dict[Key, list[Notification]] = {}
         slowest: int | None = None  # the least bound decided: a composite still to come of
         # the federation behind the others may name what lies a horizon before it
