@@ -698,12 +698,8 @@ class Pipeline:
         status says why (GetProfile, Subscribe), and a dead letter is kept. The others go on
         as before. ``among``: only these were evaluated since the last check (None: all)."""
         ended = self._holders_of_ended() if not self._ended_seen else {}
-        checked = list(self._subs.values()) if among is None else among
-        for sub in [*checked, *(self._subs[key] for key in ended
-                                if among is not None and key in self._subs)]:
+        for sub in list(self._subs.values()) if among is None or ended else among:
             key = sub.key
-            if self._subs.get(key) is not sub:
-                continue  # (dropped already: listed twice)
             letters = [letter for f in sub.federations for letter in f.runner.limited]
             if key in ended:
                 letters.append(ended[key])
@@ -980,8 +976,7 @@ class Pipeline:
         whole = everything != self._settled
         # Nothing moved since every subscription was decided: deciding one again at the same
         # bound settles nothing new; those added since are decided now.
-        subs = list(self._subs.values()) if whole else [
-            s for s in self._fresh.values() if self._subs.get(s.key) is s]
+        subs = list((self._subs if whole else self._fresh).values())  # (_drop keeps both)
         self._fresh = {}
         decided: dict[Key, list[Notification]] = {}
         slowest: int | None = None  # the least bound decided: a composite still to come of

@@ -407,7 +407,7 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
         the document ``text``: registered and planned now, or the one registered before with
         the same text; ALREADY_EXISTS with another text."""
         doc: ast.Document | None = None
-        if len(text) > SMALL_DOCUMENT or len(text.encode("utf-8", "surrogatepass")) > SMALL_DOCUMENT:
+        if self._check_size(text) > SMALL_DOCUMENT:
             doc = await self._parse(text)
             name = self._named(doc, name)
         # Shielded: a caller that goes away mid-registration leaves it complete (as AddProfile
@@ -477,9 +477,9 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
         return (record, self.store.notification_bounds(owner, name)), plans
 
     def _parse_here(self, text: str) -> ast.Document:
-        """The document of a small ``text`` (:data:`SMALL_DOCUMENT`), read in the calling
-        thread; a Refusal says why it cannot be read, as :meth:`_parse` does."""
-        self._check_size(text)
+        """The document of a small ``text`` (:data:`SMALL_DOCUMENT`; its size checked by the
+        caller), read in the calling thread; a Refusal says why it cannot be read, as
+        :meth:`_parse` does."""
         try:
             return parse(text, FILENAME)
         except (ProfileError, RecursionError) as exc:
