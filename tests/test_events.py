@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -77,6 +78,28 @@ def test_the_fast_timestamp_path_agrees_with_the_general_parser(
     text += "" if tail.startswith(("+", "z")) else "Z"
     assert parse_time(text) == _parse_time(text)
     assert parse_time(text) == parse_time(text)  # the second time from the cache
+
+
+@given(st.lists(st.tuples(st.sampled_from(["2026-03-02T10:00", "2026-03-02T10:01",
+                                           "2026-02-30T10:00", "2026-03-02t10:00"]),
+                          st.text(st.sampled_from("0159:a\u0663 "), min_size=2, max_size=2),
+                          st.sampled_from(["Z", ".123Z", ".123456Z", ".12aZ", "z"])),
+                min_size=1, max_size=6))
+def test_the_last_minute_path_agrees_with_the_general_parser(
+        texts: list[tuple[str, str, str]]) -> None:
+    """Consecutive times, in the same minute or not, with any characters for the seconds:
+    the value or the refusal of the general parser."""
+    from eva.events import _parse_time
+
+    def outcome(read: Callable[[str], int], text: str) -> object:
+        try:
+            return read(text)
+        except EventError as exc:
+            return str(exc)
+
+    for minute, second, tail in texts:
+        text = f"{minute}:{second}{tail}"
+        assert outcome(parse_time, text) == outcome(_parse_time, text), text
 
 
 def test_what_orjson_refuses_json_still_reads() -> None:
