@@ -29,30 +29,47 @@ _blake2b = hashlib.blake2b
 
 
 def _repr(value: Any) -> str:
-    """``repr(value)``, to the character (tests/test_notify.py), spelt directly for the
-    identity of a binary composite of primitive events, ``(tag, (source, id), (source, id))``,
-    whose text needs no escape — the tag's ``repr`` (the node's expression) kept — and by
-    ``repr`` for anything else. A composite's id is a digest of it, and ``repr`` spells the
-    same long tag again for every composite."""
-    if type(value) is tuple and len(value) == 3:
+    """``repr(value)``, to the character (tests/test_notify.py). A composite's id is a digest
+    of it, and ``repr`` of a nested tuple costs more than the rest of the composite's line
+    (each item's ``__repr__``, the same long tag — the node's expression — escaped again for
+    every composite): the identities of binary operators over primitive events are spelt
+    directly (:func:`_spelt`), anything else by ``repr``."""
+    spelt = _spelt(value)
+    return repr(value) if spelt is None else spelt
+
+
+def _spelt(value: Any) -> str | None:
+    """``repr`` of a primitive's identity ``((source, id), time)`` or of a binary node's
+    ``(tag, left, right)`` whose children are such, when no string in it needs an escape
+    (printable ASCII without a quote or a backslash, which ``repr`` writes between single
+    quotes as is); None for anything else."""
+    if type(value) is not tuple:
+        return None
+    if len(value) == 3:
         tag = value[0]
-        left = value[1]
-        right = value[2]
-        if (type(tag) is str and type(left) is tuple and type(right) is tuple
-                and len(left) == 2 and len(right) == 2):
-            a = left[0]
-            b = left[1]
-            c = right[0]
-            d = right[1]
-            if type(a) is str and type(b) is str and type(c) is str and type(d) is str:
-                # Printable ASCII without a quote or a backslash: what ``repr`` writes between
-                # single quotes as is; checked once over the four.
-                body: str = a + b + c + d
-                if (body.isascii() and body.isprintable() and "'" not in body
-                        and "\\" not in body):
-                    return ("(" + _text(tag) + ", ('" + a + "', '" + b + "'), ('" + c + "', '"
-                            + d + "'))")
-    return repr(value)
+        if type(tag) is not str:
+            return None
+        left = _spelt(value[1])
+        if left is None:
+            return None
+        right = _spelt(value[2])
+        if right is None:
+            return None
+        return f"({_text(tag)}, {left}, {right})"
+    if len(value) != 2:
+        return None
+    pair = value[0]
+    time = value[1]
+    if type(pair) is not tuple or len(pair) != 2 or type(time) is not int:
+        return None
+    source = pair[0]
+    ident = pair[1]
+    if type(source) is not str or type(ident) is not str:
+        return None
+    body: str = source + ident
+    if body.isascii() and body.isprintable() and "'" not in body and "\\" not in body:
+        return f"(('{source}', '{ident}'), {time})"  # one build, where + makes one per part
+    return None
 
 
 _TEXTS: dict[str, str] = {}
