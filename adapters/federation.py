@@ -350,21 +350,29 @@ class Federation:
         if not self.own_inputs:
             return []
         seen = []
+        end = self.end
+        previous = self._last
         for event in events:
-            previous = self._last
-            if previous is not None and event.key < previous.key:
+            t = event.time
+            # (time, seq) is the order of ``Event.key`` (every one primitive), without
+            # building two keys per event.
+            if previous is not None and (t < previous.time or (
+                    t == previous.time and event.seq < previous.seq)):
                 raise ValueError(
-                    f"event {event.id!r} (time {label(event.time)}, arrival {event.seq}) comes "
+                    f"event {event.id!r} (time {label(t)}, arrival {event.seq}) comes "
                     f"after {previous.id!r} (time {label(previous.time)}, arrival "
                     f"{previous.seq}); expected the events in time order, then arrival order")
-            self._last = event
-            runner.begin(event.time - 1)  # the first event starts the clock, if nothing did
-            assert runner.start is not None
-            if event.time <= runner.start or (self.end is not None and event.time > self.end):
+            previous = self._last = event
+            start = runner.start
+            if start is None:
+                runner.begin(t - 1)  # the first event starts the clock, if nothing did
+                start = runner.start
+                assert start is not None
+            if t <= start or (end is not None and t > end):
                 continue  # outside the trace the profiles see
             runner.push(event)
             seen.append(event)
-            self._newest = event.time
+            self._newest = t
         return seen
 
     def _notify(self, detections: Detections) -> None:

@@ -98,9 +98,9 @@ class Door:
         self.order = asyncio.Lock()
         """Held while a batch is decided and appended (and by ``advance``)."""
         self.appended: Callable[[int, list[str], list[Event]], None] | None = None
-        """Told after each durable append: the log's head, the lines appended and their
-        events (the pipeline's own feed takes the events instead of decoding the lines
-        again; it still reads the lines from the log)."""
+        """Told after each durable append, in the thread that wrote it: the log's head, the
+        lines appended and their events (the pipeline's own feed takes the events instead of
+        decoding the lines again; it still reads the lines from the log)."""
 
     @property
     def newest(self) -> int | None:
@@ -188,8 +188,18 @@ class Door:
             tally.index += 1
         try:
             if accepted:
+                appended = self.appended
+
+                def durably(batch: list[str]) -> Any:
+                    head = append(batch)
+                    if appended is not None and isinstance(head, int):
+                        # In the writer's thread, straight after the write: handed on the loop,
+                        # the pipeline often read the batch back from the log first.
+                        appended(head, batch, events)
+                    return head
+
                 try:
-                    head = await asyncio.to_thread(append, accepted)
+                    await asyncio.to_thread(durably, accepted)
                 except Exception as exc:
                     log.exception("appending %d events failed", len(accepted))
                     raise LogWriteError(len(accepted), f"the event log could not be written "
@@ -197,8 +207,6 @@ class Door:
                 trial.commit()
                 self.metrics.events_in.labels(lane).inc(len(accepted))
                 tally.accepted += len(accepted)
-                if self.appended is not None and isinstance(head, int):
-                    self.appended(head, accepted, events)
         finally:
             if letters:
                 await asyncio.to_thread(self.letters.record, letters, tally.index - start)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from eva.admission import CAPACITY, Reason, Reorder
-from eva.events import Event, EventError, from_json_line
+from eva.events import Event, EventError, from_json_line, read_texts
 from mediator.dead_letters import MEDIATOR, DeadLetterLog, Letter
 from mediator.inputs import State
 from mediator.metrics import Metrics
@@ -88,7 +88,9 @@ class OwnFeed:
         lags far behind reads what is not kept here from the log, as before."""
         decoded = self._decoded
         if len(decoded) + len(events) > DECODED:
-            decoded.clear()  # the feed lags: it reads these from the log as before
+            # The feed lags: it reads these from the log as before, and keeps what it will
+            # read first (clearing those instead had it read everything back once behind).
+            return
         first = head - len(lines) + 1
         for i, line in enumerate(lines):
             if first + i > self.position:  # else read already (decoded from the log)
@@ -102,15 +104,20 @@ class OwnFeed:
         fails is read again by the next start."""
         decoded = self._decoded
         logged: list[LoggedEvent] = []
-        known: list[Event] = []
+        known: list[Event | EventError] = []
         while len(logged) < limit and (entry := decoded.pop(self.position + len(logged) + 1,
                                                             None)) is not None:
             logged.append(LoggedEvent(self.position + len(logged) + 1, entry[0]))
             known.append(entry[1])
         if not logged and limit > 0:
             logged = self.store.read_events(after=self.position, limit=limit)
-            for item in logged:  # read from the log: what the door handed of them is stale
-                decoded.pop(item.position, None)
+            # The door hands a batch once its append has returned: the log may hold it first.
+            # What it handed meanwhile is taken (a position holds one line, whoever wrote it),
+            # the rest decoded in one compiled loop.
+            handed = [decoded.pop(item.position, None) for item in logged]
+            fresh = iter(read_texts([item.line for item, entry in zip(logged, handed, strict=True)
+                                     if entry is None]))
+            known = [next(fresh) if entry is None else entry[1] for entry in handed]
         letters: list[Letter] = []
         self.reorder.freeze()  # the clock read once for the batch
         try:
@@ -122,24 +129,21 @@ class OwnFeed:
         self._handed(out)
         return logged, out
 
-    def _order(self, logged: list[LoggedEvent], known: list[Event],
+    def _order(self, logged: list[LoggedEvent], known: list[Event | EventError],
                letters: list[Letter]) -> list[Event]:
-        """The batch's events through the reorder buffer: what is due, in time order; a line
-        that cannot be read, or is behind what was handed on, is a letter."""
+        """The batch's events (``known``: each entry's, or why its line is not one) through
+        the reorder buffer: what is due, in time order; a line that cannot be read, or is
+        behind what was handed on, is a letter."""
         out: list[Event] = []
         reorder = self.reorder
         passed = False
-        for i, item in enumerate(logged):
-            try:
-                if known:
-                    event = known[i].renumbered(item.position)
-                else:
-                    event = from_json_line(item.line, item.position)
-            except EventError as exc:
-                log.error("event-log position %d skipped: %s", item.position, exc)
-                letters.append(Letter(Reason.MALFORMED, MEDIATOR, str(exc), item.line,
+        for item, decoded in zip(logged, known, strict=True):
+            if isinstance(decoded, EventError):
+                log.error("event-log position %d skipped: %s", item.position, decoded)
+                letters.append(Letter(Reason.MALFORMED, MEDIATOR, str(decoded), item.line,
                                       where=f"event-log position {item.position}"))
                 continue
+            event = decoded.renumbered(item.position)
             why = reorder.behind(event.time)
             if why:
                 log.error("event-log position %d (id %r) skipped: its time lies %s",

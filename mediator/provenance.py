@@ -90,15 +90,22 @@ class Origins:
         return len(self._source)
 
     def note(self, events: Iterable[Event]) -> None:
+        source = self._source
+        horizons: dict[str, int | None] = {}  # per type, for the batch: a batch has few types
         for e in events:
-            if e.id in self._source:
+            if e.id in source:
                 continue
-            horizon = (self._longest if e.type.startswith(TICK_TYPE)
-                       else _longer(self._by_type.get(e.type, NOT_KEPT), self._any))
+            kind = e.type
+            if kind in horizons:
+                horizon = horizons[kind]
+            else:
+                horizon = horizons[kind] = (
+                    self._longest if kind.startswith(TICK_TYPE)
+                    else _longer(self._by_type.get(kind, NOT_KEPT), self._any))
             if horizon == NOT_KEPT:
                 continue
-            self._source[e.id] = e.source
-            self._kind[e.id] = (e.type, e.time)
+            source[e.id] = e.source
+            self._kind[e.id] = (kind, e.time)
             if horizon is not None:
                 heapq.heappush(self._expiry, (e.time + horizon, e.id))
 

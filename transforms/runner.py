@@ -847,9 +847,10 @@ class Runner:
     def _release(self, event: Event) -> None:
         """An event whose visibility is final, to the partitions of the profiles it is of."""
         ident = (event.source, event.id)
-        self._learned.discard(ident)
+        if self._learned:
+            self._learned.discard(ident)
         for p in self.profiles:
-            if not any(match(event) for match in p.opens):
+            if not _any_match(p.opens, event):
                 continue
             partition = self._partition(p, event)
             if partition is None:
@@ -865,7 +866,8 @@ class Runner:
                     self._touch(p, partition)
             p.visible.discard(ident)
         for visible in self._visible.values():
-            visible.discard(ident)  # nothing can name it any more
+            if visible:
+                visible.discard(ident)  # nothing can name it any more
 
     def _forget(self, bound: int) -> None:
         """Drop the events no taken-over answer can name any more."""
@@ -1009,6 +1011,15 @@ def _rerun(data: dict[str, Any], horizon: int | None,
     made = _keyed(data, horizon, None, letter)
     assert made is not None
     return made
+
+
+def _any_match(matchers: list[Callable[[Event], bool]], event: Event) -> bool:
+    """Whether one of ``matchers`` takes ``event`` (a loop, not ``any`` of a generator: once
+    per event and profile of every runner)."""
+    for match in matchers:  # noqa: SIM110 (the reason above)
+        if match(event):
+            return True
+    return False
 
 
 def _engines(partition: _Partition) -> list[_Keyed]:
