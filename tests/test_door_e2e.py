@@ -68,6 +68,16 @@ class Mediator:
         return list(self.client.dead_letters(reason=reason))
 
 
+def where_lost(published: list[str], mediator: Mediator, composites: list[Any]) -> str:
+    """Which stage lost what a test misses: never logged (lost before the door: the broker's
+    persistence, the source), or logged and not delivered (the pipeline, the stream)."""
+    logged = {e["id"] for e in mediator.logged()}
+    named = {c for n in composites for c in n.cloudevent["data"]["constituents"]}
+    return (f"not in the event log: {[i for i in published if i not in logged][:20]}; "
+            f"logged, not delivered: {[i for i in published if i in logged and i not in named][:20]}"
+            f" (of {len(published)} published; the last: {published[-1]})")
+
+
 def account(what: str, published: list[str], mediator: Mediator, composites: list[Any],
             disorder: float) -> int:
     """Print and return the events lost: published, not named by a composite."""
@@ -227,7 +237,10 @@ def test_a_paho_device_across_broker_kills_loses_nothing_within_the_lateness(
         # broker's backlog): a loss stalls it, and the count below says what is missing.
         wait_while_growing(lambda: [len(mediator.logged())], total, 60)
         mediator.client.publish([], advance_to=time.time_ns() // 1000 + SECOND)
-        reader.wait_for(total, 60)
+        try:
+            reader.wait_for(total, 60)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; {where_lost(published, mediator, reader.got)}") from None
         time.sleep(0.5)
         logged = mediator.logged()
         disorder = disorder_of(logged)
