@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Generic, TypeVar
 
-from eva.events import DeadLetter, Event, brief_repr, format_time
+from eva.events import DeadLetter, Event, EventError, brief_repr, format_time
 from eva.units import format_span
 
 
@@ -389,6 +389,23 @@ class Reorder(Generic[T]):
         return (first[0][0], first[1]) if first is not None else None
 
 
+def put_events(reorder: Reorder[Event], events: list[Event | EventError], positions: list[int],
+               start: int, out: list[Event]) -> int:
+    """From index ``start``, each event renumbered by its position into ``reorder`` and what
+    is due appended to ``out`` — the own feed's batch (mediator/ingestion.py) in one compiled
+    loop — until an entry that is not an event or is behind what was given out: its index, for
+    the caller to refuse with its reason (``len(events)``: none)."""
+    n = len(events)
+    i = start
+    while i < n:
+        entry = events[i]
+        if isinstance(entry, EventError) or reorder.behind(entry.time):
+            return i
+        out.extend(reorder.put(entry.time, entry.renumbered(positions[i])))
+        i += 1
+    return n
+
+
 class Admission:
     """The decision for one event at a time (dup, late, future) and the state it needs: the
     ids admitted, the newest admitted time per the rules, an advance. ``clock``: now, in µs
@@ -518,6 +535,36 @@ class Trial:
             if self.newest is None or event.time > self.newest:
                 self.newest = event.time
         return refused
+
+    def run(self, lines: list[str], decoded: list[Event | EventError | None], start: int,
+            lane: str, allowed: dict[str, bool] | None, may: Callable[[str], bool],
+            accepted: list[str], events: list[Event]) -> tuple[int, Refused | None]:
+        """The door's batch (mediator/door.py) from index ``start``, in one compiled loop: each
+        line whose event was decoded (``decoded``; None or an error: it was not), is of a
+        source the client may publish under (``allowed``: the answers of ``may`` per source,
+        filled here; None: any source) and is admitted, appended to ``accepted`` (its line)
+        and ``events`` — up to the first line that is not: its index, with its refusal if the
+        rules refused it (the caller says why otherwise); ``(len(lines), None)`` at the end."""
+        n = len(lines)
+        i = start
+        while i < n:
+            event = decoded[i]
+            if not isinstance(event, Event):
+                return i, None
+            if allowed is not None:
+                source = event.source
+                ok = allowed.get(source)
+                if ok is None:
+                    ok = allowed[source] = may(source)
+                if not ok:
+                    return i, None
+            refused = self.judge(event, lane)
+            if refused is not None:
+                return i, refused
+            accepted.append(lines[i].rstrip("\r\n"))
+            events.append(event)
+            i += 1
+        return n, None
 
     def commit(self) -> None:
         for event in self.taken:

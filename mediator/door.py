@@ -152,28 +152,31 @@ class Door:
         start = tally.index
         lines = list(lines)
         limit = self.rules.max_bytes_of(lane)
-        judge = trial.judge
-        plain = not self.autonomous  # no coverage to check: the common case, inline
-        allowed: dict[str, bool] = {}  # per source, once a batch: matching per event cost
+        plain = not self.autonomous  # no coverage to check: the common case, in one loop
+        allowed: dict[str, bool] | None = None if granted is None else {}  # per source
 
-        def may(source: str) -> bool:  # a fifth of the door's time
-            ok = allowed.get(source)
-            if ok is None:
-                ok = allowed[source] = may_publish(granted or (), source)
-            return ok
+        def may(source: str) -> bool:  # matched once per source and batch: a fifth of the
+            return may_publish(granted or (), source)  # door's time when it was per event
 
-        for line, decoded in zip(lines, _decode(lines, limit), strict=True):
-            if plain and isinstance(decoded, Event) and (  # decoded: within the size limit
-                    granted is None or may(decoded.source)):
-                refused = judge(decoded, lane)
-                if refused is None:
-                    accepted.append(line.rstrip("\r\n"))
-                    events.append(decoded)
-                    tally.index += 1
-                    continue
-                judged = Judged(line.rstrip("\r\n"), decoded, refused)
+        decoded = _decode(lines, limit)
+        i, n = 0, len(lines)
+        while i < n:
+            refused: Refused | None = None
+            if plain:
+                # Compiled: each line decoded, of a source the client may publish under and
+                # admitted is taken, up to one that is not (refused: the rules refused it).
+                stop, refused = trial.run(lines, decoded, i, lane, allowed, may, accepted,
+                                          events)
+                tally.index += stop - i
+                i = stop
+                if i == n:
+                    break
+            line = lines[i]
+            event = decoded[i]
+            if refused is not None and isinstance(event, Event):
+                judged = Judged(line.rstrip("\r\n"), event, refused)
             else:
-                judged = self._judge(line, trial, lane, client, granted, decoded)
+                judged = self._judge(line, trial, lane, client, granted, decoded[i])
             if judged.refused is None:
                 accepted.append(judged.line)
                 assert judged.event is not None
@@ -186,6 +189,7 @@ class Door:
                     judged.refused.reason, lane, judged.refused.detail, line, client=client,
                     where=self._where(lane, judged.event, tally.index), event_id=ident))
             tally.index += 1
+            i += 1
         try:
             if accepted:
                 appended = self.appended
@@ -287,9 +291,14 @@ def _decode(lines: list[str], limit: int | None) -> list[Event | EventError | No
     """The lines that pass the size rule decoded in one compiled loop (events.read_texts),
     None for the others (too large: never read) — or None for all if the batch could not be
     read so (each line is then read alone, and only its own event refused)."""
-    # A code point is at most 4 bytes: most lines pass without being encoded.
-    small = [limit is None or len(line) * 4 <= limit or _size(line) <= limit for line in lines]
+    # A code point is at most 4 bytes: most lines pass without being encoded, and most
+    # batches without a look at each line.
+    small: list[bool] | None = None
+    if limit is not None and max(map(len, lines), default=0) * 4 > limit:
+        small = [len(line) * 4 <= limit or _size(line) <= limit for line in lines]
     try:
+        if small is None:
+            return list(read_texts(lines))
         read = iter(read_texts([line for line, ok in zip(lines, small, strict=True) if ok]))
     except Exception:
         log.exception("a batch of events could not be read at once")

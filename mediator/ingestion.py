@@ -21,7 +21,7 @@ import time as clock
 from collections.abc import Callable
 from typing import Any
 
-from eva.admission import CAPACITY, Reason, Reorder
+from eva.admission import CAPACITY, Reason, Reorder, put_events
 from eva.events import Event, EventError, from_json_line, read_texts
 from mediator.dead_letters import MEDIATOR, DeadLetterLog, Letter
 from mediator.inputs import State
@@ -105,10 +105,13 @@ class OwnFeed:
         decoded = self._decoded
         logged: list[LoggedEvent] = []
         known: list[Event | EventError] = []
-        while len(logged) < limit and (entry := decoded.pop(self.position + len(logged) + 1,
-                                                            None)) is not None:
-            logged.append(LoggedEvent(self.position + len(logged) + 1, entry[0]))
+        position = self.position + 1
+        last = self.position + limit
+        pop = decoded.pop
+        while position <= last and (entry := pop(position, None)) is not None:
+            logged.append(LoggedEvent(position, entry[0]))
             known.append(entry[1])
+            position += 1
         if not logged and limit > 0:
             logged = self.store.read_events(after=self.position, limit=limit)
             # The door hands a batch once its append has returned: the log may hold it first.
@@ -136,32 +139,42 @@ class OwnFeed:
         behind what was handed on, is a letter."""
         out: list[Event] = []
         reorder = self.reorder
+        positions = [item.position for item in logged]
         passed = False
-        for item, decoded in zip(logged, known, strict=True):
-            if isinstance(decoded, EventError):
-                log.error("event-log position %d skipped: %s", item.position, decoded)
-                letters.append(Letter(Reason.MALFORMED, MEDIATOR, str(decoded), item.line,
-                                      where=f"event-log position {item.position}"))
-                continue
-            event = decoded.renumbered(item.position)
-            why = reorder.behind(event.time)
-            if why:
-                log.error("event-log position %d (id %r) skipped: its time lies %s",
-                          item.position, event.id, why)
-                letters.append(Letter(Reason.LATE, MEDIATOR, f"event time lies {why}: the "
-                                      "reader hands events on in time order and had passed it "
-                                      "(a line another writer appended, a log written under a "
-                                      "longer lateness, or a full reorder buffer)", item.line,
-                                      event_id=event.id,
-                                      where=f"event-log position {item.position}"))
-                continue
-            if self._origin is None:
-                self._origin = event.time - self.lateness - 1
-            passed = True
-            out += reorder.put(event.time, event)
+        i = 0
+        while True:
+            stop = put_events(reorder, known, positions, i, out)
+            if stop > i:
+                if self._origin is None:
+                    first = known[i]
+                    assert isinstance(first, Event)
+                    self._origin = first.time - self.lateness - 1
+                passed = True
+            if stop == len(known):
+                break
+            self._refuse(logged[stop], known[stop], letters)
+            i = stop + 1
         if passed:
             self._moved = clock.monotonic()
         return out
+
+    def _refuse(self, item: LoggedEvent, decoded: Event | EventError,
+                letters: list[Letter]) -> None:
+        """A letter for an entry :func:`put_events` stopped at: not an event, or behind."""
+        if isinstance(decoded, EventError):
+            log.error("event-log position %d skipped: %s", item.position, decoded)
+            letters.append(Letter(Reason.MALFORMED, MEDIATOR, str(decoded), item.line,
+                                  where=f"event-log position {item.position}"))
+            return
+        why = self.reorder.behind(decoded.time)
+        log.error("event-log position %d (id %r) skipped: its time lies %s",
+                  item.position, decoded.id, why)
+        letters.append(Letter(Reason.LATE, MEDIATOR, f"event time lies {why}: the "
+                              "reader hands events on in time order and had passed it "
+                              "(a line another writer appended, a log written under a "
+                              "longer lateness, or a full reorder buffer)", item.line,
+                              event_id=decoded.id,
+                              where=f"event-log position {item.position}"))
 
     def _handed(self, events: list[Event]) -> None:
         if events and (self.newest is None or events[-1].time >= self.newest):

@@ -587,12 +587,16 @@ class Runner:
             self.start = event.time - 1
         if event.time <= self.start or (self.end is not None and event.time > self.end):
             return  # outside the trace the profiles see
-        self._held.push(event.key, event)
         if self._keep_known != -1:
             ident = (event.source, event.id)
             self._known[ident] = event
             self._known_order.append((event.time, ident))
         self._newest = event.time
+        if not self._visible and not any(_any_match(p.opens, event) for p in self.profiles):
+            # Of no profile's classes, and no service can name it (no leaf of one): releasing
+            # it would do nothing. Most events are of no profile of a given subscription.
+            return
+        self._held.push(event.key, event)
 
     def learn(self, event: Event, taken: bool = False) -> bool:
         """An event a notification names that the runner was not pushed: an autonomous

@@ -260,7 +260,7 @@ class SqliteStore:
                                  "RETURNING head", (len(lines),)).fetchone()
             first = head - len(lines) + 1
             db.executemany("INSERT INTO events VALUES (?, ?)",
-                           [(first + i, line) for i, line in enumerate(lines)])
+                           zip(range(first, head + 1), lines, strict=True))  # no tuple list
         return int(head)
 
     def read_events(self, after: int, limit: int = 1000) -> list[LoggedEvent]:
