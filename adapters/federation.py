@@ -350,7 +350,7 @@ class Federation:
         runner = self.runner
         if not self.own_inputs:
             return []
-        seen = []
+        seen: list[Event] = []
         end = self.end
         previous = self._last
         for event in events:
@@ -359,6 +359,7 @@ class Federation:
             # building two keys per event.
             if previous is not None and (t < previous.time or (
                     t == previous.time and event.seq < previous.seq)):
+                runner.push_all(seen)  # those before it were taken
                 raise ValueError(
                     f"event {event.id!r} (time {label(t)}, arrival {event.seq}) comes "
                     f"after {previous.id!r} (time {label(previous.time)}, arrival "
@@ -371,9 +372,9 @@ class Federation:
                 assert start is not None
             if t <= start or (end is not None and t > end):
                 continue  # outside the trace the profiles see
-            runner.push(event)
             seen.append(event)
             self._newest = t
+        runner.push_all(seen)
         return seen
 
     def _notify(self, detections: Detections) -> None:

@@ -461,6 +461,9 @@ class Runner:
         for p in plans:
             self.profiles.append(self._profile(p))
         self._of: dict[int, _Profile] = {leaf.index: p for p in self.profiles for leaf in p.leaves}
+        # The classes any profile's partitions open on, each matcher once.
+        self._opens: list[Matcher] = list({id(m): m for p in self.profiles
+                                           for m in p.opens}.values())
         # The events held until their visibility is final, released in key order (the own
         # feed's come in that order, learnt ones out of it).
         self._held: Held[Event] = Held()
@@ -583,20 +586,32 @@ class Runner:
     def push(self, event: Event) -> None:
         """An admitted event of the trace, in time order (``seq``: its arrival number). It is
         held until the services' notifications about it are final."""
-        if self.start is None:
-            self.start = event.time - 1
-        if event.time <= self.start or (self.end is not None and event.time > self.end):
-            return  # outside the trace the profiles see
-        if self._keep_known != -1:
-            ident = (event.source, event.id)
-            self._known[ident] = event
-            self._known_order.append((event.time, ident))
-        self._newest = event.time
-        if not self._visible and not any(_any_match(p.opens, event) for p in self.profiles):
-            # Of no profile's classes, and no service can name it (no leaf of one): releasing
-            # it would do nothing. Most events are of no profile of a given subscription.
+        self.push_all([event])
+
+    def push_all(self, events: Sequence[Event]) -> None:
+        """:meth:`push` of each of ``events`` (the own feed's batch), in one loop."""
+        if not events:
             return
-        self._held.push(event.key, event)
+        if self.start is None:
+            self.start = events[0].time - 1
+        start, end = self.start, self.end
+        keep = self._keep_known != -1
+        # Of no profile's classes, and no service can name it (no leaf of one): releasing it
+        # would do nothing. Most events are of no profile of a given subscription.
+        opens = None if self._visible else self._opens
+        held = self._held.push
+        for event in events:
+            t = event.time
+            if t <= start or (end is not None and t > end):
+                continue  # outside the trace the profiles see
+            if keep:
+                ident = (event.source, event.id)
+                self._known[ident] = event
+                self._known_order.append((t, ident))
+            self._newest = t
+            if opens is not None and not _any_match(opens, event):
+                continue
+            held((t, PRIMITIVE, event.seq), event)  # its key
 
     def learn(self, event: Event, taken: bool = False) -> bool:
         """An event a notification names that the runner was not pushed: an autonomous
