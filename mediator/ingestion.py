@@ -92,9 +92,16 @@ class OwnFeed:
         lags far behind reads what is not kept here from the log, as before."""
         decoded = self._decoded
         if len(decoded) + len(events) > DECODED:
-            # The feed lags: it reads these from the log as before, and keeps what it will
-            # read first (clearing those instead had it read everything back once behind).
-            return
+            # Entries at or before the position are stale: the feed read those positions back
+            # from the log while they were being handed. (list() copies the keys in one step:
+            # the feed's thread pops meanwhile.)
+            position = self.position
+            for stale in [key for key in list(decoded) if key <= position]:
+                decoded.pop(stale, None)
+            if len(decoded) + len(events) > DECODED:
+                # The feed lags: it reads these from the log as before, and keeps what it
+                # will read first (clearing those instead had it read everything back).
+                return
         first = head - len(lines) + 1
         for i, line in enumerate(lines):
             if first + i > self.position:  # else read already (decoded from the log)

@@ -341,6 +341,35 @@ def test_the_own_feed_takes_the_door_s_events_as_the_log_would_give_them(store: 
     assert [e.seq for e in given] == list(range(1, 10))
 
 
+def test_the_door_s_events_stay_bounded_and_stale_ones_do_not_block_the_handoff(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The feed keeps at most DECODED of the door's events: beyond, the door's next batch is
+    read from the log, and what is kept stays. Entries the feed read back from the log while
+    they were being handed (at or before its position) are dropped once the bound is reached,
+    so that they never stop the handoff for good."""
+    from eva.events import from_json_line
+    from mediator import ingestion
+    from mediator.ingestion import OwnFeed
+
+    monkeypatch.setattr(ingestion, "DECODED", 4)
+    feed = OwnFeed(store)
+    texts = lines(DAY[:9])
+    head = store.append_events(texts[:3])
+    feed.hand(head, texts[:3], [from_json_line(t) for t in texts[:3]])
+    head = store.append_events(texts[3:5])
+    feed.hand(head, texts[3:5], [from_json_line(t) for t in texts[3:5]])  # beyond: not kept
+    assert sorted(feed._decoded) == [1, 2, 3]
+    feed.position = 3  # as if the feed had read 1-3 back from the log meanwhile: stale
+    head = store.append_events(texts[5:8])
+    feed.hand(head, texts[5:8], [from_json_line(t) for t in texts[5:8]])
+    assert sorted(feed._decoded) == [6, 7, 8]
+    given: list[Any] = []
+    while (read := feed.read(10))[0]:
+        feed.position = read[0][-1].position
+        given += read[1]
+    assert [e.seq for e in given] == [4, 5, 6, 7, 8] and feed._decoded == {}
+
+
 def test_subscriptions_see_only_the_events_after_their_registration(store: Store) -> None:
     """Subscriptions added while events stream in (another thread appending), one removed
     later: each sees the events after its registration — where the pipeline set its start —
