@@ -198,8 +198,14 @@ class Door:
                     head = append(batch)
                     if appended is not None and isinstance(head, int):
                         # In the writer's thread, straight after the write: handed on the loop,
-                        # the pipeline often read the batch back from the log first.
-                        appended(head, batch, events)
+                        # the pipeline often read the batch back from the log first. The lines
+                        # are durable now: a failure here is not a failed write (the client
+                        # would resend what was taken); the feed reads them from the log.
+                        try:
+                            appended(head, batch, events)
+                        except Exception:
+                            log.exception("handing %d appended events to the pipeline failed; "
+                                          "it reads them from the event log", len(batch))
                     return head
 
                 try:

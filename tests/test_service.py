@@ -696,6 +696,26 @@ def _publish_in_order(mediator: Mediator) -> None:
     assert [d.reason.split(":")[0] for d in late.dead_letters] == ["late", "duplicate"]
 
 
+def test_a_failed_handoff_to_the_pipeline_is_not_a_failed_write(
+        mediator: Mediator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The door hands the appended events to the pipeline once they are durable: if that
+    fails, they were still taken (the pipeline reads them from the log), and a resend is a
+    duplicate — not accepted twice."""
+    def broken(head: int, lines: list[str], events: list[Any]) -> None:
+        raise RuntimeError("handoff")
+
+    monkeypatch.setattr(mediator.running.served.service.door, "appended", broken)
+    md = mediator.client("source")
+    batch = [event("h1", 1), event("h2", 2)]
+    reply = publish(mediator, md, batch)
+    assert (reply.accepted, reply.dead_lettered) == (2, 0)
+    again = publish(mediator, md, batch)
+    assert again.accepted == 0 and [d.reason.split(":")[0] for d in again.dead_letters] == [
+        "duplicate", "duplicate"]
+    assert [json.loads(e.line)["id"] for e in mediator.store.read_events(0)][-2:] == [
+        "h1", "h2"]
+
+
 def test_an_event_far_in_the_future_is_refused_so_it_cannot_make_every_later_one_late(
         mediator: Mediator) -> None:
     """One event dated 9999 (or an advance to it), taken, would make every later event of every
