@@ -434,16 +434,14 @@ def _enveloped(line: str | bytes, seq: int) -> Event | None:
     differ from reading it now: not ASCII (msgspec checks the JSON of ``data`` but not that
     its strings are UTF-8), possibly nested too deep (many brackets), or holding a run of 19
     digits (an integer orjson cannot keep, or one past Python's digit limit)."""
-    if not line.isascii() or (len(line) > 2 * MAX_DEPTH and (
-            line.count("{") + line.count("[") if isinstance(line, str)
-            else line.count(b"{") + line.count(b"[")) > MAX_DEPTH):
+    if not line.isascii() or _may_nest_deeper(line, MAX_DEPTH):
         return None
     try:
         envelope = _decode_envelope(line)
     except _EnvelopeError:
         return None
     data = bytes(envelope.data)
-    if len(data) >= 19 and data.translate(_DIGITS).find(_LONG_RUN) >= 0:
+    if _long_digit_run(data):
         return None
     event = Event(envelope.id, envelope.source, envelope.type, parse_time(envelope.time), seq,
                   None, {"specversion": "1.0"})
@@ -463,17 +461,27 @@ def _json_value(line: str | bytes, depth: int) -> Any:
         # orjson reads an integer outside [-2^63, 2^64) as the nearest float: two customers
         # 12345678901234567890123 and ...124 would be one. Such an integer is a run of 19
         # digits or more, and becomes a float that large; most lines have no such run and skip
-        # the walk (translate and find: a tenth of a regular expression's time).
+        # the walk.
         raw = line if isinstance(line, bytes) else line.encode("utf-8", "surrogatepass")
-        if raw.translate(_DIGITS).find(_LONG_RUN) >= 0 and _has_big_float(obj):
+        if _long_digit_run(raw) and _has_big_float(obj):
             obj = _slow_json(line)
-    # Deeper nesting needs more than 2 * depth characters, and as many brackets: most lines
-    # skip the walk.
-    if len(line) > 2 * depth and (
-            line.count("{") + line.count("[") if isinstance(line, str)
-            else line.count(b"{") + line.count(b"[")) > depth and _too_deep(obj, depth):
+    if _may_nest_deeper(line, depth) and _too_deep(obj, depth):
         raise EventError(f"JSON nested deeper than {MAX_DEPTH} levels")
     return obj
+
+
+def _may_nest_deeper(line: str | bytes, depth: int) -> bool:
+    """Whether JSON ``line`` may nest deeper than ``depth``: that needs more than ``2 * depth``
+    characters, and as many brackets — most lines skip the walk."""
+    return len(line) > 2 * depth and (
+        line.count("{") + line.count("[") if isinstance(line, str)
+        else line.count(b"{") + line.count(b"[")) > depth
+
+
+def _long_digit_run(raw: bytes) -> bool:
+    """Whether ``raw`` holds a run of 19 digits or more: an integer orjson may not keep
+    (translate and find: a tenth of a regular expression's time)."""
+    return len(raw) >= 19 and raw.translate(_DIGITS).find(_LONG_RUN) >= 0
 
 
 def _slow_json(line: str | bytes) -> Any:
