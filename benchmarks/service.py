@@ -7,7 +7,8 @@ a temporary directory unless --store, embedded services):
   sequence of two classes of types that S services cover in turn (so most are cross-service):
   one AddProfile at a time (the latency of each), and with ``--concurrency K`` from K clients
   at once (each a thread registering its share: the throughput of a mediator many clients
-  register with);
+  register with); with ``--batch B`` each client sends its documents in AddProfiles calls of
+  B (``--batch 1,100``: a row each);
 * **latency**: publish → client, p50/p99, at a fixed rate of events/s (batches every 10 ms,
   event times the wall clock), one subscription notified of one event in ten, with each
   composer of ``--composers`` (``spark``: the live Spark job over the event log, its trigger
@@ -23,7 +24,7 @@ a temporary directory unless --store, embedded services):
 
     .venv/bin/python benchmarks/service.py [--part subscribe|latency|publish|where|all] [--quick]
         [--profiles 10,100,1000,10000] [--services 1,3,6] [--per-client 100] [--concurrency 1]
-        [--process]
+        [--process] [--batch 1,100] [--repeat 3]
         [--rates 1000,10000] [--store URL] [--composers inprocess,spark] [--trigger "200 milliseconds"]
 """
 
@@ -145,31 +146,43 @@ def mediator_process(services: int, clients: int, per_client: int = PER_CLIENT
 
 
 def subscribe(sizes: list[int], services: list[int], store: str | None,
-              per_client: int = PER_CLIENT, concurrency: int = 1, process: bool = False) -> None:
+              per_client: int = PER_CLIENT, concurrency: int = 1, process: bool = False,
+              batches: tuple[int, ...] = (1,), repeat: int = 1) -> None:
     at_once = "one at a time" if concurrency == 1 else f"{concurrency} clients at once"
     where = "`evamed serve` in its own process" if process else "the mediator in this process"
-    print(f"subscription time: AddProfile × N from N / {per_client} clients ({at_once}), "
-          f"S embedded services, {where}")
-    print(f"{'services':>8} {'profiles':>9} {'total s':>9} {'per profile ms':>15} {'profiles/s':>11}"
-          + (f" {'server CPU s':>13}" if process else ""))
+    print(f"subscription time: N profiles from N / {per_client} clients ({at_once}; batch: "
+          f"documents per call, 1 = AddProfile, more = AddProfiles), S embedded services, "
+          f"{where}, median (min–max) of {repeat}")
+    print("| services | profiles | batch | total s | per profile ms | profiles/s |"
+          + (" server CPU s |" if process else "") + "\n|---:|---:|---:|---:|---:|---:|"
+          + ("---:|" if process else ""))
     for s in services:
         for n in sizes:
-            cpu = ""
-            if process:
-                with mediator_process(s, (n - 1) // per_client + 1, per_client) as (clients,
-                                                                                     pid):
-                    before = process_cpu(pid)
-                    elapsed = timed_registration(clients, n, per_client, concurrency)
-                    # (what the machine's other load hardly moves, unlike the wall time)
-                    cpu = f" {process_cpu(pid) - before:>13.2f}"
-            else:
-                with mediator(s, store, per_client) as (running, first):
-                    clients = [first] + [client_of(running) for _ in range((n - 1) // per_client)]
-                    elapsed = timed_registration(clients, n, per_client, concurrency)
-                    for client in clients[1:]:
-                        client.close()
-            print(f"{s:>8} {n:>9,} {elapsed:>9.2f} {elapsed / n * 1e3:>15.2f} {n / elapsed:>11,.0f}"
-                  + cpu, flush=True)
+            for batch in batches:
+                runs = [registration_run(s, n, store, per_client, concurrency, process, batch)
+                        for _ in range(repeat)]
+                elapsed = [e for e, _ in runs]
+                cpu = f" {spread([c for _, c in runs], 2)} |" if process else ""
+                print(f"| {s} | {n:,} | {batch} | {spread(elapsed, 2)} "
+                      f"| {spread([e / n * 1e3 for e in elapsed], 2)} "
+                      f"| {spread([n / e for e in elapsed])} |" + cpu, flush=True)
+
+
+def registration_run(s: int, n: int, store: str | None, per_client: int, concurrency: int,
+                     process: bool, batch: int) -> tuple[float, float]:
+    """Seconds to register ``n`` profiles, and the server's CPU seconds meanwhile (process)."""
+    if process:
+        with mediator_process(s, (n - 1) // per_client + 1, per_client) as (clients, pid):
+            before = process_cpu(pid)
+            elapsed = timed_registration(clients, n, per_client, concurrency, batch)
+            # (what the machine's other load hardly moves, unlike the wall time)
+            return elapsed, process_cpu(pid) - before
+    with mediator(s, store, per_client) as (running, first):
+        clients = [first] + [client_of(running) for _ in range((n - 1) // per_client)]
+        elapsed = timed_registration(clients, n, per_client, concurrency, batch)
+        for client in clients[1:]:
+            client.close()
+        return elapsed, 0.0
 
 
 def process_cpu(pid: int) -> float:
@@ -179,11 +192,12 @@ def process_cpu(pid: int) -> float:
 
 
 def timed_registration(clients: list[MediatorClient], n: int, per_client: int,
-                       concurrency: int) -> float:
-    """Seconds to register ``n`` profiles through ``clients`` (``concurrency`` at once)."""
+                       concurrency: int, batch: int = 1) -> float:
+    """Seconds to register ``n`` profiles through ``clients`` (``concurrency`` at once,
+    ``batch`` documents a call)."""
     texts = [profile(i) for i in range(n)]
     threads = [threading.Thread(target=register, args=(
-        clients[part::concurrency], texts, per_client, part, concurrency))
+        clients[part::concurrency], texts, per_client, part, concurrency, batch))
         for part in range(concurrency)]
     started = time.perf_counter()
     for thread in threads:
@@ -194,13 +208,23 @@ def timed_registration(clients: list[MediatorClient], n: int, per_client: int,
 
 
 def register(clients: list[MediatorClient], texts: list[str], per_client: int, part: int,
-             step: int) -> None:
+             step: int, batch: int = 1) -> None:
     """Each client's share of ``texts`` (client c of ``clients`` is the ``part + c * step``-th
-    of all: its ``per_client`` profiles), one AddProfile at a time."""
+    of all: its ``per_client`` profiles), one AddProfile at a time or ``batch`` documents an
+    AddProfiles call."""
     for c, client in enumerate(clients):
         first = (part + c * step) * per_client
-        for i in range(first, min(len(texts), first + per_client)):
-            client.add_profile(texts[i], name=f"p{i}")
+        mine = range(first, min(len(texts), first + per_client))
+        if batch == 1:
+            for i in mine:
+                client.add_profile(texts[i], name=f"p{i}")
+            continue
+        for start in range(mine.start, mine.stop, batch):
+            done = client.add_profiles([(texts[i], f"p{i}")
+                                        for i in range(start, min(mine.stop, start + batch))])
+            refused = [r for r in done if isinstance(r, Exception)]
+            if refused:
+                raise SystemExit(f"{len(refused)} refused, the first: {refused[0]}")
 
 
 def event(i: int, when: int, kind: str) -> str:
@@ -313,10 +337,11 @@ def publish(count: int, batches: list[int], store: str | None, repeat: int = 1) 
               f"| {spread([count / e for _, e in runs])} |", flush=True)
 
 
-def spread(samples: list[float]) -> str:
+def spread(samples: list[float], digits: int = 0) -> str:
     """Median and range, e.g. ``12,345 (11,900–12,800)``."""
     ordered = sorted(samples)
-    return f"{statistics.median(ordered):,.0f} ({ordered[0]:,.0f}–{ordered[-1]:,.0f})"
+    return (f"{statistics.median(ordered):,.{digits}f} "
+            f"({ordered[0]:,.{digits}f}–{ordered[-1]:,.{digits}f})")
 
 
 def thread_times() -> dict[str, float]:
@@ -427,6 +452,9 @@ def main() -> None:
                         help="Profiles per client (and the limit per client).")
     parser.add_argument("--concurrency", type=int, default=1,
                         help="Clients registering at once (subscribe).")
+    parser.add_argument("--batch", default="1",
+                        help="subscribe: documents per call (1: AddProfile; more: AddProfiles); "
+                             "a comma list gives a row each.")
     parser.add_argument("--process", action="store_true",
                         help="subscribe: `evamed serve` in a process of its own, the clients in "
                              "this one (as users run them), not all in this process.")
@@ -434,7 +462,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--batches", default="100,500,2000")
-    parser.add_argument("--repeat", type=int, default=3, help="Runs per row (publish, where).")
+    parser.add_argument("--repeat", type=int, default=3, help="Runs per row (subscribe, publish, where).")
     parser.add_argument("--store", default=None, help="A store URL (default: SQLite in a "
                                                       "temporary directory).")
     parser.add_argument("--composers", default="inprocess,spark",
@@ -450,7 +478,7 @@ def main() -> None:
         args.seconds, args.events = 2.0, 10_000
     if args.part in ("subscribe", "all"):
         subscribe(sizes, services, args.store, args.per_client, max(1, args.concurrency),
-                  args.process)
+                  args.process, tuple(int(b) for b in args.batch.split(",")), args.repeat)
     if args.part in ("latency", "all"):
         latency(rates, args.seconds, args.store, args.composers.split(","), args.trigger)
     if args.part in ("publish", "all"):

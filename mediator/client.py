@@ -55,6 +55,11 @@ log = logging.getLogger(__name__)
 BATCH_BYTES = 1024 * 1024
 """A Publish message is sent once its events reach this size (well under gRPC's 4 MB)."""
 
+MAX_BATCH = 1000
+"""Profile documents an AddProfiles call carries at most (the mediator refuses more)."""
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
 RETRIED = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED,
                      grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL})
 """What a subscription reconnects after: the server is down or going down (UNAVAILABLE), the
@@ -215,15 +220,25 @@ class MediatorError(Exception):
     @classmethod
     def from_rpc(cls, exc: grpc.RpcError, address: str) -> MediatorError:
         """The error a failed call stands for, with the details of its ``google.rpc.Status``."""
-        code: grpc.StatusCode = exc.code()
-        details = exc.details() or ""
-        violations: list[tuple[str, str]] = []
-        reason = ""
         try:
             status = rpc_status.from_call(exc)
         except ValueError:  # details that disagree with the status: the message as it is
             status = None
-        for detail in status.details if status is not None else ():
+        return cls._of(exc.code(), exc.details() or "",
+                       status.details if status is not None else (), address)
+
+    @classmethod
+    def from_refused(cls, refused: Any, address: str) -> MediatorError:
+        """The error of one document AddProfiles refused (proto ``Refused``)."""
+        code = _CODES.get(refused.code, grpc.StatusCode.UNKNOWN)
+        return cls._of(code, refused.message, refused.details, address)
+
+    @classmethod
+    def _of(cls, code: grpc.StatusCode, details: str, packed: Iterable[Any],
+            address: str) -> MediatorError:
+        violations: list[tuple[str, str]] = []
+        reason = ""
+        for detail in packed:
             if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
                 bad = error_details_pb2.BadRequest()
                 detail.Unpack(bad)
@@ -480,6 +495,25 @@ class MediatorClient:
         services now; :meth:`subscribe` by name later reads its log from the start)."""
         return _profile_info(self._call("AddProfile", mediator_pb2.AddProfileRequest(
             profile_text=profile_text, name=name or "")))
+
+    def add_profiles(self, documents: Iterable[str | tuple[str, str | None]]
+                     ) -> list[ProfileInfo | MediatorError]:
+        """Register many profile documents (each a text, or a text and its name) in one call
+        per 1,000: each one's subscription, or the error AddProfile would have raised for it,
+        in order. One refused document does not stop the others; a failure of the call itself
+        (the mediator unreachable, the token refused) raises."""
+        requests = [mediator_pb2.AddProfileRequest(profile_text=d, name="")
+                    if isinstance(d, str) else
+                    mediator_pb2.AddProfileRequest(profile_text=d[0], name=d[1] or "")
+                    for d in documents]
+        results: list[ProfileInfo | MediatorError] = []
+        for start in range(0, len(requests), MAX_BATCH):
+            reply = self._call("AddProfiles", mediator_pb2.AddProfilesRequest(
+                profiles=requests[start:start + MAX_BATCH]))
+            results += [_profile_info(r.profile) if r.HasField("profile")
+                        else MediatorError.from_refused(r.refused, self.address)
+                        for r in reply.results]
+        return results
 
     def profiles(self) -> list[ProfileInfo]:
         """This client's subscriptions (a client sees only its own)."""

@@ -332,6 +332,27 @@ def test_refusals_are_one_line_errors_with_their_code(mediator: Mediator) -> Non
     assert str(refused.value).startswith(f"the mediator at {mediator.address} refused the token")
 
 
+def test_add_profiles_splits_a_thousand_per_call_and_answers_each(mediator: Mediator) -> None:
+    """1,001 documents: two calls; the first 100 registered (limits.profiles), the rest each
+    refused with the limit — and a registered subscription is live."""
+    texts = [PROFILE.replace("profile P", f"profile P{i}") for i in range(1001)]
+    with mediator.client("alice") as client:
+        results = client.add_profiles([(text, None) for text in texts[:-1]] + [texts[-1]])
+        assert len(results) == 1001
+        added = [r for r in results if not isinstance(r, MediatorError)]
+        assert [a.name for a in added] == [f"P{i}" for i in range(100)]
+        refused = results[100:]
+        assert all(isinstance(r, MediatorError) and r.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+                   and r.reason == "TOO_MANY_PROFILES" for r in refused)
+        assert len(client.profiles()) == 100
+        reader = Reader(client.subscribe(name="P7"))
+        client.publish(events(0, 2), advance_to=END)
+        assert constituents(reader.wait_for(2)) == ["e0", "e1"]
+        bad = client.add_profiles(['class A = type == "a"\nprofile Q = (A;\n'])
+        assert isinstance(bad[0], MediatorError)
+        assert str(bad[0]).startswith("line 2, column 16: found end of input, expected ")
+
+
 def test_profiles_are_private_to_their_client(mediator: Mediator) -> None:
     with mediator.client("alice") as alice, mediator.client("bob") as bob:
         added = alice.add_profile(PROFILE, name="mine")
@@ -401,6 +422,26 @@ def test_the_profile_commands_manage_a_clients_subscriptions(
     assert runner.invoke(app, ["profile", "rm", "mine"], env=env).stdout == "removed mine\n"
     gone = runner.invoke(app, ["profile", "rm", "mine"], env=env)
     assert gone.exit_code == 1 and "no subscription 'mine'" in gone.stderr
+
+
+def test_profile_add_takes_several_documents_and_says_which_were_refused(
+        mediator: Mediator, tmp_path: Path) -> None:
+    env = {"EVAMED_SERVER": mediator.address, "EVAMED_TOKEN": mediator.token("alice")}
+    files = []
+    for name, text in (("a", PROFILE), ("bad", 'class A = type == "a"\nprofile Q = (A;\n'),
+                       ("b", PROFILE.replace("profile P", "profile R"))):
+        files.append(tmp_path / f"{name}.eva")
+        files[-1].write_text(text)
+    result = runner.invoke(app, ["profile", "add", *map(str, files)], env=env)
+    assert result.exit_code == 1
+    assert result.stdout.splitlines() == ["added P: P", "  P: equivalent, mediator",
+                                          "added R: R", "  R: equivalent, mediator"]
+    assert result.stderr.splitlines()[0].startswith(
+        f"refused {files[1]}: line 2, column 16: found end of input, expected ")
+    assert result.stderr.splitlines()[-1] == ("error: 1 of 3 documents refused (the others "
+                                              "were added)")
+    named = runner.invoke(app, ["profile", "add", *map(str, files), "--name", "x"], env=env)
+    assert named.exit_code == 2 and "--name names one subscription" in named.stderr
 
 
 def test_a_refusal_is_one_line_with_exit_1_and_never_a_traceback(

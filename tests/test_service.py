@@ -342,7 +342,7 @@ def test_bytes_that_are_not_a_request_are_refused_and_logged_once_without_a_trac
             messages = [valid, GARBAGE] if method.name == "Publish" else [GARBAGE]  # Publish:
             # the garbage is the stream's second message
             calls.append((path, method.input_type.full_name, kind, call, messages, metadata))
-    assert sum(c[0].startswith("/eva.mediator.v1.") for c in calls) == 11
+    assert sum(c[0].startswith("/eva.mediator.v1.") for c in calls) == 12
     for _ in range(3):
         for path, expected, kind, call, messages, metadata in calls:
             with pytest.raises(grpc.RpcError) as refused:
@@ -422,6 +422,74 @@ def test_limits_are_refused_with_their_reasons(tmp_path: Path) -> None:
         assert "2" in (error.details() or "")
     finally:
         m.close()
+
+
+def test_add_profiles_answers_each_document_as_add_profile_would(tmp_path: Path) -> None:
+    """AddProfiles: one result per document, in order; a refusal is AddProfile's (code,
+    message, details) and does not stop the documents after it; a large document goes
+    through the reading processes as AddProfile's does; the per-client limit counts the
+    documents registered earlier in the same call."""
+    m = Mediator(tmp_path / "m.db", limits=Limits(profiles=4, depth=1, profile_bytes=6000,
+                                                  rate=0), real=True)
+    try:
+        md = m.client("alice")
+
+        def add(text: str, name: str = "") -> Any:
+            return m.stub.AddProfile(mediator_pb2.AddProfileRequest(profile_text=text, name=name),
+                                     metadata=md, timeout=TIMEOUT)
+
+        bad = 'class A = type == "a"\nprofile Q = (A;\n'
+        deep = ('class A = type == "a"\nprofile D = ((all_dup(((all_dup(A); all_dup(A))_1s)'
+                '_all_pairs); all_dup(A))_1s)_all_pairs\n')
+        huge = PROFILE + "#" * 6000 + "\n"
+        large = PROFILE.replace("profile P", "profile L") + "#" * 4500 + "\n"  # > 4096 bytes
+        other = PROFILE.replace("_10s", "_5s")
+        documents = [(PROFILE, ""), (bad, ""), (deep, ""), (huge, ""), (large, ""),
+                     (PROFILE, ""), (other, "P"), (other, "second"), (other, "third"),
+                     (other, "fifth")]
+        reply = m.stub.AddProfiles(mediator_pb2.AddProfilesRequest(profiles=[
+            mediator_pb2.AddProfileRequest(profile_text=t, name=n) for t, n in documents]),
+            metadata=md, timeout=TIMEOUT)
+        kinds = [r.WhichOneof("result") for r in reply.results]
+        assert kinds == ["profile", "refused", "refused", "refused", "profile", "profile",
+                         "refused", "profile", "profile", "refused"]
+        names = [r.profile.name for r in reply.results if r.HasField("profile")]
+        assert names == ["P", "L", "P", "second", "third"]  # the 2nd P: registered before
+        assert [p.name for p in m.store.subscriptions("alice")] == ["L", "P", "second", "third"]
+
+        def as_refused(error: grpc.RpcError) -> tuple[int, str, list[Any]]:
+            status = rpc_status.from_call(error)
+            assert status is not None
+            return status.code, status.message, list(status.details)
+
+        for index, text in ((1, bad), (2, deep), (3, huge)):
+            refused = reply.results[index].refused
+            assert (refused.code, refused.message, list(refused.details)) == as_refused(
+                refusal(partial(add, text))), index
+        codes = [grpc.StatusCode.INVALID_ARGUMENT] * 3 + [grpc.StatusCode.ALREADY_EXISTS,
+                                                          grpc.StatusCode.RESOURCE_EXHAUSTED]
+        assert [r.refused.code for r in reply.results if r.HasField("refused")] == [
+            code.value[0] for code in codes]
+        assert reply.results[9].refused.message.startswith("you have 4 subscriptions, the "
+                                                           "limit per client is 4")
+    finally:
+        m.close()
+
+
+def test_add_profiles_refuses_more_than_a_thousand_documents_and_registers_none(
+        mediator: Mediator) -> None:
+    from mediator.client import MAX_BATCH as CLIENT_BATCH
+    from mediator.service import MAX_BATCH
+
+    assert CLIENT_BATCH == MAX_BATCH  # the client splits where the mediator refuses
+    md = mediator.client("alice")
+    error = refusal(lambda: mediator.stub.AddProfiles(mediator_pb2.AddProfilesRequest(
+        profiles=[mediator_pb2.AddProfileRequest(profile_text=PROFILE, name=f"p{i}")
+                  for i in range(MAX_BATCH + 1)]), metadata=md, timeout=TIMEOUT))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert [i.reason for i in details(error)[1]] == ["TOO_MANY_DOCUMENTS"]
+    assert "1,001 profile documents in one call, the limit is 1,000" in (error.details() or "")
+    assert mediator.store.subscriptions("alice") == []
 
 
 def test_a_document_that_reads_longer_than_read_time_is_refused_with_its_reason(
@@ -1012,6 +1080,25 @@ def test_subscribe_with_any_text_is_ok_or_invalid_argument(shared: Mediator, tex
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (text, error.details())
     finally:
         stream.cancel()
+
+
+@settings(max_examples=40, deadline=None)
+@given(texts=st.lists(st.one_of(st.text(max_size=80), st.lists(_FRAGMENTS, max_size=14).map(
+    "".join)), min_size=1, max_size=6))
+def test_add_profiles_with_any_texts_answers_each_ok_or_invalid_argument(
+        shared: Mediator, texts: list[str]) -> None:
+    md = shared.client(f"b{time.monotonic_ns()}")
+    reply = shared.stub.AddProfiles(mediator_pb2.AddProfilesRequest(profiles=[
+        mediator_pb2.AddProfileRequest(profile_text=text) for text in texts]), metadata=md,
+        timeout=TIMEOUT)
+    assert len(reply.results) == len(texts)
+    for text, result in zip(texts, reply.results, strict=True):
+        if result.HasField("refused"):  # a name used twice is ALREADY_EXISTS or the same one
+            assert result.refused.code in (grpc.StatusCode.INVALID_ARGUMENT.value[0],
+                                           grpc.StatusCode.ALREADY_EXISTS.value[0]), (
+                text, result.refused.message)
+        else:  # registered now, or before in this call with the same text
+            assert result.profile.text == text
 
 
 

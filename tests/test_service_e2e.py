@@ -329,6 +329,12 @@ def test_one_client_s_worst_documents_never_stall_health_or_another_client(tmp_p
                         answers[name, method] = (grpc.StatusCode.OK, "")
                     except grpc.RpcError as exc:
                         answers[name, method] = (exc.code(), exc.details() or "")
+            # 40 of the worst small documents in one AddProfiles: read in its hops (4 at
+            # most: 16 KiB), ≈ 2 s of reading in all, the loop answering between hops.
+            small = next(text for name, (text, _, _) in WORST.items() if "(small" in name)
+            batch = stub.AddProfiles(mediator_pb2.AddProfilesRequest(profiles=[
+                mediator_pb2.AddProfileRequest(profile_text=small, name=f"b{i}")
+                for i in range(40)]), metadata=metadata, timeout=60)
             time.sleep(0.5)
     finally:
         done.set()
@@ -346,6 +352,9 @@ def test_one_client_s_worst_documents_never_stall_health_or_another_client(tmp_p
                     and "(limits.read_time)" in message)
             assert (code == status and words in message) or slow, (
                 name, method, code, message[:300])
+    assert len(batch.results) == 40 and all(
+        r.refused.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        and "expected an operator inside them" in r.refused.message for r in batch.results)
     print(f"health: {len(health)} answers, the slowest {max(health) * 1000:.1f} ms; "
           f"{sum(published)} events published in {len(published)} calls")
     assert len(health) > 100, len(health)

@@ -44,6 +44,11 @@ class MediatorServiceStub:
                 request_serializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.AddProfileRequest.SerializeToString,
                 response_deserializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.ProfileInfo.FromString,
                 _registered_method=True)
+        self.AddProfiles = channel.unary_unary(
+                '/eva.mediator.v1.MediatorService/AddProfiles',
+                request_serializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.AddProfilesRequest.SerializeToString,
+                response_deserializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.AddProfilesReply.FromString,
+                _registered_method=True)
         self.Unsubscribe = channel.unary_unary(
                 '/eva.mediator.v1.MediatorService/Unsubscribe',
                 request_serializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.UnsubscribeRequest.SerializeToString,
@@ -106,6 +111,17 @@ class MediatorServiceServicer:
 
     def AddProfile(self, request, context):
         """Register a profile document without streaming (`evamed profile add`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddProfiles(self, request, context):
+        """Register many profile documents in one call (`evamed profile add` with several files):
+        each in order, as AddProfile would, and answered on its own — a refused document does not
+        stop the ones after it. At most 1,000 documents a call (more: INVALID_ARGUMENT, none
+        registered). A call cut short (its deadline, a cancel) leaves the documents before the cut
+        registered: sending the same call again answers them as registered and goes on.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -192,6 +208,11 @@ def add_MediatorServiceServicer_to_server(servicer, server):
                     servicer.AddProfile,
                     request_deserializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.AddProfileRequest.FromString,
                     response_serializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.ProfileInfo.SerializeToString,
+            ),
+            'AddProfiles': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddProfiles,
+                    request_deserializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.AddProfilesRequest.FromString,
+                    response_serializer=eva_dot_mediator_dot_v1_dot_mediator__pb2.AddProfilesReply.SerializeToString,
             ),
             'Unsubscribe': grpc.unary_unary_rpc_method_handler(
                     servicer.Unsubscribe,
@@ -293,6 +314,33 @@ class MediatorService:
             '/eva.mediator.v1.MediatorService/AddProfile',
             eva_dot_mediator_dot_v1_dot_mediator__pb2.AddProfileRequest.SerializeToString,
             eva_dot_mediator_dot_v1_dot_mediator__pb2.ProfileInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddProfiles(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/eva.mediator.v1.MediatorService/AddProfiles',
+            eva_dot_mediator_dot_v1_dot_mediator__pb2.AddProfilesRequest.SerializeToString,
+            eva_dot_mediator_dot_v1_dot_mediator__pb2.AddProfilesReply.FromString,
             options,
             channel_credentials,
             insecure,

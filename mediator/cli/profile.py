@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -36,22 +37,44 @@ def _log(info: ProfileInfo) -> str:
 
 @app.command()
 def add(
-    file: Annotated[Path, typer.Argument(help="Profile document (classes and profiles).",
-                                         show_default=False)],
+    files: Annotated[list[Path], typer.Argument(
+        help="Profile documents (classes and profiles): one subscription each.",
+        show_default=False)],
     name: Annotated[str | None, typer.Option(
-        help="The subscription's name (default: the document's first profile).")] = None,
+        help="The subscription's name (default: the document's first profile; one document "
+             "only).")] = None,
     server: Server = DEFAULT_SERVER, token: Token = None, tls_ca: TlsCa = None,
 ) -> None:
-    """Register a profile document (without tailing it).
+    """Register profile documents (without tailing them).
 
-    The mediator plans it over its services and subscribes the native queries; its composites
-    are logged until you read them with `evamed subscribe NAME`.
+    The mediator plans each over its services and subscribes the native queries; its
+    composites are logged until you read them with `evamed subscribe NAME`. Several documents
+    go in one call: each is registered or refused on its own (exit 1 if any was refused).
 
     Example: evamed profile add examples/logistics/profiles.eva --name logistics
     """
-    text = read_text(file)
-    with connected(server, token, tls_ca, document=file) as client:
-        info = client.add_profile(text, name)
+    if name is not None and len(files) > 1:
+        fail(f"--name names one subscription; {len(files)} documents were given (each is "
+             "named after its first profile)")
+    texts = [read_text(file) for file in files]
+    if len(files) == 1:
+        with connected(server, token, tls_ca, document=files[0]) as client:
+            _added(client.add_profile(texts[0], name))
+        return
+    with connected(server, token, tls_ca) as client:
+        results = client.add_profiles(texts)
+    refused = 0
+    for file, result in zip(files, results, strict=True):
+        if isinstance(result, Exception):
+            refused += 1
+            print(f"refused {file}: {result}", file=sys.stderr)
+        else:
+            _added(result)
+    if refused:
+        fail(f"{refused} of {len(files)} documents refused (the others were added)", code=1)
+
+
+def _added(info: ProfileInfo) -> None:
     print(f"added {info.name}: {', '.join(info.profiles)}")
     for plan in info.plans:
         print(f"  {plan}")
