@@ -38,6 +38,8 @@ PROFILES = {
     "seq 5s all_pairs": f"profile P0 = {PER_PROFILE}\n",
     "seq 4s all_pairs (= Flink followedByAny within 5s)":
         "profile P0 = ((all_dup(A); all_dup(B))_4s)_all_pairs\n",
+    "seq 4s first B unique_pairs (= Flink followedBy within 5s)":
+        "profile P0 = ((all_dup(A); first_dup(B))_4s)_unique_pairs\n",
     "seq 4s unique_pairs":
         "profile P0 = ((all_dup(A); all_dup(B))_4s)_unique_pairs\n",
     "per data.key (10⁴ keys)": f"profile P0 per data.key = {PER_PROFILE}\n",

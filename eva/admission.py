@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from eva.events import DeadLetter, Event, EventError, brief_repr, format_time
 from eva.units import format_span
@@ -169,7 +169,9 @@ class Ids:
         self.forgotten = -NEVER
         """The newest event time of an id dropped from the memory."""
 
-    def __contains__(self, pair: tuple[str, str]) -> bool:
+    def __contains__(self, pair: object) -> bool:
+        # (object, not tuple[str, str]: compiled, a typed pair is unboxed on the way in and a
+        # new tuple is made for each look-up)
         return pair in self._new or pair in self._old
 
     def __len__(self) -> int:
@@ -609,7 +611,7 @@ class Stream:
             if (done > ids._rotate_at or len(ids._new) >= ids.size) and not self.reorder.forced:
                 ids.rotate(done, newest, t)
             fresh = ids._new
-            pair = (event.source, event.id)
+            pair: Any = (event.source, event.id)  # (Any: one tuple for its three uses)
             if (pair not in fresh and pair not in ids._old and len(fresh) < ids.size
                     and done <= ids._rotate_at and t > ids.forgotten):
                 reorder = self.reorder

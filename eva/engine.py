@@ -400,7 +400,7 @@ class Engine:
         if self._is_late(event.time, self._source_max.get(event.source), done) or (
                 self._beyond_horizon(event.time)):
             return False
-        ident = (event.source, event.id)
+        ident: Any = (event.source, event.id)  # (Any: compiled, one tuple for both look-ups)
         return ident not in self._ids and (self._rotates(done) or ident not in self._old_ids)
 
     def _is_late(self, t: int, wm: int | None, done: int | None) -> bool:
@@ -438,7 +438,9 @@ class Engine:
             self._old_ids = ids
             ids = self._ids = set()
             self._rotate_at = NEVER if window is None else (t if top is None else top) + window
-        ident = (event.source, event.id)
+        # Any, not the inferred tuple[str, str]: compiled, a typed tuple is a C struct, and
+        # each of its three uses below as an object made a new tuple of it.
+        ident: Any = (event.source, event.id)
         if ident in ids or ident in self._old_ids:
             self._duplicate(event, "was already admitted")
             return []

@@ -423,6 +423,11 @@ def read_texts(lines: list[str]) -> list[Event | EventError]:
     return out
 
 
+_ENVELOPED: dict[str, Any] = {"specversion": "1.0"}
+"""The attributes of every event :func:`_enveloped` reads: one dictionary for all of them (an
+event is never changed once made, and ``renumbered`` shares its dictionary the same way)."""
+
+
 def _enveloped(line: str | bytes, seq: int) -> Event | None:
     """The event of a line with the common envelope (eva/envelope.py: the required attributes
     and ``data``, nothing else), its ``data`` kept as text and parsed when first read
@@ -444,7 +449,7 @@ def _enveloped(line: str | bytes, seq: int) -> Event | None:
     if _long_digit_run(data):
         return None
     event = Event(envelope.id, envelope.source, envelope.type, parse_time(envelope.time), seq,
-                  None, {"specversion": "1.0"})
+                  None, _ENVELOPED)
     if data and data != b"null":
         event._raw = data
     return event

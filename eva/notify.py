@@ -171,9 +171,12 @@ def composite_lines(notes: list[Notification], counts: dict[str, int]) -> str:
     prefix = head = middle = tail = ""
     last = -1  # composites of one step share their time: its text is made once
     stamp = ""
+    run = 0  # consecutive composites of ``profile``, not yet counted
     for n in notes:
-        counts[n.profile] = counts.get(n.profile, 0) + 1
         if n.profile is not profile or n.partition is not partition:
+            if profile is not None:
+                counts[profile] = counts.get(profile, 0) + run
+            run = 0
             profile = n.profile
             partition = n.partition
             prefix, head, middle, tail = _fragments(profile, partition)
@@ -189,6 +192,9 @@ def composite_lines(notes: list[Notification], counts: dict[str, int]) -> str:
         append(_ids_json(occ.events))
         append(tail)
         append("\n")
+        run += 1
+    if profile is not None:
+        counts[profile] = counts.get(profile, 0) + run
     return "".join(parts)
 
 
