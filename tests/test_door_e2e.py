@@ -186,7 +186,14 @@ def test_a_paho_device_across_broker_kills_loses_nothing_within_the_lateness(
     receive a newer reading before older ones. That window is a millisecond on a loopback, so
     here each reconnection publishes a reading in it for certain (paho's CONNACK handler, entered
     after the reading was sent). Within the lateness (5 s here, longer than an outage plus the
-    device's 1 s reconnect delay) none is late, and every reading is evaluated once."""
+    device's 1 s reconnect delay) none is late, and every reading is evaluated once.
+
+    Each kill comes once the broker has acknowledged every reading sent so far and had a moment
+    to save: mosquitto saves its in-memory database after it acknowledges a message, so a kill
+    in between loses a reading the device was told was received — nothing downstream can get it
+    back (about one run in four on a saturated machine lost the last reading before a kill,
+    never in the event log). Readings still queued for the mediator's session at the kill
+    are saved, and come after the restart."""
     mediator = Mediator(tmp_path, MQTT.format(port=mosquitto.port))
     device: Publisher | None = None
     try:
@@ -223,6 +230,10 @@ def test_a_paho_device_across_broker_kills_loses_nothing_within_the_lateness(
                 time.sleep(0.001)
             if kill == kills:
                 break
+            sent = len(published)
+            wait_for(lambda: device.acked >= sent, 60,  # noqa: B023
+                     "the device's readings acknowledged before the kill")
+            time.sleep(0.3)  # the broker's save after the last acknowledgement
             mosquitto.restart(down=0.5)
             # A minute for each reconnection (paho's back-off, on a loaded machine: one took
             # longer than the 60 s this test once gave all three together).
@@ -231,8 +242,12 @@ def test_a_paho_device_across_broker_kills_loses_nothing_within_the_lateness(
                 assert time.monotonic() < deadline, "the device did not reconnect"
                 send()
                 time.sleep(0.001)
+        # No reading in a later reconnection's window: under load paho may reconnect once
+        # more (its keep-alive), and that reading came after the count below was taken.
+        device.client._handle_connack = connack  # type: ignore[method-assign]
+        wait_for(lambda: device.acked >= len(published), 60,
+                 "the device's messages acknowledged")
         total = len(published)
-        wait_for(lambda: device.acked >= total, 60, "the device's messages acknowledged")
         # As long as the log grows (a loaded run once took longer than a minute to drain the
         # broker's backlog): a loss stalls it, and the count below says what is missing.
         wait_while_growing(lambda: [len(mediator.logged())], total, 60)
@@ -248,7 +263,7 @@ def test_a_paho_device_across_broker_kills_loses_nothing_within_the_lateness(
             lost = account("paho device, mosquitto SIGKILLed 3x, lateness 5s", published,
                            mediator, reader.got, disorder)
         assert lost == 0 and disorder > 0.2  # the backlog came after a newer reading
-        assert sorted(int(e["id"]) for e in logged) == list(range(total))  # each once
+        assert sorted(int(e["id"]) for e in logged) == sorted(map(int, published))  # each once
     finally:
         if device is not None:
             device.close()
