@@ -57,6 +57,8 @@ BATCH_BYTES = 1024 * 1024
 
 MAX_BATCH = 1000
 """Profile documents an AddProfiles call carries at most (the mediator refuses more)."""
+CHUNK_BYTES = 3 * 1024 * 1024
+"""An AddProfiles call's documents at most, in bytes (the mediator takes messages of 4 MiB)."""
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
@@ -262,6 +264,23 @@ class MediatorError(Exception):
         return cls(code, " ".join(message.split()), violations=tuple(violations), reason=reason)
 
 
+def _chunks(requests: list[Any]) -> Iterator[list[Any]]:
+    """The AddProfiles calls for ``requests``: at most MAX_BATCH documents and CHUNK_BYTES
+    each (a document larger than that alone: the mediator takes a message of 4 MiB, a
+    document of 1 MiB by default)."""
+    chunk: list[Any] = []
+    size = 0
+    for request in requests:
+        bytes_ = request.ByteSize()
+        if chunk and (len(chunk) >= MAX_BATCH or size + bytes_ > CHUNK_BYTES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(request)
+        size += bytes_
+    if chunk:
+        yield chunk
+
+
 def _retried(exc: BaseException) -> bool:
     return isinstance(exc, grpc.RpcError) and exc.code() in RETRIED
 
@@ -344,13 +363,15 @@ class MediatorClient:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def _call(self, method: str, request: Any) -> Any:
+    def _call(self, method: str, request: Any, timeout: float | None = None) -> Any:
         """A unary call. It waits for the connection (up to ``timeout``) instead of failing at
-        once while gRPC reconnects, so a call just after the mediator restarted succeeds."""
+        once while gRPC reconnects, so a call just after the mediator restarted succeeds.
+        ``timeout``: this call's deadline, when it may take longer than the client's."""
         self._first_contact()
         try:
             return getattr(self._stub, method)(request, metadata=self._metadata,
-                                               timeout=self.timeout, wait_for_ready=True)
+                                               timeout=timeout or self.timeout,
+                                               wait_for_ready=True)
         except grpc.RpcError as exc:
             if (exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
                     and not self._connected(min(1.0, self.timeout))):
@@ -498,18 +519,24 @@ class MediatorClient:
 
     def add_profiles(self, documents: Iterable[str | tuple[str, str | None]]
                      ) -> list[ProfileInfo | MediatorError]:
-        """Register many profile documents (each a text, or a text and its name) in one call
-        per 1,000: each one's subscription, or the error AddProfile would have raised for it,
-        in order. One refused document does not stop the others; a failure of the call itself
-        (the mediator unreachable, the token refused) raises."""
+        """Register many profile documents (each a text, or a text and its name) in calls of
+        at most 1,000 documents and 3 MiB: each one's subscription, or the error AddProfile
+        would have raised for it, in order. One refused document does not stop the others; a
+        failure of a call itself (the mediator unreachable, the token refused) raises — the
+        documents of the calls before it stay registered, and calling again with the same
+        documents answers those as registered."""
+        if isinstance(documents, str):
+            raise TypeError("add_profiles takes documents (texts, or (text, name) pairs), not "
+                            "one text: use add_profile")
         requests = [mediator_pb2.AddProfileRequest(profile_text=d, name="")
                     if isinstance(d, str) else
                     mediator_pb2.AddProfileRequest(profile_text=d[0], name=d[1] or "")
                     for d in documents]
         results: list[ProfileInfo | MediatorError] = []
-        for start in range(0, len(requests), MAX_BATCH):
-            reply = self._call("AddProfiles", mediator_pb2.AddProfilesRequest(
-                profiles=requests[start:start + MAX_BATCH]))
+        for chunk in _chunks(requests):
+            # A document takes a millisecond or so, the worst small one 50 ms to read.
+            reply = self._call("AddProfiles", mediator_pb2.AddProfilesRequest(profiles=chunk),
+                               timeout=self.timeout + 0.1 * len(chunk))
             results += [_profile_info(r.profile) if r.HasField("profile")
                         else MediatorError.from_refused(r.refused, self.address)
                         for r in reply.results]

@@ -86,11 +86,14 @@ MAX_BATCH = 1000
 sends several calls (the per-client limit, ``limits.profiles``, still bounds what stays)."""
 HOP_DOCUMENTS = 100
 HOP_BYTES = 16_384
-"""AddProfiles registers its small documents in hops of at most this many documents and bytes:
-a hop holds the registry (other clients' registrations wait), so its worst case — four
-documents of the worst small shape (:data:`SMALL_DOCUMENT`) — stays near 0.2 s, while a hop
-of 100 typical documents saves 99 calls' round trips and hops, more than half of a
-registration's CPU (docs/performance.md, "Registering profiles")."""
+HOP_SECONDS = 0.2
+"""AddProfiles registers its small documents in hops of at most this many documents and bytes,
+and ends a hop once this long has passed (what is left goes in the next): a hop holds the
+registry (other clients' registrations wait) — reading four documents of the worst small
+shape (:data:`SMALL_DOCUMENT`) takes about 0.2 s, and subscribing at a remote service or
+writing to a slow store is not bounded by size — while a hop of 100 typical documents saves
+99 calls' round trips and hops, more than half of a registration's CPU (docs/performance.md,
+"Registering profiles")."""
 SMALL_DOCUMENT = 4096
 """A profile document of at most this many bytes is read in the registration's own worker
 thread, not in a reading process (mediator/reading.py): its worst shape (brackets nested 2,000
@@ -336,11 +339,13 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
 
         async def flush() -> None:
             nonlocal size
-            if hop:
+            while hop:
                 # Shielded as AddProfile's registration is: a hop is done whole or not begun.
-                results.extend(await asyncio.shield(self._create_hop(owner, hop[:])))
-                hop.clear()
-                size = 0
+                # A hop may end early (HOP_SECONDS): the rest go in the next one.
+                done = await asyncio.shield(self._create_hop(owner, hop[:]))
+                results.extend(done)
+                del hop[:len(done)]
+            size = 0
 
         for item in request.profiles:
             try:
@@ -356,11 +361,13 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
                         *await self._register(owner, item.profile_text, item.name))))
                 except Refusal as refusal:
                     results.append(_refused(refusal))
+                except Exception as exc:  # the store's fault: this document's answer
+                    results.append(_refused(_internal_refusal("AddProfiles", exc)))
                 continue
+            if len(hop) >= HOP_DOCUMENTS or size + bytes_ > HOP_BYTES:
+                await flush()
             hop.append((item.profile_text, item.name))
             size += bytes_
-            if len(hop) >= HOP_DOCUMENTS or size >= HOP_BYTES:
-                await flush()
         await flush()
         return mediator_pb2.AddProfilesReply(results=results)
 
@@ -383,14 +390,25 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
 
     def _create_all_now(self, owner: str, hop: list[tuple[str, str]]
                         ) -> list[tuple[Owned, list[Plan] | None] | Refusal]:
+        """The documents of a hop, in order, until :data:`HOP_SECONDS` have passed (at least
+        one): each one's record and plans, or its refusal. A store that fails refuses the
+        rest of the hop with the same UNAVAILABLE, untried — each would wait out the
+        store's timeout while holding the registry."""
         done: list[tuple[Owned, list[Plan] | None] | Refusal] = []
+        until = time.monotonic() + HOP_SECONDS
         for text, name in hop:
             try:
                 done.append(self._create_now(owner, name, text, None))
             except Refusal as refusal:
                 done.append(refusal)
-            except Exception as exc:  # this document's fault or the store's: the next go on
+            except StoreError as exc:
+                down = _internal_refusal("AddProfiles", exc)
+                done += [down] * (len(hop) - len(done))
+                break
+            except Exception as exc:  # this document's fault: the next go on
                 done.append(_internal_refusal("AddProfiles", exc))
+            if time.monotonic() > until:
+                break
         return done
 
     @_answering

@@ -351,6 +351,19 @@ def test_add_profiles_splits_a_thousand_per_call_and_answers_each(mediator: Medi
         bad = client.add_profiles(['class A = type == "a"\nprofile Q = (A;\n'])
         assert isinstance(bad[0], MediatorError)
         assert str(bad[0]).startswith("line 2, column 16: found end of input, expected ")
+        with pytest.raises(TypeError, match="not one text"):
+            client.add_profiles(PROFILE)
+
+
+def test_add_profiles_splits_by_size_under_the_mediators_message_limit(
+        mediator: Mediator) -> None:
+    """Five documents of 900 KB — each within the 1 MiB a document may have, 4.5 MB
+    together, over the 4 MiB a message may — are sent in calls under it, all registered."""
+    with mediator.client("alice") as client:
+        texts = [PROFILE.replace("profile P", f"profile Big{i}") + "#" * 900_000 + "\n"
+                 for i in range(5)]
+        results = client.add_profiles(texts)
+        assert [getattr(r, "name", r) for r in results] == [f"Big{i}" for i in range(5)]
 
 
 def test_profiles_are_private_to_their_client(mediator: Mediator) -> None:
@@ -442,6 +455,9 @@ def test_profile_add_takes_several_documents_and_says_which_were_refused(
                                               "were added)")
     named = runner.invoke(app, ["profile", "add", *map(str, files), "--name", "x"], env=env)
     assert named.exit_code == 2 and "--name names one subscription" in named.stderr
+    again = runner.invoke(app, ["profile", "add", str(files[1]), str(files[1])], env=env)
+    assert again.exit_code == 1
+    assert again.stderr.splitlines()[-1] == "error: all 2 documents refused"
 
 
 def test_a_refusal_is_one_line_with_exit_1_and_never_a_traceback(

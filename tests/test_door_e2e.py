@@ -180,7 +180,7 @@ id = {{field = "seq"}}
 def test_a_paho_device_across_broker_kills_loses_nothing_within_the_lateness(
         mosquitto: MosquittoServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A paho device (QoS 1, persistent session, paho's own reconnect) stamps each reading
-    with its clock; mosquitto is SIGKILLed three times mid-stream. paho queues what is published
+    with its clock; mosquitto is SIGKILLed three times between bursts. paho queues what is published
     while it is away and, reconnecting, sends a message published between its CONNECT and the
     broker's CONNACK at once, and the backlog only on CONNACK: the broker — and the mediator —
     receive a newer reading before older ones. That window is a millisecond on a loopback, so

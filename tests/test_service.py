@@ -476,6 +476,42 @@ def test_add_profiles_answers_each_document_as_add_profile_would(tmp_path: Path)
         m.close()
 
 
+def test_add_profiles_answers_a_store_fault_per_document_and_hops_end_on_time(
+        mediator: Mediator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store that fails for one document: a large one (read in a reading process) is
+    refused UNAVAILABLE and the next is registered; a small one refuses the rest of its hop
+    untried (each would wait out the store). Hops that end after each document (HOP_SECONDS
+    0) still answer every document, in order."""
+    import mediator.service as service
+    from mediator.store.base import StoreError
+
+    md = mediator.client("alice")
+    read = mediator.store.subscription
+
+    def failing(owner: str, name: str) -> Any:
+        if name.startswith("down"):
+            raise StoreError("the store does not answer")
+        return read(owner, name)
+
+    monkeypatch.setattr(mediator.store, "subscription", failing)
+
+    def batch(*documents: tuple[str, str]) -> list[Any]:
+        reply = mediator.stub.AddProfiles(mediator_pb2.AddProfilesRequest(profiles=[
+            mediator_pb2.AddProfileRequest(profile_text=t, name=n) for t, n in documents]),
+            metadata=md, timeout=TIMEOUT)
+        return [r.profile.name if r.HasField("profile") else r.refused.code
+                for r in reply.results]
+
+    unavailable = grpc.StatusCode.UNAVAILABLE.value[0]
+    large = PROFILE + "#" * 5000 + "\n"
+    assert batch((PROFILE, "p"), (large, "down1"), (PROFILE, "q")) == ["p", unavailable, "q"]
+    assert batch((PROFILE, "r"), (PROFILE, "down2"), (PROFILE, "s")) == [
+        "r", unavailable, unavailable]
+    monkeypatch.setattr(service, "HOP_SECONDS", 0.0)
+    names = [f"t{i}" for i in range(7)]
+    assert batch(*((PROFILE, n) for n in names)) == names
+
+
 def test_add_profiles_refuses_more_than_a_thousand_documents_and_registers_none(
         mediator: Mediator) -> None:
     from mediator.client import MAX_BATCH as CLIENT_BATCH

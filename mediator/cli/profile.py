@@ -70,6 +70,8 @@ def add(
             print(f"refused {file}: {result}", file=sys.stderr)
         else:
             _added(result)
+    if refused == len(files):
+        fail(f"all {len(files)} documents refused", code=1)
     if refused:
         fail(f"{refused} of {len(files)} documents refused (the others were added)", code=1)
 
