@@ -137,7 +137,9 @@ class LogIngest:
     adapters/redis_source.py): drop a (source, id) already taken, as Publish drops a duplicate,
     append the rest durably to a real store's event log, then acknowledge. ``delay``: seconds
     between the append and the ack (a kill lands there); ``fail``: calls that raise before
-    appending; ``ack``: False leaves every call unacknowledged (the mediator died first)."""
+    appending; ``ack``: False leaves every call unacknowledged (the mediator died first).
+    ``holding``: while True, an appended batch waits before its ack (so a kill of the broker
+    finds it in flight, however fast the machine)."""
 
     def __init__(self, store: Any, *, delay: float = 0.0, fail: int = 0, ack: bool = True) -> None:
         import threading
@@ -149,6 +151,7 @@ class LogIngest:
         self.seen = {(e.source, e.id) for e in logged(store)}  # as Publish seeds its memory
         self.duplicates = 0
         self.calls = 0
+        self.holding = False
         self._lock = threading.Lock()
 
     def __call__(self, lines: list[str], ack: Any) -> None:
@@ -172,6 +175,8 @@ class LogIngest:
             if fresh:
                 self.store.append_events(fresh)
         time.sleep(self.delay)
+        while self.holding:
+            time.sleep(0.01)
         if self.acks:
             ack()
 
