@@ -188,12 +188,8 @@ def test_a_paho_device_across_broker_kills_loses_nothing_within_the_lateness(
     after the reading was sent). Within the lateness (5 s here, longer than an outage plus the
     device's 1 s reconnect delay) none is late, and every reading is evaluated once.
 
-    Each kill comes once the broker has acknowledged every reading sent so far and had a moment
-    to save: mosquitto saves its in-memory database after it acknowledges a message, so a kill
-    in between loses a reading the device was told was received — nothing downstream can get it
-    back (about one run in four on a saturated machine lost the last reading before a kill,
-    never in the event log). Readings still queued for the mediator's session at the kill
-    are saved, and come after the restart."""
+    Each kill comes once the broker has saved every reading sent so far (Publisher.saved);
+    readings still queued for the mediator's session at the kill come after the restart."""
     mediator = Mediator(tmp_path, MQTT.format(port=mosquitto.port))
     device: Publisher | None = None
     try:
@@ -230,10 +226,7 @@ def test_a_paho_device_across_broker_kills_loses_nothing_within_the_lateness(
                 time.sleep(0.001)
             if kill == kills:
                 break
-            sent = len(published)
-            wait_for(lambda: device.acked >= sent, 60,  # noqa: B023
-                     "the device's readings acknowledged before the kill")
-            time.sleep(0.3)  # the broker's save after the last acknowledgement
+            device.saved(len(published))
             mosquitto.restart(down=0.5)
             # A minute for each reconnection (paho's back-off, on a loaded machine: one took
             # longer than the 60 s this test once gave all three together).

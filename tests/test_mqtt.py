@@ -115,6 +115,15 @@ class Publisher:
         body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
         self.client.publish(topic, body, qos=1)
 
+    def saved(self, count: int) -> None:
+        """Until the broker acknowledged ``count`` messages, then a moment for its save: the
+        point to kill it at. mosquitto saves its in-memory database after it acknowledges, so
+        a kill in between loses a message the device was told was received — the broker's
+        persistence, which no subscriber can make up for (a kill mid-stream lost one that way
+        about one run in four on a saturated machine)."""
+        wait_for(lambda: self.acked >= count, 60, "the device's messages acknowledged")
+        time.sleep(0.3)
+
     def close(self) -> None:
         self.client.loop_stop()
         self.client.disconnect()
@@ -158,11 +167,7 @@ def test_a_killed_broker_loses_no_qos1_message_and_repeats_none(
     and holds its acknowledgements for the last 50 messages before each kill, so that they are
     in the event log but unacknowledged when the broker dies: the broker sends them again, the
     acknowledgements owed to the dead connection are skipped, and the copies are dropped by
-    id. Each kill comes once the broker has acknowledged the device's messages and had a
-    moment to save them: mosquitto saves its in-memory database after it acknowledges, so a
-    kill in between would lose a message the device was told was received — the broker's
-    persistence, which no subscriber can make up for (test_door_e2e.py's paho test lost one
-    that way about one run in four on a saturated machine)."""
+    id. Each kill comes once the broker has saved the device's messages (Publisher.saved)."""
     total = 1500
     logs = {"payload id": event_log(tmp_path / "a.db"),
             "derived id": event_log(tmp_path / "b.db", delay=0.02)}
@@ -185,9 +190,7 @@ def test_a_killed_broker_loses_no_qos1_message_and_repeats_none(
             device.send(f"plant/l{i % 3}/temp/reading", {"seq": i, "v": i % 50})
             time.sleep(0.002)
             if i in at:
-                wait_for(lambda: device.acked >= i + 1, 60,  # noqa: B023
-                         "the device's messages acknowledged before the kill")
-                time.sleep(0.3)  # the broker's save after the last acknowledgement
+                device.saved(i + 1)
                 held = links["derived id"].connection
                 connects = held.connects
                 mosquitto.restart(down=0.5)
