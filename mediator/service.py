@@ -84,16 +84,13 @@ MAX_DEAD_LETTERS = 100
 MAX_BATCH = 1000
 """Documents in one AddProfiles call at most: the call answers each, and a caller with more
 sends several calls (the per-client limit, ``limits.profiles``, still bounds what stays)."""
-HOP_DOCUMENTS = 100
-HOP_BYTES = 16_384
 HOP_SECONDS = 0.2
-"""AddProfiles registers its small documents in hops of at most this many documents and bytes,
-and ends a hop once this long has passed (what is left goes in the next): a hop holds the
-registry (other clients' registrations wait) — reading four documents of the worst small
-shape (:data:`SMALL_DOCUMENT`) takes about 0.2 s, and subscribing at a remote service or
-writing to a slow store is not bounded by size — while a hop of 100 typical documents saves
-99 calls' round trips and hops, more than half of a registration's CPU (docs/performance.md,
-"Registering profiles")."""
+"""AddProfiles registers consecutive small documents in one hop off the loop, ended once this
+long has passed (what is left goes in the next): a hop holds the registry, so other clients'
+registrations wait at most about this long (a few documents of the worst small shape,
+:data:`SMALL_DOCUMENT`, or one that subscribes at a slow remote service), while a hop of
+typical documents — 150 or so in 0.2 s — saves each one's round trip and hop, more than half
+of a registration's CPU (docs/performance.md, "Registering profiles")."""
 SMALL_DOCUMENT = 4096
 """A profile document of at most this many bytes is read in the registration's own worker
 thread, not in a reading process (mediator/reading.py): its worst shape (brackets nested 2,000
@@ -218,6 +215,12 @@ def _store_refusal(exc: StoreError) -> Refusal:
                    error_details_pb2.ErrorInfo(reason="STORE_UNAVAILABLE", domain=ERROR_DOMAIN))
 
 
+def _log_registered(owner: str, owned: Owned, plans: list[Plan] | None) -> None:
+    if plans is not None:  # (None: registered before with the same text)
+        log.info("%s registered %s: %s", owner, owned[0].name,
+                 ", ".join(p.profile.name for p in plans))
+
+
 def _refused(refusal: Refusal) -> Any:
     """A document's refusal, as AddProfiles answers it."""
     status = refusal.proto
@@ -335,39 +338,33 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
                           reason("TOO_MANY_DOCUMENTS", MAX_BATCH, len(request.profiles)))
         results: list[Any] = []
         hop: list[tuple[str, str]] = []  # small documents waiting for their hop
-        size = 0
 
         async def flush() -> None:
-            nonlocal size
             while hop:
                 # Shielded as AddProfile's registration is: a hop is done whole or not begun.
-                # A hop may end early (HOP_SECONDS): the rest go in the next one.
+                # It ends after HOP_SECONDS: the rest go in the next one.
                 done = await asyncio.shield(self._create_hop(owner, hop[:]))
                 results.extend(done)
                 del hop[:len(done)]
-            size = 0
 
         for item in request.profiles:
             try:
-                bytes_ = self._check_size(item.profile_text)
+                small = self._check_size(item.profile_text) <= SMALL_DOCUMENT
             except Refusal as refusal:
                 await flush()
                 results.append(_refused(refusal))
                 continue
-            if bytes_ > SMALL_DOCUMENT:  # read in a reading process, as AddProfile does
-                await flush()
-                try:
-                    results.append(mediator_pb2.AddProfileResult(profile=self._info(
-                        *await self._register(owner, item.profile_text, item.name))))
-                except Refusal as refusal:
-                    results.append(_refused(refusal))
-                except Exception as exc:  # the store's fault: this document's answer
-                    results.append(_refused(_internal_refusal("AddProfiles", exc)))
+            if small:
+                hop.append((item.profile_text, item.name))
                 continue
-            if len(hop) >= HOP_DOCUMENTS or size + bytes_ > HOP_BYTES:
-                await flush()
-            hop.append((item.profile_text, item.name))
-            size += bytes_
+            await flush()  # a large one is read in a reading process, as AddProfile does
+            try:
+                results.append(mediator_pb2.AddProfileResult(profile=self._info(
+                    *await self._register(owner, item.profile_text, item.name))))
+            except Refusal as refusal:
+                results.append(_refused(refusal))
+            except Exception as exc:  # the store's fault: this document's answer
+                results.append(_refused(_internal_refusal("AddProfiles", exc)))
         await flush()
         return mediator_pb2.AddProfilesReply(results=results)
 
@@ -382,9 +379,7 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
                 results.append(_refused(one))
                 continue
             owned, plans = one
-            if plans is not None:
-                log.info("%s registered %s: %s", owner, owned[0].name,
-                         ", ".join(p.profile.name for p in plans))
+            _log_registered(owner, owned, plans)
             results.append(mediator_pb2.AddProfileResult(profile=self._info(*owned)))
         return results
 
@@ -546,9 +541,7 @@ class MediatorService(mediator_pb2_grpc.MediatorServiceServicer):  # type: ignor
             # One hop off the loop for the whole registration: a hop costs more than a store
             # call (docs/performance.md, "Registering profiles").
             owned, plans = await asyncio.to_thread(self._create_now, owner, name, text, doc)
-        if plans is not None:
-            log.info("%s registered %s: %s", owner, owned[0].name,
-                     ", ".join(p.profile.name for p in plans))
+        _log_registered(owner, owned, plans)
         return owned
 
     def _create_now(self, owner: str, name: str, text: str, doc: ast.Document | None

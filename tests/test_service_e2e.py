@@ -329,9 +329,8 @@ def test_one_client_s_worst_documents_never_stall_health_or_another_client(tmp_p
                         answers[name, method] = (grpc.StatusCode.OK, "")
                     except grpc.RpcError as exc:
                         answers[name, method] = (exc.code(), exc.details() or "")
-            # 40 of the worst small documents in one AddProfiles: read in its hops (4 at
-            # most: 16 KiB; each ended after 0.2 s), ≈ 2 s of reading in all, the loop
-            # answering between hops.
+            # 40 of the worst small documents in one AddProfiles: read in its hops (each
+            # ended after 0.2 s), ≈ 2 s of reading in all, the loop answering between hops.
             small = next(text for name, (text, _, _) in WORST.items() if "(small" in name)
             batch = stub.AddProfiles(mediator_pb2.AddProfilesRequest(profiles=[
                 mediator_pb2.AddProfileRequest(profile_text=small, name=f"b{i}")
